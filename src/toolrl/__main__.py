@@ -1,0 +1,3 @@
+from toolrl.cli import main
+
+main()

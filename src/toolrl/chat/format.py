@@ -1,0 +1,100 @@
+"""How a chat template frames tools and tool results, derived once per tokenizer.
+
+Token ids are the truth: prompts and observations are rendered by the template and tokenised on their own;
+model output is never decoded and re-encoded into training ids.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from toolrl.errors import TemplateError
+
+_PROBE_TOOL = "toolrl_probe_tool_7f3a"
+_ASSISTANT_SENTINEL = "TOOLRL_ASSISTANT_SENTINEL_41"
+
+FALLBACK_TOOL_PROMPT = """You can call tools. The tools, as JSON schemas:
+{tools}
+
+To call a tool, reply with exactly:
+<tool_call>
+{{"name": "<tool name>", "arguments": {{<arguments as a JSON object>}}}}
+</tool_call>
+The result comes back in a message from the tool."""
+"""Put into the system message when the chat template ignores `tools=` (SmolLM2's does)."""
+
+
+class ChatFormat:
+    """Renders prompts and tool observations to token ids for one tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        if tokenizer.chat_template is None:
+            raise TemplateError("the tokenizer has no chat template; use an instruct model or set one on the tokenizer")
+        self.end_of_turn_id = tokenizer.eos_token_id
+        self.end_of_turn = tokenizer.decode([self.end_of_turn_id])
+        self.template_shows_tools = _PROBE_TOOL in self._render(
+            [{"role": "user", "content": "hi"}], tools=[_probe_schema()], add_generation_prompt=True
+        )
+        self.stop_ids = sorted({self.end_of_turn_id, *_ids(tokenizer.eos_token_id)})
+
+    def _render(self, messages: Sequence[dict[str, Any]], tools=None, add_generation_prompt=False) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_messages(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]):
+        """Messages with the fallback tool prompt merged into the system message when the template ignores tools."""
+        messages = [dict(m) for m in messages]
+        if self.template_shows_tools or not tools:
+            return messages
+        block = FALLBACK_TOOL_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = messages[0]["content"] + "\n\n" + block
+        else:
+            messages.insert(0, {"role": "system", "content": block})
+        return messages
+
+    def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[int]:
+        messages = self.prompt_messages(messages, tools)
+        text = self._render(messages, tools=list(tools) or None, add_generation_prompt=True)
+        return self.encode(text)
+
+    def observation_ids(self, contents: Sequence[str], model_ended_turn: bool) -> list[int]:
+        """Tokens fed after a model turn: the end of its turn if it did not emit one, the tool messages in the
+        template's tool role, and the header of the next assistant turn."""
+        messages = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": _ASSISTANT_SENTINEL},
+            *({"role": "tool", "content": c} for c in contents),
+        ]
+        text = self._render(messages, add_generation_prompt=True)
+        at = text.rfind(_ASSISTANT_SENTINEL)
+        if at < 0:
+            raise TemplateError("the chat template drops assistant content; toolrl cannot frame tool results")
+        rest = text[at + len(_ASSISTANT_SENTINEL) :]
+        if not rest.startswith(self.end_of_turn):
+            raise TemplateError(
+                f"the chat template does not end assistant turns with the eos token {self.end_of_turn!r}; "
+                "set tokenizer.eos_token to the template's end-of-turn token"
+            )
+        tail = self.encode(rest[len(self.end_of_turn) :])
+        return tail if model_ended_turn else [self.end_of_turn_id, *tail]
+
+
+def _ids(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _probe_schema() -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": _PROBE_TOOL, "description": "probe", "parameters": {"type": "object", "properties": {}}},
+    }

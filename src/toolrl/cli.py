@@ -1,0 +1,141 @@
+"""The `toolrl` command line: train, eval, config show, model fetch."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from toolrl.errors import ToolRLError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models on tool use.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect configs.")
+model_app = typer.Typer(no_args_is_help=True, help="Manage models.")
+app.add_typer(config_app, name="config")
+app.add_typer(model_app, name="model")
+console = Console()
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: section.key=value.")]
+ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config file; the packaged default when omitted.")]
+
+
+def _quiet_libraries() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def _eval_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for key, label in [("success", "success rate"), ("tool_calls", "tool calls / task"), ("turns", "turns / task")]:
+        table.add_row(label, *(f"{c[key]:.1%}" if key == "success" else f"{c[key]:.2f}" for c in columns.values()))
+    return table
+
+
+@app.command()
+def train(config: ConfigArg = None, set_: SetOption = None) -> None:
+    """Train a model with GRPO on an environment's tasks."""
+    from toolrl.config import load_config
+    from toolrl.train import GRPOTrainer, RunDir, Workbench
+
+    cfg = load_config(config, set_)
+    _quiet_libraries()
+    started = time.perf_counter()
+    run = RunDir.create(cfg)
+    console.print(f"run directory: [bold]{run.path}[/]")
+    with console.status(f"loading {cfg.model.name}"):
+        bench = Workbench.load(cfg)
+    trainer = GRPOTrainer(bench, run)
+    columns = [
+        TextColumn("step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("train", total=cfg.train.steps, stats="evaluating before training")
+
+        def on_step(m: dict[str, Any]) -> None:
+            stats = (
+                f"reward {m['reward']:.2f}  success {m['success']:.0%}  calls/traj {m['tool_calls']:.2f}  "
+                f"{m['gen_tokens_per_s']:.0f} tok/s"
+            )
+            progress.update(task, advance=1, stats=stats)
+
+        summary = trainer.train(on_step)
+    columns_ = {k.replace("eval_", ""): summary[k] for k in ("eval_start", "eval_end") if k in summary}
+    if columns_:
+        console.print(_eval_table(f"calculator test split ({cfg.eval.num_tasks} tasks)", columns_))
+    console.print(f"checkpoint: {summary['checkpoint']}   wall time {time.perf_counter() - started:.0f} s")
+
+
+@app.command("eval")
+def eval_(
+    model: Annotated[str, typer.Option(help="Embedded model name, local folder or cached hub id.")] = "",
+    config: Annotated[Path | None, typer.Option(help="YAML config (env, rollout and eval sections).")] = None,
+    set_: SetOption = None,
+    num_tasks: Annotated[int | None, typer.Option(help="Test tasks to run.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature; 0 is greedy.")] = None,
+) -> None:
+    """Evaluate a model on the environment's test split."""
+    from toolrl.config import load_config
+    from toolrl.train import Workbench
+
+    cfg = load_config(config, set_)
+    _quiet_libraries()
+    started = time.perf_counter()
+    with console.status("evaluating"):
+        bench = Workbench.load(cfg, model_name=model or None)
+        stats = bench.evaluate(num_tasks, temperature)
+    temp = cfg.eval.sampling.temperature if temperature is None else temperature
+    n = num_tasks or cfg.eval.num_tasks
+    console.print(
+        _eval_table(f"{cfg.env.name} test split, {n} tasks, temperature {temp:g}", {model or cfg.model.name: stats})
+    )
+    console.print(f"wall time {time.perf_counter() - started:.0f} s")
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
+    """Print the resolved config (file, then overrides, validated)."""
+    from toolrl.config import config_to_yaml, load_config
+
+    typer.echo(config_to_yaml(load_config(config, set_)), nl=False)
+
+
+@model_app.command("fetch")
+def model_fetch(name: Annotated[str, typer.Argument(help="Model name.")] = "smollm2-135m-instruct") -> None:
+    """Resolve a model to a local folder (converting an embedded model once) and print the folder."""
+    from toolrl.models import resolve_model
+
+    _quiet_libraries()
+    typer.echo(str(resolve_model(name)))
+
+
+def main() -> None:
+    import click
+
+    try:
+        result = app(standalone_mode=False)
+    except ToolRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    sys.exit(result if isinstance(result, int) else 0)

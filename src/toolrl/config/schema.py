@@ -1,0 +1,83 @@
+"""The typed configuration of a toolrl run: every field, its type and its default."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name: str = "smollm2-135m-instruct"
+    """An embedded model name, a local Hugging Face folder, or a hub id already in the local cache."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class EnvConfig(Section):
+    name: str = "calculator"
+    seed: int = 1234
+    num_train: int = Field(2000, ge=1)
+    num_test: int = Field(100, ge=1)
+    min_operands: int = Field(3, ge=2)
+    max_operands: int = Field(3, ge=2)
+    min_value: int = Field(11, ge=0)
+    max_value: int = Field(999, ge=1)
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0.0)
+    """0 means greedy decoding."""
+
+
+class RolloutConfig(Section):
+    parser: str = "hermes"
+    max_turns: int = Field(3, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    """Most tokens the model may generate in one turn."""
+    max_response_tokens: int = Field(384, ge=1)
+    """Token budget of one trajectory after its prompt: generated plus observation tokens."""
+    max_observation_tokens: int = Field(128, ge=1)
+    tool_timeout_s: float = Field(10.0, gt=0)
+    sampling: SamplingConfig = SamplingConfig()
+
+
+class TrainConfig(Section):
+    steps: int = Field(20, ge=0)
+    prompts_per_step: int = Field(4, ge=1)
+    group_size: int = Field(6, ge=1)
+    micro_batch_size: int = Field(32, ge=1)
+    """Trajectories per forward/backward pass; gradients accumulate over one step."""
+    lr: float = Field(2e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float = Field(1.0, gt=0)
+    clip_eps: float = Field(0.2, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL penalty to the initial (reference) model; 0 turns the reference model off."""
+    advantage_eps: float = Field(1e-4, gt=0)
+    samples_per_step: int = Field(2, ge=0)
+    """Trajectories written to samples.jsonl each step."""
+
+
+class EvalConfig(Section):
+    num_tasks: int = Field(100, ge=1)
+    batch_size: int = Field(25, ge=1)
+    at_start: bool = True
+    at_end: bool = True
+    sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+
+
+class RunConfig(Section):
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    output_dir: str = "runs"
+    run_name: str | None = None
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()

@@ -1,0 +1,105 @@
+"""Calculator environment: seeded arithmetic too hard for a small model's head, solved with a tool."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from toolrl.envs.base import Environment, Task, final_answer, register_env
+from toolrl.envs.calculator.tool import calculator, evaluate
+from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.tools.function import tool_from_function
+
+SYSTEM = (
+    "You are a careful assistant. Use the calculator tool for arithmetic. "
+    "When you have the result, reply with the final answer as <answer>NUMBER</answer>."
+)
+EXAMPLE_EXPRESSIONS = ("23 * 41 + 7", "512 - 38 * 3")
+
+
+def _call_text(expression: str) -> str:
+    call = {"name": "calculator", "arguments": {"expression": expression}}
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def example_exchange() -> list[dict[str, str]]:
+    """In-context exchanges. Measured on the default model: with one, greedy decoding never calls the tool;
+    with two, greedy solves the test tasks and sampling at temperature 1 solves about a quarter."""
+    messages = []
+    for expression in EXAMPLE_EXPRESSIONS:
+        messages += [
+            {"role": "user", "content": f"What is {expression}?"},
+            {"role": "assistant", "content": _call_text(expression)},
+            {"role": "tool", "content": evaluate(expression)},
+            {"role": "assistant", "content": f"<answer>{evaluate(expression)}</answer>"},
+        ]
+    return messages
+
+
+def generate_tasks(config) -> dict[str, list[Task]]:
+    """Unique expressions from one seeded stream; the first `num_test` are the test split."""
+    rng = random.Random(config.seed)
+    seen: set[str] = set()
+    tasks: list[Task] = []
+    total = config.num_train + config.num_test
+    for _ in range(total * 50):
+        if len(tasks) == total:
+            break
+        count = rng.randint(config.min_operands, config.max_operands)
+        numbers = [rng.randint(config.min_value, config.max_value) for _ in range(count)]
+        ops = [rng.choice("+-*") for _ in range(count - 1)]
+        expression = str(numbers[0]) + "".join(f" {op} {n}" for op, n in zip(ops, numbers[1:], strict=True))
+        if expression in seen or expression in EXAMPLE_EXPRESSIONS:
+            continue
+        seen.add(expression)
+        tasks.append(
+            Task(f"calc-{len(tasks)}", f"What is {expression}?", evaluate(expression), {"expression": expression})
+        )
+    return {"test": tasks[: config.num_test], "train": tasks[config.num_test :]}
+
+
+def _numbers_equal(predicted: str | None, gold: str) -> bool:
+    if predicted is None:
+        return False
+    try:
+        return abs(float(predicted.replace(",", "")) - float(gold)) < 1e-6
+    except ValueError:
+        return False
+
+
+def correct(trajectory, task: Task) -> float:
+    return float(_numbers_equal(final_answer(trajectory.final_text), task.answer))
+
+
+def answer_format(trajectory, task: Task) -> float:
+    """Well-formed: the last turn gives an <answer> and no tool call of the trajectory was malformed."""
+    return float(final_answer(trajectory.final_text) is not None and trajectory.num_format_errors == 0)
+
+
+def tool_calls(trajectory, task: Task) -> float:
+    return float(trajectory.num_tool_calls)
+
+
+@register_env("calculator")
+class CalculatorEnv(Environment):
+    name = "calculator"
+
+    def __init__(self, config):
+        self.config = config
+        self.splits = generate_tasks(config)
+        self.rubric = Rubric(
+            [
+                Criterion("correct", correct, 1.0),
+                Criterion("format", answer_format, 0.1),
+                Criterion("tool_calls", tool_calls, 0.0),
+            ]
+        )
+
+    def tools(self):
+        return [tool_from_function(calculator)]
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.splits[split]
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM}, *example_exchange(), {"role": "user", "content": task.question}]

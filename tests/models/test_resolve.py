@@ -1,0 +1,40 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from toolrl.errors import ModelNotFoundError
+from toolrl.models import resolve_model
+
+
+def test_local_folder_resolves_to_itself(tiny_model_dir):
+    assert resolve_model(str(tiny_model_dir)) == tiny_model_dir
+
+
+def test_folder_without_config_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match=r"has no config\.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_unreachable_hub_id_fails_with_one_line_naming_the_model(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve_model("some-org/not-downloaded-model")
+    message = str(err.value)
+    assert "'some-org/not-downloaded-model'" in message and "pass its folder as model.name" in message
+    assert "\n" not in message
+
+
+@pytest.mark.slow
+def test_two_processes_convert_the_embedded_model_once(tmp_path):
+    env = {**os.environ, "TOOLRL_HOME": str(tmp_path)}
+    fetch = [sys.executable, "-m", "toolrl", "model", "fetch"]
+    procs = [subprocess.Popen(fetch, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=600)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    assert outputs == [str(target), str(target)]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["smollm2-135m-instruct", "smollm2-135m-instruct.lock"]
+    assert (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file()

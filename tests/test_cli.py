@@ -1,0 +1,69 @@
+"""The console script end to end, on the tiny model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def toolrl(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "toolrl", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_config_show_prints_the_resolved_config():
+    out = toolrl("config", "show", "--set", "train.steps=3")
+    assert out.returncode == 0
+    assert "name: smollm2-135m-instruct" in out.stdout and "steps: 3" in out.stdout
+
+
+def test_config_error_is_one_line_and_exit_code_2(tmp_path):
+    out = toolrl("config", "show", "--set", "train.lrr=1")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+    assert out.stderr.startswith("error: config: unknown key 'train.lrr'")
+    missing = toolrl("train", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "nope.yaml does not exist" in missing.stderr
+
+
+@pytest.mark.slow
+def test_train_writes_the_run_directory_and_a_loadable_checkpoint(tiny_model_dir, tmp_path):
+    out = toolrl(
+        "train",
+        "--set", f"model.name={tiny_model_dir}",
+        "--set", f"output_dir={tmp_path}",
+        "--set", "run_name=run",
+        "--set", "train.steps=2",
+        "--set", "train.prompts_per_step=2",
+        "--set", "train.group_size=2",
+        "--set", "rollout.max_new_tokens=8",
+        "--set", "eval.num_tasks=4",
+        "--set", "eval.batch_size=4",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "run"
+    assert "success rate" in out.stdout and str(run / "final") in out.stdout
+    assert "steps: 2" in (run / "config.yaml").read_text()
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m.get("step", m.get("eval")) for m in metrics] == ["start", 1, 2, "end"]
+    assert {"reward", "success", "tool_calls", "loss", "gen_tokens_per_s", "reward/correct"} <= set(metrics[1])
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and samples[0]["segments"][0] == {
+        **samples[0]["segments"][0],
+        "kind": "model",
+        "loss": True,
+    }
+
+    from transformers import AutoModelForCausalLM
+
+    assert (run / "final" / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(run / "final")
+    assert model.config.hidden_size == 64
+
+
+@pytest.mark.slow
+def test_eval_prints_success_tool_calls_and_turns(tiny_model_dir):
+    out = toolrl("eval", "--model", str(tiny_model_dir), "--num-tasks", "3", "--set", "eval.batch_size=3")
+    assert out.returncode == 0, out.stderr
+    for label in ("success rate", "tool calls / task", "turns / task"):
+        assert label in out.stdout
