@@ -73,3 +73,40 @@ def test_kl_penalty_to_reference_is_measured_and_grows_from_zero(tiny_model_dir)
     second = trainer.step(2)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy equals the reference before any update
     assert second["kl"] > 0.0
+
+
+def test_micro_batched_update_equals_one_batch(tiny_model_dir):
+    import copy
+
+    import torch
+
+    from toolrl.algos import group_advantages
+
+    overrides = [
+        f"model.name={tiny_model_dir}",
+        "env.name=even-tokens",
+        "device=cpu",
+        "rollout.max_turns=1",
+        "rollout.max_new_tokens=6",
+        "train.group_size=4",
+        "train.prompts_per_step=2",
+    ]
+    config = load_config(overrides=overrides)
+    bench = Workbench.load(config)
+    trainer = GRPOTrainer(bench)
+    trajs = trainer.rollout.run([task for task in trainer.next_tasks() for _ in range(4)])
+    advantages = group_advantages(torch.tensor([t.reward for t in trajs]), 4)
+    initial = copy.deepcopy(bench.model.state_dict())
+
+    results = []
+    for budget in (100_000, 20):  # one micro-batch, then one row per micro-batch
+        bench.model.load_state_dict(initial)
+        config.train.micro_batch_tokens = budget
+        trainer = GRPOTrainer(bench)
+        stats = trainer.update(trajs, advantages)
+        results.append((stats, {k: v.clone() for k, v in bench.model.state_dict().items()}))
+    (one, params_one), (many, params_many) = results
+    assert one["loss"] == pytest.approx(many["loss"], abs=1e-5)  # ~0 on-policy: ratio 1, advantages sum to 0
+    assert one["grad_norm"] == pytest.approx(many["grad_norm"], rel=1e-4)
+    for name, value in params_one.items():
+        assert torch.allclose(value, params_many[name], atol=1e-6), name

@@ -2,7 +2,7 @@ import torch
 
 from toolrl.envs import Task
 from toolrl.rollout import Trajectory
-from toolrl.train.logprobs import trained_token_logprobs
+from toolrl.train.logprobs import micro_batches, trained_token_logprobs
 
 
 def make_traj(prompt, turns):
@@ -43,3 +43,12 @@ def test_shared_prefix_logprobs_and_gradients_equal_separate_full_forwards(tiny_
         assert relative < 1e-4, (name, float(relative))
     model.zero_grad()
     model.eval()
+
+
+def test_micro_batches_respect_the_token_budget_and_sort_by_length():
+    lengths = [50, 10, 200, 12, 48, 11]
+    batches = micro_batches(lengths, max_tokens=100)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert batches == [[1, 5, 3], [4, 0], [2]]  # 3 x 12 = 36, 2 x 50 = 100, the 200 alone
+    for batch in batches[:-1]:
+        assert len(batch) * max(lengths[i] for i in batch) <= 100

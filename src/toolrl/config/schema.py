@@ -49,8 +49,9 @@ class TrainConfig(Section):
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(4, ge=1)
     group_size: int = Field(6, ge=1)
-    micro_batch_size: int = Field(32, ge=1)
-    """Trajectories per forward/backward pass; gradients accumulate over one step."""
+    micro_batch_tokens: int = Field(3072, ge=1)
+    """Most rows x padded suffix tokens per forward/backward pass; trajectories are sorted by length so that
+    padding stays small, and gradients accumulate over the step."""
     lr: float = Field(2e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)

@@ -15,6 +15,21 @@ from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
 
 
+def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices into `lengths` grouped so that rows x longest length <= max_tokens, shortest first.
+
+    `lengths` are the tokens each trajectory has beyond the prefix shared by all; sorting keeps padding small.
+    A trajectory longer than the budget gets a batch of its own.
+    """
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def trained_token_logprobs(
     model, trajs: Sequence[Trajectory], temperature: float = 1.0
 ) -> tuple[torch.Tensor, list[int]]:

@@ -22,9 +22,10 @@ from toolrl.envs import Environment, Task, make_env
 from toolrl.models import load_model, load_tokenizer, pick_device
 from toolrl.parsers import get_parser
 from toolrl.rollout import HFEngine, Rollout, RolloutLimits, Trajectory
+from toolrl.rollout.engine import common_prefix_length
 from toolrl.tools import ToolExecutor
 from toolrl.train.evaluate import evaluate, summarize
-from toolrl.train.logprobs import trained_token_logprobs
+from toolrl.train.logprobs import micro_batches, trained_token_logprobs
 from toolrl.train.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,10 @@ class GRPOTrainer:
         if self.reference is None:
             work = [(traj, a) for traj, a in work if a != 0.0]
         loss_sum, clipped, kl_sum = 0.0, 0, 0.0
-        for start in range(0, len(work), t.micro_batch_size):
-            batch = work[start : start + t.micro_batch_size]
+        shared = common_prefix_length([traj.token_ids for traj, _ in work]) if work else 0
+        lengths = [len(traj.token_ids) - shared for traj, _ in work]
+        for indices in micro_batches(lengths, t.micro_batch_tokens):
+            batch = [work[i] for i in indices]
             batch_trajs = [traj for traj, _ in batch]
             logp, counts = trained_token_logprobs(self.model, batch_trajs, temperature)
             device = logp.device
