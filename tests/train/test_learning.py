@@ -34,21 +34,20 @@ class EvenTokensEnv(Environment):
         return [{"role": "system", "content": "You are a test."}, {"role": "user", "content": task.question}]
 
 
+def tiny_config(model_dir, *overrides: str):
+    base = [f"model.name={model_dir}", "env.name=even-tokens", "device=cpu", "rollout.max_turns=1"]
+    return load_config(overrides=base + list(overrides))
+
+
 def test_grpo_raises_mean_reward(tiny_model_dir):
-    overrides = [
-        f"model.name={tiny_model_dir}",
-        "env.name=even-tokens",
-        "device=cpu",
-        "rollout.max_turns=1",
+    config = tiny_config(
+        tiny_model_dir,
         "rollout.max_new_tokens=8",
         "train.steps=20",
         "train.prompts_per_step=2",
         "train.group_size=8",
         "train.lr=0.03",
-        "eval.at_start=false",
-        "eval.at_end=false",
-    ]
-    config = load_config(overrides=overrides)
+    )
     trainer = GRPOTrainer(Workbench.load(config))
     rewards = [trainer.step(step)["reward"] for step in range(1, config.train.steps + 1)]
     first, last = mean(rewards[:3]), mean(rewards[-3:])
@@ -57,18 +56,15 @@ def test_grpo_raises_mean_reward(tiny_model_dir):
 
 @pytest.mark.slow
 def test_kl_penalty_to_reference_is_measured_and_grows_from_zero(tiny_model_dir):
-    overrides = [
-        f"model.name={tiny_model_dir}",
-        "env.name=even-tokens",
-        "device=cpu",
-        "rollout.max_turns=1",
+    config = tiny_config(
+        tiny_model_dir,
         "rollout.max_new_tokens=6",
         "train.prompts_per_step=1",
         "train.group_size=4",
         "train.lr=0.003",
         "train.kl_coef=0.1",
-    ]
-    trainer = GRPOTrainer(Workbench.load(load_config(overrides=overrides)))
+    )
+    trainer = GRPOTrainer(Workbench.load(config))
     first = trainer.step(1)
     second = trainer.step(2)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy equals the reference before any update
@@ -82,16 +78,7 @@ def test_micro_batched_update_equals_one_batch(tiny_model_dir):
 
     from toolrl.algos import group_advantages
 
-    overrides = [
-        f"model.name={tiny_model_dir}",
-        "env.name=even-tokens",
-        "device=cpu",
-        "rollout.max_turns=1",
-        "rollout.max_new_tokens=6",
-        "train.group_size=4",
-        "train.prompts_per_step=2",
-    ]
-    config = load_config(overrides=overrides)
+    config = tiny_config(tiny_model_dir, "rollout.max_new_tokens=6", "train.group_size=4", "train.prompts_per_step=2")
     bench = Workbench.load(config)
     trainer = GRPOTrainer(bench)
     trajs = trainer.rollout.run([task for task in trainer.next_tasks() for _ in range(4)])

@@ -38,7 +38,7 @@ class ChatFormat:
         self.template_shows_tools = _PROBE_TOOL in self._render(
             [{"role": "user", "content": "hi"}], tools=[_probe_schema()], add_generation_prompt=True
         )
-        self.stop_ids = sorted({self.end_of_turn_id, *_ids(tokenizer.eos_token_id)})
+        self.stop_ids = [self.end_of_turn_id]
 
     def _render(self, messages: Sequence[dict[str, Any]], tools=None, add_generation_prompt=False) -> str:
         return self.tokenizer.apply_chat_template(
@@ -85,12 +85,6 @@ class ChatFormat:
             )
         tail = self.encode(rest[len(self.end_of_turn) :])
         return tail if model_ended_turn else [self.end_of_turn_id, *tail]
-
-
-def _ids(value: int | list[int] | None) -> list[int]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list) else [value]
 
 
 def _probe_schema() -> dict[str, Any]:

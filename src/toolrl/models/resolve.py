@@ -86,14 +86,16 @@ def resolve_model(name: str) -> Path:
         if _is_model_dir(path):
             return path
         raise ModelNotFoundError(f"model folder {path} has no config.json; point model.name at a Hugging Face folder")
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:
-        pass
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
+    for local_only in (True,) if offline else (True, False):
+        try:
+            return Path(snapshot_download(name, local_files_only=local_only, etag_timeout=10))
+        except Exception as exc:  # not cached, no network, unknown id: all end in the one-line error below
+            log.debug("snapshot_download(%s, local_files_only=%s) failed: %s", name, local_only, exc)
     known = ", ".join(EMBEDDED)
     raise ModelNotFoundError(
-        f"model {name!r} is not an embedded model ({known}), a local folder, or a hub id in the local cache; "
-        f"download it on a machine with network access and pass its folder as model.name"
+        f"model {name!r} is not an embedded model ({known}), a local folder, or a hub id that can be reached "
+        "from here; download it on a machine with network access and pass its folder as model.name"
     )

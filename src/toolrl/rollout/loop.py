@@ -54,7 +54,6 @@ class Rollout:
         session = self.engine.start([t.token_ids for t in trajs])
         active = list(range(len(trajs)))
         for turn in range(limits.max_turns):
-            session.keep(active)
             budgets = [
                 min(limits.max_new_tokens, limits.max_response_tokens - trajs[i].response_length) for i in active
             ]

@@ -1,0 +1,123 @@
+"""Benchmark: one training forward/backward of a GRPO step, shared-prefix vs padded full sequences.
+
+Workload: the default model, the calculator prompt (system prompt, tool schema, two examples, question) as
+prompt, `--rows` trajectories with `--response` generated tokens each, groups of `--group` samples per
+question. (a) padded: every row runs its whole sequence and full-vocabulary logits, as a plain HF loss does;
+(b) toolrl: `trained_token_logprobs`, the shared prefix once and logits only at trained positions.
+Both give the same log-probs and gradients (checked here). Prints a table, writes bench/results/shared_prefix.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from toolrl.chat import ChatFormat
+from toolrl.config.schema import EnvConfig
+from toolrl.envs import make_env
+from toolrl.models import load_model, load_tokenizer
+from toolrl.rollout import Trajectory
+from toolrl.train.logprobs import trained_token_logprobs
+
+
+def machine() -> dict[str, str | int]:
+    cpu = "unknown"
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": cpu, "cores": os.cpu_count() or 0, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def workload(tokenizer, rows: int, group: int, response: int, seed: int = 0) -> list[Trajectory]:
+    env = make_env(EnvConfig(num_train=1, num_test=rows))
+    chat = ChatFormat(tokenizer)
+    tools = [t.to_openai() for t in env.tools()]
+    gen = torch.Generator().manual_seed(seed)
+    trajs = []
+    for i in range(rows):
+        task = env.tasks("test")[i // group]
+        traj = Trajectory.start(task, chat.prompt_ids(env.messages(task), tools))
+        ids = torch.randint(100, 40000, (response,), generator=gen).tolist()
+        traj.add_model_turn(ids, [0.0] * response, "")
+        trajs.append(traj)
+    return trajs
+
+
+def padded_logprobs(model, trajs):
+    width = max(len(t.token_ids) for t in trajs)
+    ids = torch.zeros(len(trajs), width, dtype=torch.long)
+    mask = torch.zeros(len(trajs), width, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        ids[i, : len(t.token_ids)] = torch.tensor(t.token_ids)
+        mask[i, : len(t.token_ids)] = 1
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+    out = []
+    for i, t in enumerate(trajs):
+        out += [logp[i, p - 1, t.token_ids[p]] for p, m in enumerate(t.loss_mask) if m]
+    return torch.stack(out)
+
+
+def timed(model, fn, trajs, repeats):
+    best, result, grads = float("inf"), None, None
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        result = fn(model, trajs)
+        result.sum().backward()
+        best = min(best, time.perf_counter() - start)
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return best, result.detach(), grads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=24)
+    parser.add_argument("--group", type=int, default=6)
+    parser.add_argument("--response", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default="bench/results/shared_prefix.json")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    model = load_model("smollm2-135m-instruct", torch.device("cpu")).train()
+    trajs = workload(tokenizer, args.rows, args.group, args.response)
+
+    def ours(m, t):
+        return trained_token_logprobs(m, t)[0]
+
+    padded_s, padded_lp, padded_grad = timed(model, padded_logprobs, trajs, args.repeats)
+    ours_s, ours_lp, ours_grad = timed(model, ours, trajs, args.repeats)
+    grad_rel = float((ours_grad - padded_grad).norm() / padded_grad.norm())
+    result = {
+        "machine": machine(),
+        "workload": {
+            "rows": args.rows,
+            "group": args.group,
+            "prompt_tokens": trajs[0].prompt_length,
+            "response_tokens": args.response,
+        },
+        "padded_s": round(padded_s, 2),
+        "toolrl_s": round(ours_s, 2),
+        "padded_vs_toolrl": round(padded_s / ours_s, 2),
+        "max_logprob_diff": float((ours_lp - padded_lp).abs().max()),
+        "grad_relative_diff": grad_rel,
+    }
+    print(f"{'forward+backward':<28}{'seconds':>10}")
+    print(f"{'padded full sequences':<28}{padded_s:>10.2f}")
+    print(f"{'toolrl shared prefix':<28}{ours_s:>10.2f}")
+    print(f"ratio padded/toolrl: {result['padded_vs_toolrl']:.2f}x   gradient relative difference {grad_rel:.1e}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
