@@ -15,7 +15,12 @@ from rich.table import Table
 
 from toolrl.errors import ToolRLError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models on tool use.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="RL post-training of language models on tool use.",
+)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configs.")
 model_app = typer.Typer(no_args_is_help=True, help="Manage models.")
 app.add_typer(config_app, name="config")
