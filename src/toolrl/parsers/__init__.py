@@ -1,6 +1,7 @@
 """Tool-call parsers, chosen by name from a registry."""
 
-from toolrl.parsers import hermes  # noqa: F401  (registers the parser)
+from toolrl.parsers import hermes, llama3, pythonic, tags  # noqa: F401  (registers the parsers)
 from toolrl.parsers.base import PARSERS, ParseResult, get_parser, register_parser
+from toolrl.parsers.tags import tag_parser
 
-__all__ = ["PARSERS", "ParseResult", "get_parser", "register_parser"]
+__all__ = ["PARSERS", "ParseResult", "get_parser", "register_parser", "tag_parser"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolrl.errors import ConfigError
 from toolrl.tools.call import ToolCall
@@ -33,3 +35,27 @@ def get_parser(name: str) -> Parser:
         return PARSERS[name]
     except KeyError:
         raise ConfigError(f"rollout.parser: unknown parser {name!r}; known: {', '.join(sorted(PARSERS))}") from None
+
+
+def unknown_tool_error(name: str, known_tools: Collection[str] | None) -> str | None:
+    if known_tools is None or name in known_tools:
+        return None
+    return f"Error: unknown tool {name!r}; available tools: {', '.join(sorted(known_tools)) or 'none'}"
+
+
+def call_from_object(
+    data: Any, known_tools: Collection[str] | None, expected: str
+) -> tuple[ToolCall | None, str | None]:
+    """A decoded `{"name": ..., "arguments" | "parameters": {...}}` as a call, or a one-line error."""
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None, f'Error: tool call needs a "name" string; {expected}'
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None, f"Error: the arguments of {data['name']} are not a JSON object; {expected}"
+    if not isinstance(arguments, dict):
+        return None, f"Error: the arguments of {data['name']} must be a JSON object; {expected}"
+    error = unknown_tool_error(data["name"], known_tools)
+    return (None, error) if error else (ToolCall(data["name"], arguments), None)

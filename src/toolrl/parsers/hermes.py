@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Collection
 
-from toolrl.parsers.base import ParseResult, register_parser
+from toolrl.parsers.base import ParseResult, call_from_object, register_parser
 from toolrl.tools.call import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -35,17 +35,6 @@ def _decode(body: str, known_tools: Collection[str] | None) -> tuple[ToolCall | 
         data = json.loads(body)
     except json.JSONDecodeError as exc:
         return None, f"Error: tool call is not valid JSON ({exc.msg} at char {exc.pos}); {EXPECTED}"
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return None, f'Error: tool call needs a "name" string; {EXPECTED}'
-    arguments = data.get("arguments", data.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None, f'Error: "arguments" of {data["name"]} is not a JSON object; {EXPECTED}'
-    if not isinstance(arguments, dict):
-        return None, f'Error: "arguments" of {data["name"]} must be a JSON object; {EXPECTED}'
-    if known_tools is not None and data["name"] not in known_tools:
-        known = ", ".join(sorted(known_tools)) or "none"
-        return None, f"Error: unknown tool {data['name']!r}; available tools: {known}"
-    return ToolCall(data["name"], arguments), None
+    except RecursionError:
+        return None, f"Error: tool call is nested too deeply; {EXPECTED}"
+    return call_from_object(data, known_tools, EXPECTED)

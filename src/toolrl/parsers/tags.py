@@ -1,0 +1,35 @@
+"""Tag-style tool calls as in Search-R1: `<search>query</search>` becomes a call of a named tool."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+from toolrl.parsers.base import Parser, ParseResult, register_parser, unknown_tool_error
+from toolrl.tools.call import ToolCall
+
+
+def tag_parser(tags: Mapping[str, tuple[str, str]]) -> Parser:
+    """A parser mapping `<tag>text</tag>` to tool `tags[tag][0]` with the text as argument `tags[tag][1]`."""
+    names = "|".join(re.escape(tag) for tag in tags)
+    block = re.compile(rf"<({names})>(.*?)(</\1>|$)", re.DOTALL)
+
+    def parse(text: str, known_tools: Collection[str] | None = None) -> ParseResult:
+        result = ParseResult()
+        for match in block.finditer(text):
+            tag, content, close = match.group(1), match.group(2).strip(), match.group(3)
+            tool, argument = tags[tag]
+            if not close:
+                result.errors.append(f"Error: <{tag}> is not closed; write <{tag}>...</{tag}>")
+            elif not content:
+                result.errors.append(f"Error: <{tag}></{tag}> is empty; put the {argument} between the tags")
+            elif error := unknown_tool_error(tool, known_tools):
+                result.errors.append(error)
+            else:
+                result.calls.append(ToolCall(tool, {argument: content}))
+        return result
+
+    return parse
+
+
+register_parser("search-r1")(tag_parser({"search": ("search", "query")}))
