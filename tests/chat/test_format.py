@@ -1,6 +1,9 @@
+import copy
 import json
 
-from toolrl.chat import FALLBACK_TOOL_PROMPT
+import pytest
+
+from toolrl.chat import FALLBACK_TOOL_PROMPT, ChatFormat
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "d", "parameters": {"type": "object"}}}]
 
@@ -44,3 +47,31 @@ def test_observation_tokens_equal_the_template_rendering_of_the_whole_conversati
     full = messages + [{"role": "assistant", "content": "<tool_call>x</tool_call>"}, {"role": "tool", "content": "4"}]
     text = tokenizer.apply_chat_template(full, tokenize=False, add_generation_prompt=True)
     assert prompt + generated + observation == chat.encode(text)
+
+
+STRICT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+DROPPING_TEMPLATE = STRICT_TEMPLATE.replace(
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}", "{% else %}"
+).replace("'<|im_end|>\\n' }}{% endfor %}", "'<|im_end|>\\n' }}{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("template", [STRICT_TEMPLATE, DROPPING_TEMPLATE], ids=["raises", "drops"])
+def test_template_without_tool_role_gets_results_as_wrapped_user_messages(tokenizer, template):
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = template
+    chat = ChatFormat(strict)
+    assert chat.template_has_tool_role is False
+    assert strict.decode(chat.observation_ids(["42"], model_ended_turn=True)) == (
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    example = [{"role": "user", "content": "q"}, {"role": "tool", "content": "7"}]
+    assert chat.prompt_messages(example, [])[1] == {"role": "user", "content": "<tool_response>\n7\n</tool_response>"}
+
+
+def test_smollm2_template_has_a_tool_role(chat):
+    assert chat.template_has_tool_role is True

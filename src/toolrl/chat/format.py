@@ -25,6 +25,10 @@ To call a tool, reply with exactly:
 The result comes back in a message from the tool."""
 """Put into the system message when the chat template ignores `tools=` (SmolLM2's does)."""
 
+TOOL_RESPONSE_FALLBACK = "<tool_response>\n{content}\n</tool_response>"
+"""How a tool result is wrapped in a user message when the chat template has no `tool` role."""
+_TOOL_SENTINEL = "TOOLRL_TOOL_SENTINEL_93"
+
 
 class ChatFormat:
     """Renders prompts and tool observations to token ids for one tokenizer."""
@@ -39,6 +43,21 @@ class ChatFormat:
             [{"role": "user", "content": "hi"}], tools=[_probe_schema()], add_generation_prompt=True
         )
         self.stop_ids = [self.end_of_turn_id]
+        self.template_has_tool_role = self._renders_tool_role()
+
+    def _renders_tool_role(self) -> bool:
+        """Whether the template renders `tool` messages (some raise on unknown roles, some drop them)."""
+        messages = [{"role": "user", "content": "q"}, {"role": "tool", "content": _TOOL_SENTINEL}]
+        try:
+            return _TOOL_SENTINEL in self._render(messages)
+        except Exception:  # jinja's raise_exception, or any template error on the unknown role
+            return False
+
+    def tool_messages(self, contents: Sequence[str]) -> list[dict[str, str]]:
+        """Tool results as messages: the template's `tool` role, else user messages wrapped in tags."""
+        if self.template_has_tool_role:
+            return [{"role": "tool", "content": c} for c in contents]
+        return [{"role": "user", "content": TOOL_RESPONSE_FALLBACK.format(content=c)} for c in contents]
 
     def _render(self, messages: Sequence[dict[str, Any]], tools=None, add_generation_prompt=False) -> str:
         return self.tokenizer.apply_chat_template(
@@ -49,8 +68,9 @@ class ChatFormat:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt_messages(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]):
-        """Messages with the fallback tool prompt merged into the system message when the template ignores tools."""
-        messages = [dict(m) for m in messages]
+        """Messages with the fallback tool prompt merged into the system message when the template ignores tools,
+        and tool results (as in in-context examples) in the form `tool_messages` gives."""
+        messages = [self.tool_messages([m["content"]])[0] if m["role"] == "tool" else dict(m) for m in messages]
         if self.template_shows_tools or not tools:
             return messages
         block = FALLBACK_TOOL_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
@@ -71,7 +91,7 @@ class ChatFormat:
         messages = [
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": _ASSISTANT_SENTINEL},
-            *({"role": "tool", "content": c} for c in contents),
+            *self.tool_messages(contents),
         ]
         text = self._render(messages, add_generation_prompt=True)
         at = text.rfind(_ASSISTANT_SENTINEL)
