@@ -3,5 +3,6 @@
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.function import Tool, tool_from_function
+from toolrl.tools.limits import ToolPolicy, TransientToolError
 
-__all__ = ["Tool", "ToolCall", "ToolExecutor", "ToolResult", "tool_from_function"]
+__all__ = ["Tool", "ToolCall", "ToolExecutor", "ToolPolicy", "ToolResult", "TransientToolError", "tool_from_function"]

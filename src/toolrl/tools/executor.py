@@ -1,15 +1,25 @@
-"""Run tool calls on asyncio: the calls of a turn run concurrently; every failure becomes a short observation."""
+"""Run tool calls on asyncio: the calls of a turn run concurrently; every failure becomes a short observation.
+
+Each call goes through: cache (opt-in) -> rate limit -> per-tool, then global concurrency limit -> attempt
+with a timeout -> retries with exponential backoff for transient failures only. `metrics` counts calls,
+cache hits and misses, retries and every kind of failure.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
+from toolrl.tools.cache import ResultCache, cache_key
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import Tool
+from toolrl.tools.limits import TRANSIENT, RateLimiter, ToolPolicy
 
 
 def _to_text(value: Any) -> str:
@@ -21,13 +31,50 @@ def _to_text(value: Any) -> str:
         return str(value)
 
 
-class ToolExecutor:
-    """Owns a set of tools by name; `metrics` counts calls and failures by kind."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
 
-    def __init__(self, tools: Sequence[Tool], timeout_s: float = 10.0):
+
+class ToolExecutor:
+    """Owns a set of tools by name and the policy each is called with."""
+
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        timeout_s: float = 10.0,
+        max_concurrency: int = 64,
+        policies: Mapping[str, ToolPolicy] | None = None,
+        cache_path: str | Path | None = None,
+    ):
         self.tools = {tool.name: tool for tool in tools}
-        self.timeout_s = timeout_s
+        self.default_policy = ToolPolicy(timeout_s=timeout_s)
+        self.policies = dict(policies or {})
+        self.max_concurrency = max_concurrency
+        self.cache = ResultCache(path=cache_path)
         self.metrics: Counter[str] = Counter()
+        self._limits: dict[tuple[int, str], tuple[asyncio.Semaphore | None, RateLimiter | None]] = {}
+        self._global: dict[int, asyncio.Semaphore] = {}
+
+    @property
+    def timeout_s(self) -> float:
+        return self.default_policy.timeout_s
+
+    def policy(self, name: str) -> ToolPolicy:
+        return self.policies.get(name, self.default_policy)
+
+    def _gates(self, name: str) -> tuple[asyncio.Semaphore, asyncio.Semaphore | None, RateLimiter | None]:
+        # asyncio primitives belong to one event loop; each `asyncio.run` of a rollout gets its own.
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._global:
+            self._global = {loop: asyncio.Semaphore(self.max_concurrency)}
+            self._limits = {}
+        if (loop, name) not in self._limits:
+            policy = self.policy(name)
+            per_tool = asyncio.Semaphore(policy.max_concurrency) if policy.max_concurrency else None
+            rate = RateLimiter(policy.rate_per_s) if policy.rate_per_s else None
+            self._limits[(loop, name)] = (per_tool, rate)
+        return (self._global[loop], *self._limits[(loop, name)])
 
     async def invoke(self, call: ToolCall) -> ToolResult:
         self.metrics["calls"] += 1
@@ -36,19 +83,53 @@ class ToolExecutor:
             self.metrics["errors_unknown_tool"] += 1
             known = ", ".join(self.tools) or "none"
             return ToolResult(call, f"Error: unknown tool {call.name!r}; available tools: {known}", error=True)
-        try:
-            value = await asyncio.wait_for(tool(call.arguments), timeout=self.timeout_s)
-        except asyncio.TimeoutError:
-            self.metrics["errors_timeout"] += 1
-            return ToolResult(call, f"Error: {call.name} timed out after {self.timeout_s:g} s", error=True)
-        except ValueError as exc:
-            self.metrics["errors_arguments"] += 1
-            return ToolResult(call, f"Error: {exc}", error=True)
-        except Exception as exc:  # a tool's own failure must never end the rollout
-            self.metrics["errors_raised"] += 1
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return ToolResult(call, f"Error: {call.name} failed: {message}", error=True)
-        return ToolResult(call, _to_text(value))
+        policy = self.policy(call.name)
+        key = cache_key(call.name, call.arguments) if policy.cache else None
+        if key is not None:
+            cached = self.cache.get(key)
+            self.metrics["cache_hits" if cached is not None else "cache_misses"] += 1
+            if cached is not None:
+                return ToolResult(call, cached)
+        result = await self._call_with_retries(tool, call, policy)
+        if key is not None and not result.error:
+            self.cache.put(key, result.content)
+        return result
+
+    async def _call_with_retries(self, tool: Tool, call: ToolCall, policy: ToolPolicy) -> ToolResult:
+        global_gate, tool_gate, rate = self._gates(call.name)
+        for attempt in range(policy.retries + 1):
+            if rate is not None:  # wait for the rate limit before taking a concurrency slot
+                await rate.acquire()
+            # The tool's own slot first: a call waiting for it must not hold a global slot other tools could use.
+            async with tool_gate or nullcontext(), global_gate:
+                started = time.monotonic()
+                try:
+                    value = await asyncio.wait_for(tool(call.arguments), timeout=policy.timeout_s)
+                    return ToolResult(call, _to_text(value))
+                except (asyncio.TimeoutError, TimeoutError) as exc:  # distinct classes before 3.11
+                    if time.monotonic() - started >= policy.timeout_s:
+                        # Our own deadline: a hung tool is not retried, that would multiply the wait.
+                        self.metrics["errors_timeout"] += 1
+                        return ToolResult(
+                            call, f"Error: {call.name} timed out after {policy.timeout_s:g} s", error=True
+                        )
+                    failure, message = "errors_transient", f"{call.name} failed: {_first_line(exc)}"
+                except ValueError as exc:  # arguments off the schema, or a value the tool rejects: final
+                    self.metrics["errors_invalid"] += 1
+                    return ToolResult(call, f"Error: {exc}", error=True)
+                except TRANSIENT as exc:
+                    failure, message = "errors_transient", f"{call.name} failed: {_first_line(exc)}"
+                except Exception as exc:  # a tool's own failure must never end the rollout
+                    self.metrics["errors_raised"] += 1
+                    return ToolResult(call, f"Error: {call.name} failed: {_first_line(exc)}", error=True)
+            if attempt < policy.retries:
+                self.metrics["retries"] += 1
+                await asyncio.sleep(policy.backoff_s * 2**attempt)
+        self.metrics[failure] += 1
+        return ToolResult(call, f"Error: {message}", error=True)
 
     async def invoke_all(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         return list(await asyncio.gather(*(self.invoke(call) for call in calls)))
+
+    def close(self) -> None:
+        self.cache.close()

@@ -98,14 +98,16 @@ class GRPOTrainer:
         t = self.config.train
         started = time.perf_counter()
         tasks = [task for task in self.next_tasks() for _ in range(t.group_size)]
+        tool_counts = self.bench.executor.metrics.copy()
         trajs = self.rollout.run(tasks)
+        tool_counts = self.bench.executor.metrics - tool_counts
         rollout_s = time.perf_counter() - started
 
         rewards = torch.tensor([traj.reward for traj in trajs])
         advantages = group_advantages(rewards, t.group_size, eps=t.advantage_eps)
         stats = self.update(trajs, advantages)
 
-        metrics = {"step": step, **summarize(trajs), **stats}
+        metrics = {"step": step, **summarize(trajs), **stats, **{f"tools/{k}": v for k, v in tool_counts.items()}}
         generated = sum(sum(traj.loss_mask) for traj in trajs)
         metrics.update(
             generated_tokens=generated,

@@ -1,0 +1,141 @@
+"""Executor policies: per-tool timeouts, retries for transient failures only, limits, rate, cache."""
+
+import asyncio
+import itertools
+import time
+
+from toolrl.tools import ToolCall, ToolExecutor, tool_from_function
+from toolrl.tools.limits import ToolPolicy, TransientToolError
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_per_tool_timeout_overrides_the_default_and_is_not_retried():
+    async def slow(x: int) -> int:
+        await asyncio.sleep(5)
+        return x
+
+    async def quick(x: int) -> int:
+        await asyncio.sleep(0.1)
+        return x
+
+    policies = {"slow": ToolPolicy(timeout_s=0.05, retries=3)}
+    ex = ToolExecutor([tool_from_function(slow), tool_from_function(quick)], timeout_s=2.0, policies=policies)
+    slow_result, quick_result = run(ex.invoke_all([ToolCall("slow", {"x": 1}), ToolCall("quick", {"x": 2})]))
+    assert slow_result.content == "Error: slow timed out after 0.05 s" and quick_result.content == "2"
+    assert ex.metrics["errors_timeout"] == 1 and ex.metrics["retries"] == 0
+
+
+def test_transient_failures_are_retried_with_backoff_until_success():
+    attempts = []
+
+    def flaky(x: int) -> int:
+        attempts.append(time.monotonic())
+        if len(attempts) < 3:
+            raise ConnectionError("connection reset")
+        return x
+
+    ex = ToolExecutor([tool_from_function(flaky)], policies={"flaky": ToolPolicy(retries=2, backoff_s=0.02)})
+    assert run(ex.invoke(ToolCall("flaky", {"x": 7}))).content == "7"
+    assert ex.metrics["retries"] == 2 and len(attempts) == 3
+    assert attempts[2] - attempts[1] >= 0.04 - 1e-3  # the second backoff is double the first
+
+
+def test_retries_run_out_and_non_transient_errors_are_not_retried():
+    calls = {"busy": 0, "broken": 0}
+
+    def busy(x: int) -> int:
+        calls["busy"] += 1
+        raise TransientToolError("server busy")
+
+    def broken(x: int) -> int:
+        calls["broken"] += 1
+        raise RuntimeError("bug")
+
+    policy = ToolPolicy(retries=2, backoff_s=0.001)
+    ex = ToolExecutor(
+        [tool_from_function(busy), tool_from_function(broken)], policies={"busy": policy, "broken": policy}
+    )
+    busy_result, broken_result = run(ex.invoke_all([ToolCall("busy", {"x": 1}), ToolCall("broken", {"x": 1})]))
+    assert busy_result.content == "Error: busy failed: server busy" and calls["busy"] == 3
+    assert broken_result.content == "Error: broken failed: bug" and calls["broken"] == 1
+    assert ex.metrics["errors_transient"] == 1 and ex.metrics["errors_raised"] == 1
+
+
+def test_global_and_per_tool_concurrency_limits():
+    in_flight = {"a": 0, "b": 0, "all": 0}
+    peak = {"a": 0, "b": 0, "all": 0}
+
+    def tracker(name):
+        async def fn(x: int) -> int:
+            for key in (name, "all"):
+                in_flight[key] += 1
+                peak[key] = max(peak[key], in_flight[key])
+            await asyncio.sleep(0.02)
+            for key in (name, "all"):
+                in_flight[key] -= 1
+            return x
+
+        fn.__name__ = name
+        return tool_from_function(fn)
+
+    ex = ToolExecutor([tracker("a"), tracker("b")], max_concurrency=3, policies={"a": ToolPolicy(max_concurrency=1)})
+    calls = [ToolCall(name, {"x": i}) for i in range(6) for name in ("a", "b")]
+    assert len(run(ex.invoke_all(calls))) == 12
+    assert peak == {"a": 1, "b": 3, "all": 3}
+
+
+def test_rate_limit_spaces_call_starts():
+    starts = []
+
+    async def api(x: int) -> int:
+        starts.append(time.monotonic())
+        return x
+
+    ex = ToolExecutor([tool_from_function(api)], policies={"api": ToolPolicy(rate_per_s=20)})
+    run(ex.invoke_all([ToolCall("api", {"x": i}) for i in range(5)]))
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.05 - 2e-3
+
+
+def test_cache_is_opt_in_keyed_by_canonical_arguments_and_persists_in_sqlite(tmp_path):
+    runs = {"pure": 0, "impure": 0}
+
+    def pure(a: int, b: int) -> int:
+        runs["pure"] += 1
+        return a + b
+
+    def impure(a: int, b: int) -> int:
+        runs["impure"] += 1
+        return runs["impure"]
+
+    tools = [tool_from_function(pure), tool_from_function(impure)]
+    db = tmp_path / "cache.sqlite"
+    ex = ToolExecutor(tools, policies={"pure": ToolPolicy(cache=True)}, cache_path=db)
+    first = run(ex.invoke(ToolCall("pure", {"a": 1, "b": 2})))
+    second = run(ex.invoke(ToolCall("pure", {"b": 2, "a": 1})))
+    assert first.content == second.content == "3" and runs["pure"] == 1
+    assert (ex.metrics["cache_misses"], ex.metrics["cache_hits"]) == (1, 1)
+    run(ex.invoke_all([ToolCall("impure", {"a": 1, "b": 2})] * 2))
+    assert runs["impure"] == 2
+    ex.close()
+
+    again = ToolExecutor(tools, policies={"pure": ToolPolicy(cache=True)}, cache_path=db)
+    assert run(again.invoke(ToolCall("pure", {"a": 1, "b": 2}))).content == "3"
+    assert runs["pure"] == 1 and again.metrics["cache_hits"] == 1
+
+
+def test_failed_calls_are_not_cached():
+    runs = []
+
+    def sometimes(x: int) -> int:
+        runs.append(x)
+        if len(runs) == 1:
+            raise RuntimeError("first call fails")
+        return x
+
+    ex = ToolExecutor([tool_from_function(sometimes)], policies={"sometimes": ToolPolicy(cache=True)})
+    assert run(ex.invoke(ToolCall("sometimes", {"x": 1}))).error
+    assert run(ex.invoke(ToolCall("sometimes", {"x": 1}))).content == "1"
