@@ -139,3 +139,19 @@ def test_failed_calls_are_not_cached():
     ex = ToolExecutor([tool_from_function(sometimes)], policies={"sometimes": ToolPolicy(cache=True)})
     assert run(ex.invoke(ToolCall("sometimes", {"x": 1}))).error
     assert run(ex.invoke(ToolCall("sometimes", {"x": 1}))).content == "1"
+
+
+def test_synchronous_tools_run_up_to_the_concurrency_limit_not_the_default_pool_size():
+    # asyncio's default pool has min(32, cores + 4) threads; 12 blocking calls must all be in flight at once.
+    import threading
+
+    barrier = threading.Barrier(12, timeout=5)
+
+    def blocking(x: int) -> int:
+        barrier.wait()
+        return x
+
+    ex = ToolExecutor([tool_from_function(blocking)], max_concurrency=16)
+    results = run(ex.invoke_all([ToolCall("blocking", {"x": i}) for i in range(12)]))
+    assert [r.content for r in results] == [str(i) for i in range(12)]
+    ex.close()

@@ -12,6 +12,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ class ToolExecutor:
         self.default_policy = ToolPolicy(timeout_s=timeout_s)
         self.policies = dict(policies or {})
         self.max_concurrency = max_concurrency
+        # One worker thread per concurrent call: asyncio's default pool has min(32, cores + 4) threads,
+        # which would cap slow synchronous tools far below max_concurrency on a small machine.
+        self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="toolrl-tool")
         self.cache = ResultCache(path=cache_path)
         self.metrics: Counter[str] = Counter()
         self._limits: dict[tuple[int, str], tuple[asyncio.Semaphore | None, RateLimiter | None]] = {}
@@ -104,7 +108,7 @@ class ToolExecutor:
             async with tool_gate or nullcontext(), global_gate:
                 started = time.monotonic()
                 try:
-                    value = await asyncio.wait_for(tool(call.arguments), timeout=policy.timeout_s)
+                    value = await asyncio.wait_for(tool(call.arguments, self.pool), timeout=policy.timeout_s)
                     return ToolResult(call, _to_text(value))
                 except (asyncio.TimeoutError, TimeoutError) as exc:  # distinct classes before 3.11
                     if time.monotonic() - started >= policy.timeout_s:
@@ -133,3 +137,4 @@ class ToolExecutor:
 
     def close(self) -> None:
         self.cache.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)

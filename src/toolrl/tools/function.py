@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import re
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -70,12 +72,12 @@ class Tool:
             where = ".".join(str(p) for p in err["loc"]) or "arguments"
             raise ValueError(f"invalid argument {where}: {err['msg']}") from None
 
-    async def __call__(self, arguments: dict[str, Any]) -> Any:
+    async def __call__(self, arguments: dict[str, Any], pool: Executor | None = None) -> Any:
         kwargs = self.validate(arguments)
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
-        # Synchronous tools run in a worker thread so they never block the event loop.
-        return await asyncio.to_thread(self.fn, **kwargs)
+        # Synchronous tools run in worker threads (`pool`, else asyncio's default) so they never block the loop.
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(self.fn, **kwargs))
 
 
 def tool_from_function(fn: Callable[..., Any], name: str | None = None) -> Tool:

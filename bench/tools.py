@@ -1,0 +1,111 @@
+"""Benchmark: the tool executor under concurrent trajectories, against sequential calls and the ideal.
+
+Workload: `--calls` calls to a tool with `--latency` seconds of latency, issued by `--trajectories` concurrent
+trajectories (each makes its calls one after another, as a rollout does), for an async tool and for a
+synchronous one (run in the executor's threads). Sequential: the same calls one at a time. Ideal:
+latency x calls / trajectories. Cache: `--calls` calls over 50 distinct arguments, cache on vs off.
+Prints a table and writes bench/results/tools.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy, tool_from_function
+
+
+def make_tools(latency: float):
+    async def lookup(key: int) -> str:
+        """Async tool with fixed latency."""
+        await asyncio.sleep(latency)
+        return f"value-{key}"
+
+    def lookup_sync(key: int) -> str:
+        """Blocking tool with fixed latency."""
+        time.sleep(latency)
+        return f"value-{key}"
+
+    return [tool_from_function(lookup), tool_from_function(lookup_sync)]
+
+
+async def concurrent(executor: ToolExecutor, tool: str, calls: int, trajectories: int, distinct: int) -> float:
+    async def trajectory(index: int) -> None:
+        for i in range(index, calls, trajectories):
+            result = await executor.invoke(ToolCall(tool, {"key": i % distinct}))
+            assert not result.error, result.content
+
+    start = time.perf_counter()
+    await asyncio.gather(*(trajectory(t) for t in range(trajectories)))
+    return time.perf_counter() - start
+
+
+async def sequential(executor: ToolExecutor, tool: str, calls: int) -> float:
+    start = time.perf_counter()
+    for i in range(calls):
+        await executor.invoke(ToolCall(tool, {"key": i}))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--trajectories", type=int, default=64)
+    parser.add_argument("--out", default="bench/results/tools.json")
+    args = parser.parse_args()
+    n, lat, traj = args.calls, args.latency, args.trajectories
+    ideal = lat * n / traj
+    tools = make_tools(lat)
+    rows = {}
+    for name in ("lookup", "lookup_sync"):
+        ex = ToolExecutor(tools, max_concurrency=traj)
+        conc = asyncio.run(concurrent(ex, name, n, traj, distinct=n))
+        seq = asyncio.run(sequential(ex, name, n))
+        ex.close()
+        rows[name] = {
+            "concurrent_s": round(conc, 3),
+            "sequential_s": round(seq, 3),
+            "ideal_s": round(ideal, 3),
+            "concurrent_vs_sequential": round(seq / conc, 2),
+            "concurrent_vs_ideal": round(conc / ideal, 3),
+        }
+    cached = {}
+    for cache in (False, True):
+        ex = ToolExecutor(tools, max_concurrency=traj, policies={"lookup": ToolPolicy(cache=cache)})
+        cached[cache] = asyncio.run(concurrent(ex, "lookup", n, traj, distinct=50))
+        ex.close()
+    result = {
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+        "workload": {"calls": n, "latency_s": lat, "trajectories": traj},
+        "async_tool": rows["lookup"],
+        "sync_tool": rows["lookup_sync"],
+        "cache": {
+            "distinct_arguments": 50,
+            "uncached_s": round(cached[False], 3),
+            "cached_s": round(cached[True], 3),
+            "cache_speedup": round(cached[False] / cached[True], 2),
+        },
+        "mcp_stdio_overhead_ms": None,
+        "mcp_note": "MCP servers are not wired in yet (issue 3 items 1-2)",
+    }
+    print(f"{n} calls x {lat * 1000:.0f} ms from {traj} trajectories (ideal {ideal:.2f} s)")
+    print(f"{'tool':<14}{'concurrent s':>14}{'sequential s':>14}{'conc/seq':>10}{'conc/ideal':>12}")
+    for label, row in (("async", rows["lookup"]), ("sync (threads)", rows["lookup_sync"])):
+        print(
+            f"{label:<14}{row['concurrent_s']:>14.2f}{row['sequential_s']:>14.2f}"
+            f"{row['concurrent_vs_sequential']:>9.1f}x{row['concurrent_vs_ideal']:>12.3f}"
+        )
+    c = result["cache"]
+    print(f"cache (50 distinct of {n}): {c['uncached_s']:.2f} s -> {c['cached_s']:.2f} s, {c['cache_speedup']:.1f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
