@@ -47,6 +47,8 @@ def test_train_writes_the_run_directory_and_a_loadable_checkpoint(tiny_model_dir
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m.get("step", m.get("eval")) for m in metrics] == ["start", 1, 2, "end"]
     assert {"reward", "success", "tool_calls", "loss", "gen_tokens_per_s", "reward/correct"} <= set(metrics[1])
+    stops = {"stop/answer", "stop/no_tool_call", "stop/max_turns", "stop/length"}
+    assert all(stops <= set(m) for m in metrics)  # the same columns every step, whichever reasons occurred
     steps = metrics[1:3]
     assert sum(m.get("tools/calls", 0) for m in steps) == sum(m["tool_calls"] * 4 for m in steps)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]

@@ -60,10 +60,6 @@ class ToolExecutor:
         self._limits: dict[tuple[int, str], tuple[asyncio.Semaphore | None, RateLimiter | None]] = {}
         self._global: dict[int, asyncio.Semaphore] = {}
 
-    @property
-    def timeout_s(self) -> float:
-        return self.default_policy.timeout_s
-
     def policy(self, name: str) -> ToolPolicy:
         return self.policies.get(name, self.default_policy)
 

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from toolrl.envs.base import Task
-from toolrl.rollout.loop import Rollout
+from toolrl.rollout.loop import STOP_REASONS, Rollout
 from toolrl.rollout.trajectory import Trajectory
 
 
@@ -22,8 +22,9 @@ def summarize(trajs: Sequence[Trajectory], success_key: str = "correct") -> dict
     }
     for name in trajs[0].rewards if trajs else []:
         stats[f"reward/{name}"] = sum(t.rewards[name] for t in trajs) / n
-    for reason, count in Counter(t.stop_reason for t in trajs).items():
-        stats[f"stop/{reason}"] = count / n
+    reasons = Counter(t.stop_reason for t in trajs)
+    for reason in (*STOP_REASONS, *(r for r in reasons if r not in STOP_REASONS)):
+        stats[f"stop/{reason}"] = reasons[reason] / n  # every reason, so each step has the same columns
     return stats
 
 
