@@ -3,7 +3,8 @@
 Workload: `--calls` calls to a tool with `--latency` seconds of latency, issued by `--trajectories` concurrent
 trajectories (each makes its calls one after another, as a rollout does), for an async tool and for a
 synchronous one (run in the executor's threads). Sequential: the same calls one at a time. Ideal:
-latency x calls / trajectories. Cache: `--calls` calls over 50 distinct arguments, cache on vs off.
+latency x calls / trajectories. Cache: `--calls` calls over 50 distinct arguments, cache on vs off. MCP:
+the extra time per call of a stdio MCP server written with the SDK over an in-process async tool.
 Prints a table and writes bench/results/tools.json.
 """
 
@@ -52,6 +53,33 @@ async def sequential(executor: ToolExecutor, tool: str, calls: int) -> float:
     return time.perf_counter() - start
 
 
+async def mcp_overhead_ms(calls: int = 300) -> float:
+    """Per-call cost of a stdio MCP round trip through the executor, minus the same call to a local tool."""
+    import sys
+
+    from toolrl.tools.mcp import MCPStdioServer
+
+    server = MCPStdioServer(
+        "bench", sys.executable, [str(Path(__file__).parent.parent / "tests/fixtures/mcp_server.py")]
+    )
+
+    async def echo(text: str) -> str:
+        return text
+
+    try:
+        ex = ToolExecutor([*server.tools(), tool_from_function(echo)])
+        timings = {}
+        for name in ("bench.echo", "echo"):
+            await ex.invoke(ToolCall(name, {"text": "x"}))  # warm up
+            start = time.perf_counter()
+            for _ in range(calls):
+                await ex.invoke(ToolCall(name, {"text": "x"}))
+            timings[name] = (time.perf_counter() - start) / calls
+    finally:
+        server.close()
+    return 1000 * (timings["bench.echo"] - timings["echo"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
@@ -91,8 +119,7 @@ def main() -> None:
             "cached_s": round(cached[True], 3),
             "cache_speedup": round(cached[False] / cached[True], 2),
         },
-        "mcp_stdio_overhead_ms": None,
-        "mcp_note": "MCP servers are not wired in yet (issue 3 items 1-2)",
+        "mcp_stdio_overhead_ms": round(asyncio.run(mcp_overhead_ms()), 3),
     }
     print(f"{n} calls x {lat * 1000:.0f} ms from {traj} trajectories (ideal {ideal:.2f} s)")
     print(f"{'tool':<14}{'concurrent s':>14}{'sequential s':>14}{'conc/seq':>10}{'conc/ideal':>12}")
@@ -101,6 +128,7 @@ def main() -> None:
             f"{label:<14}{row['concurrent_s']:>14.2f}{row['sequential_s']:>14.2f}"
             f"{row['concurrent_vs_sequential']:>9.1f}x{row['concurrent_vs_ideal']:>12.3f}"
         )
+    print(f"MCP stdio overhead per call: {result['mcp_stdio_overhead_ms']:.2f} ms")
     c = result["cache"]
     print(f"cache (50 distinct of {n}): {c['uncached_s']:.2f} s -> {c['cached_s']:.2f} s, {c['cache_speedup']:.1f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
