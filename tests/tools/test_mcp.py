@@ -92,3 +92,49 @@ def test_result_text_for_structured_and_non_text_content():
     assert result_text(structured) == '{"rows": [[1, "a"]]}'
     wrapped = CallToolResult(content=[], structured_content={"result": 7})
     assert result_text(wrapped) == "7"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_http_server(port: int):
+    import socket
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(port)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("HTTP MCP server did not start")
+
+
+def test_streamable_http_server_on_localhost_survives_a_restart():
+    from toolrl.tools.mcp import MCPHttpServer
+
+    port = free_port()
+    proc = start_http_server(port)
+    srv = MCPHttpServer("web", f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"}, connect_timeout_s=30)
+    try:
+        ex = ToolExecutor(srv.tools(), timeout_s=60)
+        assert {t for t in ex.tools} == {"web.add", "web.echo", "web.big", "web.fail", "web.pid"}
+        assert run(ex.invoke(ToolCall("web.add", {"a": 40, "b": 2}))).content == "42"
+        assert len(run(ex.invoke(ToolCall("web.big", {"megabytes": 10}))).content) == 10 * 1024 * 1024
+
+        proc.kill()
+        proc.wait()
+        proc = start_http_server(port)
+        assert run(ex.invoke(ToolCall("web.echo", {"text": "back"}))).content == "back"
+        assert srv.connections == 2
+    finally:
+        srv.close()
+        proc.kill()

@@ -1,4 +1,4 @@
-"""MCP servers over stdio through the official `mcp` SDK: one session per server, kept open for a run.
+"""MCP servers (stdio and streamable HTTP) through the official `mcp` SDK: one session per server, kept open.
 
 Each server connection owns a background thread with its own event loop. A long-lived task there holds the
 session (the SDK's anyio contexts must be entered and left in one task) and reconnects after the server
@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 from toolrl.tools.function import Tool
@@ -40,22 +41,11 @@ def result_text(result: Any) -> str:
     return "\n".join(parts)
 
 
-class MCPStdioServer:
-    """One stdio MCP server; `tools()` lists its tools as `Tool`s named `server.tool`."""
+class MCPServerConnection:
+    """One MCP server; `tools()` lists its tools as `Tool`s named `server.tool`. Subclasses open a transport."""
 
-    def __init__(
-        self,
-        name: str,
-        command: str,
-        args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        connect_timeout_s: float = 30.0,
-    ):
-        from mcp import StdioServerParameters
-
+    def __init__(self, name: str, connect_timeout_s: float = 30.0):
         self.name = name
-        self.params = StdioServerParameters(command=command, args=list(args), env=dict(env) if env else None, cwd=cwd)
         self.connect_timeout_s = connect_timeout_s
         self.connections = 0
         self._session = None
@@ -70,15 +60,20 @@ class MCPStdioServer:
     def _submit(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
+        """Enter the transport's context on `stack`; return its (read, write) streams."""
+        raise NotImplementedError
+
     async def _serve(self) -> None:
         from mcp import ClientSession
-        from mcp.client.stdio import stdio_client
 
         self._ready, self._dead = asyncio.Event(), asyncio.Event()
         failed_starts = 0
         while not self._stopping:
             try:
-                async with stdio_client(self.params) as (read, write), ClientSession(read, write) as session:
+                async with AsyncExitStack() as stack:
+                    read, write = await self._open(stack)
+                    session = await stack.enter_async_context(ClientSession(read, write))
                     await session.initialize()
                     self._session = session
                     self.connections += 1
@@ -154,3 +149,43 @@ class MCPStdioServer:
             log.warning("MCP server %s did not close cleanly: %s", self.name, exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+
+class MCPStdioServer(MCPServerConnection):
+    """A server started as a subprocess and spoken to over stdin/stdout."""
+
+    def __init__(
+        self,
+        name: str,
+        command: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        connect_timeout_s: float = 30.0,
+    ):
+        from mcp import StdioServerParameters
+
+        self.params = StdioServerParameters(command=command, args=list(args), env=dict(env) if env else None, cwd=cwd)
+        super().__init__(name, connect_timeout_s)
+
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
+        from mcp.client.stdio import stdio_client
+
+        return await stack.enter_async_context(stdio_client(self.params))
+
+
+class MCPHttpServer(MCPServerConnection):
+    """A server at a streamable-HTTP `url`, with optional `headers` (for example an authorization token)."""
+
+    def __init__(self, name: str, url: str, headers: Mapping[str, str] | None = None, connect_timeout_s: float = 30.0):
+        self.url, self.headers = url, dict(headers or {})
+        super().__init__(name, connect_timeout_s)
+
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
+        from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+        client = await stack.enter_async_context(create_mcp_http_client(headers=self.headers))
+        # No cap on one event's size: a tool may return megabytes, which the observation limit then trims.
+        return await stack.enter_async_context(
+            streamable_http_client(self.url, http_client=client, max_sse_event_size=None)
+        )
