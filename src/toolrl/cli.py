@@ -23,6 +23,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configs.")
 model_app = typer.Typer(no_args_is_help=True, help="Manage models.")
+tools_app = typer.Typer(no_args_is_help=True, help="Inspect and try the tools of a tool config file.")
+app.add_typer(tools_app, name="tools")
 app.add_typer(config_app, name="config")
 app.add_typer(model_app, name="model")
 console = Console()
@@ -128,6 +130,62 @@ def model_fetch(name: Annotated[str, typer.Argument(help="Model name.")] = "smol
 
     _quiet_libraries()
     typer.echo(str(resolve_model(name)))
+
+
+ToolsConfigArg = Annotated[Path, typer.Argument(help="Tool config file (mcpServers style, YAML or JSON).")]
+
+
+@tools_app.command("list")
+def tools_list(config: ToolsConfigArg) -> None:
+    """List the tools with their parameters, and each server's status."""
+    from toolrl.tools.toolset import Toolset
+
+    toolset = Toolset.load(config)
+    try:
+        table = Table(title=str(config))
+        for column in ("tool", "parameters", "description"):
+            table.add_column(column)
+        for tool in toolset.tools:
+            props = tool.parameters.get("properties", {})
+            required = set(tool.parameters.get("required", []))
+            params = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any')}" for k, v in props.items())
+            table.add_row(tool.name, params, tool.description)
+        console.print(table)
+        for server, status in toolset.status.items():
+            console.print(f"server {server}: {status}", highlight=False)
+    finally:
+        toolset.close()
+
+
+@tools_app.command("call")
+def tools_call(
+    config: ToolsConfigArg,
+    name: Annotated[str, typer.Argument(help="server.tool, or a short name that only one server has.")],
+    arguments: Annotated[str, typer.Argument(help="Arguments as a JSON object.")] = "{}",
+) -> None:
+    """Call one tool by hand, through the same executor a rollout uses, and print the observation."""
+    import asyncio
+    import json
+
+    from toolrl.errors import ToolError
+    from toolrl.tools import ToolCall, ToolExecutor
+    from toolrl.tools.toolset import Toolset
+
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"arguments must be a JSON object: {exc.msg} at char {exc.pos}") from None
+    if not isinstance(args, dict):
+        raise ToolError("arguments must be a JSON object, like '{\"a\": 1}'")
+    toolset = Toolset.load(config)
+    try:
+        executor = ToolExecutor(toolset.tools)
+        result = asyncio.run(executor.invoke(ToolCall(toolset.resolve(name), args)))
+    finally:
+        toolset.close()
+    typer.echo(result.content)
+    if result.error:
+        raise typer.Exit(1)
 
 
 def main() -> None:

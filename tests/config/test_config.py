@@ -46,3 +46,10 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml line 2: not valid YAML"):
         load_config(bad)
+
+
+def test_missing_required_key_is_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  betas: [0.9]\n")
+    with pytest.raises(ConfigError, match=r"train\.betas"):
+        load_config(path)

@@ -93,6 +93,8 @@ def format_validation_error(exc: ValidationError, where: str) -> str:
             section = field.annotation if field else section
         known = ", ".join(getattr(section, "model_fields", {}))
         return f"{where}: unknown key '{key}'; known keys here: {known}{more}"
+    if error["type"] == "missing":
+        return f"{where}: {key} is required{more}"
     got = error.get("input")
     return f"{where}: {key} must be {_expected(error)}, got {got!r}{more}"
 
