@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.errors import ConfigError
-from toolrl.tools.call import ToolCall
+from toolrl.tools.call import ToolCall, unknown_tool_error
 
 
 @dataclass
@@ -35,12 +35,6 @@ def get_parser(name: str) -> Parser:
         return PARSERS[name]
     except KeyError:
         raise ConfigError(f"rollout.parser: unknown parser {name!r}; known: {', '.join(sorted(PARSERS))}") from None
-
-
-def unknown_tool_error(name: str, known_tools: Collection[str] | None) -> str | None:
-    if known_tools is None or name in known_tools:
-        return None
-    return f"Error: unknown tool {name!r}; available tools: {', '.join(sorted(known_tools)) or 'none'}"
 
 
 def call_from_object(

@@ -9,8 +9,8 @@ import ast
 import re
 from collections.abc import Collection
 
-from toolrl.parsers.base import ParseResult, register_parser, unknown_tool_error
-from toolrl.tools.call import ToolCall
+from toolrl.parsers.base import ParseResult, register_parser
+from toolrl.tools.call import ToolCall, unknown_tool_error
 
 EXPECTED = 'write [tool_name(arg="value", other=1)]'
 MAX_CHARS = 20_000

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 
-from toolrl.parsers.base import Parser, ParseResult, register_parser, unknown_tool_error
-from toolrl.tools.call import ToolCall
+from toolrl.parsers.base import Parser, ParseResult, register_parser
+from toolrl.tools.call import ToolCall, unknown_tool_error
 
 
 def tag_parser(tags: Mapping[str, tuple[str, str]]) -> Parser:

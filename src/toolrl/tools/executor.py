@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.tools.cache import ResultCache, cache_key
-from toolrl.tools.call import ToolCall, ToolResult
+from toolrl.tools.call import ToolCall, ToolResult, first_line, unknown_tool_error
 from toolrl.tools.function import Tool
 from toolrl.tools.limits import TRANSIENT, RateLimiter, ToolPolicy
 
@@ -30,11 +30,6 @@ def _to_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(value)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text.strip() else type(exc).__name__
 
 
 class ToolExecutor:
@@ -81,8 +76,7 @@ class ToolExecutor:
         tool = self.tools.get(call.name)
         if tool is None:
             self.metrics["errors_unknown_tool"] += 1
-            known = ", ".join(self.tools) or "none"
-            return ToolResult(call, f"Error: unknown tool {call.name!r}; available tools: {known}", error=True)
+            return ToolResult(call, unknown_tool_error(call.name, self.tools), error=True)
         policy = self.policy(call.name)
         key = cache_key(call.name, call.arguments) if policy.cache else None
         if key is not None:
@@ -113,15 +107,15 @@ class ToolExecutor:
                         return ToolResult(
                             call, f"Error: {call.name} timed out after {policy.timeout_s:g} s", error=True
                         )
-                    failure, message = "errors_transient", f"{call.name} failed: {_first_line(exc)}"
+                    failure, message = "errors_transient", f"{call.name} failed: {first_line(exc)}"
                 except ValueError as exc:  # arguments off the schema, or a value the tool rejects: final
                     self.metrics["errors_invalid"] += 1
                     return ToolResult(call, f"Error: {exc}", error=True)
                 except TRANSIENT as exc:
-                    failure, message = "errors_transient", f"{call.name} failed: {_first_line(exc)}"
+                    failure, message = "errors_transient", f"{call.name} failed: {first_line(exc)}"
                 except Exception as exc:  # a tool's own failure must never end the rollout
                     self.metrics["errors_raised"] += 1
-                    return ToolResult(call, f"Error: {call.name} failed: {_first_line(exc)}", error=True)
+                    return ToolResult(call, f"Error: {call.name} failed: {first_line(exc)}", error=True)
             if attempt < policy.retries:
                 self.metrics["retries"] += 1
                 await asyncio.sleep(policy.backoff_s * 2**attempt)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from toolrl.tools.call import first_line
 from toolrl.tools.function import Tool
 from toolrl.tools.limits import TransientToolError
 
@@ -105,7 +106,7 @@ class MCPServerConnection:
                 return await getattr(session, method)(*args)
             except Exception as exc:
                 failures += 1
-                reason = str(exc) or type(exc).__name__
+                reason = first_line(exc)
                 if failures == 2:
                     raise TransientToolError(f"MCP server {self.name} failed: {reason}") from exc
                 log.warning("MCP server %s: %s; reconnecting", self.name, reason)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from toolrl.config.loader import format_validation_error
 from toolrl.errors import ConfigError, ToolError
+from toolrl.tools.call import first_line
 from toolrl.tools.function import Tool, tool_from_function
 
 
@@ -108,7 +109,7 @@ class Toolset:
             except ConfigError:
                 raise
             except Exception as exc:  # a server that is down: its tools are missing, the others still load
-                status[name] = f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                status[name] = f"error: {first_line(exc)}"
                 continue
             tools += [t for t in found if entry.keeps(t.name.split(".", 1)[1])]
         return cls(servers, tools, status)
