@@ -64,7 +64,6 @@ def train(config: ConfigArg = None, set_: SetOption = None) -> None:
     console.print(f"run directory: [bold]{run.path}[/]")
     with console.status(f"loading {cfg.model.name}"):
         bench = Workbench.load(cfg)
-    trainer = GRPOTrainer(bench, run)
     columns = [
         TextColumn("step"),
         MofNCompleteColumn(),
@@ -82,10 +81,13 @@ def train(config: ConfigArg = None, set_: SetOption = None) -> None:
             )
             progress.update(task, advance=1, stats=stats)
 
-        summary = trainer.train(on_step)
+        try:
+            summary = GRPOTrainer(bench, run).train(on_step)
+        finally:
+            bench.close()
     columns_ = {k.replace("eval_", ""): summary[k] for k in ("eval_start", "eval_end") if k in summary}
     if columns_:
-        console.print(_eval_table(f"calculator test split ({cfg.eval.num_tasks} tasks)", columns_))
+        console.print(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks)", columns_))
     console.print(f"checkpoint: {summary['checkpoint']}   wall time {time.perf_counter() - started:.0f} s")
 
 
@@ -106,7 +108,10 @@ def eval_(
     started = time.perf_counter()
     with console.status("evaluating"):
         bench = Workbench.load(cfg, model_name=model or None)
-        stats = bench.evaluate(num_tasks, temperature)
+        try:
+            stats = bench.evaluate(num_tasks, temperature)
+        finally:
+            bench.close()
     temp = cfg.eval.sampling.temperature if temperature is None else temperature
     n = num_tasks or cfg.eval.num_tasks
     console.print(
@@ -168,7 +173,7 @@ def tools_call(
     import json
 
     from toolrl.errors import ToolError
-    from toolrl.tools import ToolCall, ToolExecutor
+    from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
     from toolrl.tools.toolset import Toolset
 
     try:
@@ -179,7 +184,7 @@ def tools_call(
         raise ToolError("arguments must be a JSON object, like '{\"a\": 1}'")
     toolset = Toolset.load(config)
     try:
-        executor = ToolExecutor(toolset.tools)
+        executor = ToolExecutor(toolset.tools, policies=toolset.policies(ToolPolicy()))
         result = asyncio.run(executor.invoke(ToolCall(toolset.resolve(name), args)))
     finally:
         toolset.close()

@@ -1,6 +1,7 @@
 """A real stdio MCP server (written with the SDK) behind the executor: schemas, calls, faults, reconnects."""
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -45,7 +46,7 @@ def test_calls_and_errors_through_the_executor(server):
         )
     )
     assert (add.content, echo.content) == ("5", "héllo")
-    assert fail.error and fail.content.startswith("Error: srv.fail failed:") and "\n" not in fail.content
+    assert fail.error and fail.content == "Error: srv.fail failed: disk on fire"
     assert ex.metrics["errors_raised"] == 1
 
 
@@ -102,12 +103,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_http_server(port: int):
+def start_http_server(port: int, transport: str = "http"):
     import socket
     import subprocess
     import time
 
-    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(port)], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, str(SERVER), transport, str(port)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -138,3 +139,40 @@ def test_streamable_http_server_on_localhost_survives_a_restart():
     finally:
         srv.close()
         proc.kill()
+
+
+def test_legacy_sse_server_on_localhost():
+    from toolrl.tools.mcp import MCPSseServer
+
+    port = free_port()
+    proc = start_http_server(port, "sse")
+    srv = MCPSseServer("old", f"http://127.0.0.1:{port}/sse", connect_timeout_s=30)
+    try:
+        ex = ToolExecutor(srv.tools(), timeout_s=60)
+        assert "old.add" in ex.tools
+        assert run(ex.invoke(ToolCall("old.add", {"a": 2, "b": 3}))).content == "5"
+        failed = run(ex.invoke(ToolCall("old.fail", {"message": "nope"})))
+        assert failed.error and "nope" in failed.content
+    finally:
+        srv.close()
+        proc.kill()
+
+
+def test_third_party_server_from_the_package_index():
+    """mcp-server-time, installed from PyPI by the test extra, spoken to over stdio like any user's server."""
+    from toolrl.tools.mcp import MCPStdioServer
+
+    srv = MCPStdioServer("time", sys.executable, ["-m", "mcp_server_time", "--local-timezone", "UTC"])
+    try:
+        tools = {t.name: t for t in srv.tools()}
+        assert {"time.get_current_time", "time.convert_time"} <= set(tools)
+        assert "timezone" in tools["time.get_current_time"].parameters["properties"]
+        ex = ToolExecutor(list(tools.values()), timeout_s=30)
+        args = {"source_timezone": "Asia/Tokyo", "time": "12:00", "target_timezone": "Asia/Kolkata"}  # no DST
+        converted = json.loads(run(ex.invoke(ToolCall("time.convert_time", args))).content)
+        assert converted["target"]["datetime"].endswith("T08:30:00+05:30") and converted["time_difference"] == "-3.5h"
+        bad = run(ex.invoke(ToolCall("time.get_current_time", {"timezone": "Nowhere/Atlantis"})))
+        assert bad.error and "Invalid timezone" in bad.content
+        assert ex.metrics["errors_raised"] == 1
+    finally:
+        srv.close()

@@ -41,8 +41,18 @@ class RolloutConfig(Section):
     max_response_tokens: int = Field(384, ge=1)
     """Token budget of one trajectory after its prompt: generated plus observation tokens."""
     max_observation_tokens: int = Field(128, ge=1)
-    tool_timeout_s: float = Field(10.0, gt=0)
     sampling: SamplingConfig = SamplingConfig()
+
+
+class ToolsConfig(Section):
+    file: str | None = None
+    """A tool config file (mcpServers style, YAML or JSON); its tools are offered besides the environment's."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Default per-call timeout; a tool's policy in the file may override it."""
+    max_concurrency: int = Field(64, ge=1)
+    """Tool calls in flight at once, over all trajectories."""
+    cache_file: str | None = None
+    """sqlite file that keeps results of tools whose policy has cache: true across runs; in memory if unset."""
 
 
 class TrainConfig(Section):
@@ -80,5 +90,6 @@ class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
     rollout: RolloutConfig = RolloutConfig()
+    tools: ToolsConfig = ToolsConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()

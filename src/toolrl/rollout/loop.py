@@ -12,6 +12,7 @@ from toolrl.parsers.base import Parser
 from toolrl.rollout.engine import HFEngine
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools.executor import ToolExecutor
+from toolrl.tools.observation import clip_observation
 
 STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length")
 
@@ -39,7 +40,7 @@ class Rollout:
     ):
         self.env, self.engine, self.chat, self.parser, self.executor = env, engine, chat, parser, executor
         self.limits = limits
-        self.tool_schemas = [tool.to_openai() for tool in env.tools()]
+        self.tool_schemas = [tool.to_openai() for tool in executor.tools.values()]
         self.tokenizer = chat.tokenizer
 
     def prompt_ids(self, task: Task) -> list[int]:
@@ -90,16 +91,10 @@ class Rollout:
         results = await self.executor.invoke_all(parsed.calls)
         traj.num_tool_calls += len(parsed.calls)
         traj.num_tool_errors += sum(r.error for r in results)
-        contents = [self._clip(r.content) for r in results] + parsed.errors
+        clip = self.limits.max_observation_tokens
+        contents = [clip_observation(r.content, self.tokenizer, clip) for r in results] + parsed.errors
         obs = self.chat.observation_ids(contents, model_ended_turn=sampled.ended)
         if traj.response_length + len(obs) >= self.limits.max_response_tokens:
             traj.stop_reason, traj.truncated = "length", True
             return None
         return obs
-
-    def _clip(self, content: str) -> str:
-        ids = self.chat.encode(content)
-        if len(ids) <= self.limits.max_observation_tokens:
-            return content
-        kept = self.tokenizer.decode(ids[: self.limits.max_observation_tokens])
-        return f"{kept}... [truncated {len(ids) - self.limits.max_observation_tokens} tokens]"

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
@@ -80,13 +80,18 @@ class Tool:
         return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(self.fn, **kwargs))
 
 
-def tool_from_function(fn: Callable[..., Any], name: str | None = None) -> Tool:
-    """Build a Tool from a function with type hints on every parameter."""
+def tool_from_function(
+    fn: Callable[..., Any], name: str | None = None, inject: Mapping[str, Any] | None = None
+) -> Tool:
+    """Build a Tool from a function with type hints on every parameter. Parameters named in `inject` are
+    filled with its values on every call and left out of the schema the model sees."""
     tool_name = name or fn.__name__
     description, arg_docs = parse_docstring(fn.__doc__)
     hints = get_type_hints(fn)
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
+        if inject and param.name in inject:
+            continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ToolError(f"tool {tool_name}: *args/**kwargs cannot be described to a model; name each parameter")
         if param.name not in hints:
@@ -99,7 +104,8 @@ def tool_from_function(fn: Callable[..., Any], name: str | None = None) -> Tool:
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
     schema.setdefault("required", [])
-    return Tool(tool_name, description or tool_name, schema, fn, model)
+    call = functools.partial(fn, **inject) if inject else fn
+    return Tool(tool_name, description or tool_name, schema, call, model)
 
 
 def _field(default: Any, description: str | None) -> Any:

@@ -121,7 +121,8 @@ class MCPServerConnection:
         result = await asyncio.wrap_future(future)
         text = result_text(result)
         if result.is_error:
-            raise RuntimeError(text or f"{tool} reported an error")
+            # The Python SDK's servers prefix every message; the observation already names the tool.
+            raise RuntimeError(text.removeprefix(f"Error executing tool {tool}: ") or f"{tool} reported an error")
         return text
 
     def tools(self) -> list[Tool]:
@@ -189,4 +190,15 @@ class MCPHttpServer(MCPServerConnection):
         # No cap on one event's size: a tool may return megabytes, which the observation limit then trims.
         return await stack.enter_async_context(
             streamable_http_client(self.url, http_client=client, max_sse_event_size=None)
+        )
+
+
+class MCPSseServer(MCPHttpServer):
+    """A server on the legacy HTTP+SSE transport (a GET event stream at `url`, often ending in /sse)."""
+
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
+        from mcp.client.sse import sse_client
+
+        return await stack.enter_async_context(
+            sse_client(self.url, headers=self.headers, timeout=self.connect_timeout_s)
         )

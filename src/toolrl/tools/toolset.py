@@ -2,22 +2,41 @@
 
 ```yaml
 mcpServers:
-  files: {command: npx, args: [-y, some-mcp-server], env: {}, cwd: null, deny: [delete_file]}
-  web: {url: "http://127.0.0.1:8000/mcp", headers: {Authorization: "Bearer ..."}, connect_timeout_s: 10}
-  calc: {python: "toolrl.envs.calculator.tool:calculator"}
+  time: {command: mcp-server-time, args: [--local-timezone, UTC]}          # MCP over stdio
+  web: {url: "http://127.0.0.1:8000/mcp", headers: {Authorization: "Bearer ..."}}   # streamable HTTP
+  old: {url: "http://127.0.0.1:8001/sse", transport: sse}                   # legacy HTTP+SSE
+  calc: {python: "toolrl.envs.calculator.tool:calculator"}                  # a function, or a class
+  weather:                                                                  # plain HTTP JSON endpoints
+    http:
+      forecast:
+        url: "http://127.0.0.1:9000/forecast"
+        method: GET
+        description: Weather forecast for a city.
+        parameters: {type: object, properties: {city: {type: string}}, required: [city]}
+  helper: {model: {base_url: "http://127.0.0.1:8080/v1", model: qwen3-8b, system: "Answer briefly."}}
+  local: {model: {path: smollm2-135m-instruct, max_tokens: 64}}            # a local HF model as a tool
+  research: {agent: "my_package.workflows:research"}                       # a workflow of the other tools
+  search:
+    command: python
+    args: [-m, my_search_server]
+    policy: {timeout_s: 30, retries: 3}                                     # for every tool of the server
+    policies: {lookup: {cache: true, rate_per_s: 20}}                       # for one tool, by short name
 ```
 Tools are named `server.tool`; a short name resolves when only one server has it. `allow` and `deny` filter a
-server's tools by their short names. `python` names a function, or a class whose public methods are tools
-(constructed without arguments); nothing is executed from the config text beyond that import.
+server's tools by their short names. `python` and `agent` name an importable function (or for `python`, a
+class whose public methods are tools, constructed without arguments); nothing is executed from the config
+text beyond that import. Each kind of entry is built by a function registered in `ENTRY_KINDS`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,93 +45,256 @@ from toolrl.config.loader import format_validation_error
 from toolrl.errors import ConfigError, ToolError
 from toolrl.tools.call import first_line
 from toolrl.tools.function import Tool, tool_from_function
+from toolrl.tools.limits import ToolPolicy
+
+if TYPE_CHECKING:
+    from toolrl.tools.executor import ToolExecutor
 
 
-class ServerEntry(BaseModel):
+class Entry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+
+class PolicyEntry(Entry):
+    """Overrides of the executor's default `ToolPolicy`; keys left out keep the default."""
+
+    timeout_s: float | None = Field(None, gt=0)
+    retries: int | None = Field(None, ge=0)
+    backoff_s: float | None = Field(None, ge=0)
+    max_concurrency: int | None = Field(None, ge=1)
+    rate_per_s: float | None = Field(None, gt=0)
+    cache: bool | None = None
+
+    def apply(self, policy: ToolPolicy) -> ToolPolicy:
+        return dataclasses.replace(policy, **self.model_dump(exclude_unset=True))
+
+
+class HttpEndpoint(Entry):
+    url: str
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    """GET and DELETE send the arguments as the query string, the others as a JSON body."""
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    """JSON schema of the arguments; calls off the schema are answered with an error, not sent."""
+
+
+class ModelEntry(Entry):
+    base_url: str | None = None
+    """An OpenAI-compatible API root, such as http://127.0.0.1:8000/v1 (needs `model`)."""
+    model: str | None = None
+    path: str | None = None
+    """Instead of base_url: a local Hugging Face model (embedded name, folder, or cached hub id)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key; the key itself never goes in the file."""
+    name: str = "ask"
+    """The tool's short name."""
+    description: str | None = None
+    system: str | None = None
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def one_backend(self) -> ModelEntry:
+        if bool(self.base_url) == bool(self.path):
+            raise ValueError("needs exactly one of base_url (OpenAI-compatible endpoint) or path (local model)")
+        if self.base_url and not self.model:
+            raise ValueError("with base_url, model (the served model's name) is required")
+        return self
+
+
+class ServerEntry(Entry):
     command: str | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] | None = None
     cwd: str | None = None
     url: str | None = None
+    transport: Literal["streamable-http", "sse"] | None = None
+    """For `url`: streamable-http, or sse for the legacy transport; by default sse when the URL ends in /sse."""
     headers: dict[str, str] = Field(default_factory=dict)
     python: str | None = None
+    http: dict[str, HttpEndpoint] | None = None
+    model: ModelEntry | None = None
+    agent: str | None = None
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
     connect_timeout_s: float = Field(30.0, gt=0)
+    policy: PolicyEntry | None = None
+    policies: dict[str, PolicyEntry] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def one_kind(self) -> ServerEntry:
-        kinds = [k for k in ("command", "url", "python") if getattr(self, k)]
+        kinds = [k for k in ENTRY_KINDS if getattr(self, k)]
         if len(kinds) != 1:
-            raise ValueError("needs exactly one of command (stdio MCP), url (HTTP MCP) or python (module:name)")
+            raise ValueError(f"needs exactly one of {', '.join(ENTRY_KINDS)}")
         return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ENTRY_KINDS if getattr(self, k))
 
     def keeps(self, short: str) -> bool:
         return (self.allow is None or short in self.allow) and short not in self.deny
 
 
-class ToolsFile(BaseModel):
+class ToolsFile(Entry):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     mcp_servers: dict[str, ServerEntry] = Field(alias="mcpServers")
 
 
-def _python_tools(name: str, target: str) -> list[Tool]:
+Builder = Callable[[str, ServerEntry, "Toolset"], list[Tool]]
+ENTRY_KINDS: dict[str, Builder] = {}
+"""Entry kind (the key that selects it) -> function building that server's tools, named `server.tool`."""
+
+
+def entry_kind(key: str):
+    def add(builder: Builder) -> Builder:
+        ENTRY_KINDS[key] = builder
+        return builder
+
+    return add
+
+
+def _import(where: str, target: str) -> Any:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"mcpServers.{name}.python: {target!r} must look like package.module:function")
+        raise ConfigError(f"{where}: {target!r} must look like package.module:function")
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"mcpServers.{name}.python: cannot import {target!r} ({exc})") from None
+        raise ConfigError(f"{where}: cannot import {target!r} ({exc})") from None
+
+
+def _renamed(server: str, tools: list[Tool]) -> list[Tool]:
+    return [dataclasses.replace(t, name=f"{server}.{t.name}") for t in tools]
+
+
+@entry_kind("command")
+def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
+    from toolrl.tools.mcp import MCPStdioServer
+
+    server = MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s)
+    toolset.servers[name] = server
+    return server.tools()
+
+
+@entry_kind("url")
+def _mcp_http(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
+    from toolrl.tools.mcp import MCPHttpServer, MCPSseServer
+
+    sse = entry.transport == "sse" or (entry.transport is None and entry.url.rstrip("/").endswith("/sse"))
+    server = (MCPSseServer if sse else MCPHttpServer)(name, entry.url, entry.headers, entry.connect_timeout_s)
+    toolset.servers[name] = server
+    return server.tools()
+
+
+@entry_kind("python")
+def _python(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
+    where = f"mcpServers.{name}.python"
+    obj = _import(where, entry.python)
     if inspect.isclass(obj):
         instance = obj()
         methods = [m for n, m in inspect.getmembers(instance, inspect.ismethod) if not n.startswith("_")]
-        return [tool_from_function(m) for m in methods]
+        return _renamed(name, [tool_from_function(m) for m in methods])
     if callable(obj):
-        return [tool_from_function(obj)]
-    raise ConfigError(f"mcpServers.{name}.python: {target!r} is neither a function nor a class")
+        return _renamed(name, [tool_from_function(obj)])
+    raise ConfigError(f"{where}: {entry.python!r} is neither a function nor a class")
+
+
+@entry_kind("http")
+def _http(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
+    from toolrl.tools.http import http_client, http_tool
+
+    client = http_client(entry.headers, entry.connect_timeout_s, read_timeout_s=300)
+    toolset.clients.append(client)
+    tools = []
+    for short, ep in entry.http.items():
+        try:
+            tools.append(http_tool(f"{name}.{short}", client, ep.url, ep.method, ep.description, ep.parameters))
+        except ValueError as exc:
+            raise ConfigError(f"mcpServers.{name}.http.{short}.parameters: {exc}") from None
+    return tools
+
+
+@entry_kind("model")
+def _model(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
+    from toolrl.tools.http import http_client
+    from toolrl.tools.model import LocalChat, OpenAIChat, model_tool
+
+    spec = entry.model
+    if spec.base_url:
+        client = http_client(entry.headers, entry.connect_timeout_s, read_timeout_s=600)
+        toolset.clients.append(client)
+        ask = OpenAIChat(
+            client, spec.base_url, spec.model, spec.system, spec.max_tokens, spec.temperature, spec.api_key_env
+        )
+        default = f"Ask the model {spec.model}; it answers in text."
+    else:
+        ask = LocalChat(spec.path, spec.system, spec.max_tokens, spec.temperature)
+        default = f"Ask the local model {spec.path}; it answers in text."
+    return [model_tool(f"{name}.{spec.name}", spec.description or default, ask)]
+
+
+@entry_kind("agent")
+def _agent(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
+    from toolrl.tools.agent import agent_tool
+
+    where = f"mcpServers.{name}.agent"
+    return _renamed(name, [agent_tool(_import(where, entry.agent), toolset.toolbox, where)])
 
 
 class Toolset:
-    """The tools of a config file, with their servers; `close()` ends the MCP sessions."""
+    """The tools of a config file, their servers and policies; `close()` ends sessions and clients."""
 
-    def __init__(self, servers: dict[str, Any], tools: list[Tool], status: dict[str, str]):
-        self.servers, self.tools, self.status = servers, tools, status
+    def __init__(self) -> None:
+        from toolrl.tools.agent import ToolBox
+
+        self.servers: dict[str, Any] = {}
+        self.clients: list[Any] = []
+        self.tools: list[Tool] = []
+        self.status: dict[str, str] = {}
+        self.entries: dict[str, ServerEntry] = {}
+        self.toolbox = ToolBox(self)
 
     @classmethod
     def load(cls, path: str | Path) -> Toolset:
-        from toolrl.tools.mcp import MCPHttpServer, MCPStdioServer
+        toolset = cls()
+        toolset.entries = _read(Path(path)).mcp_servers
+        try:
+            for name, entry in toolset.entries.items():
+                toolset._add(name, entry)
+        except BaseException:
+            toolset.close()
+            raise
+        return toolset
 
-        entries = _read(Path(path))
-        servers: dict[str, Any] = {}
-        tools: list[Tool] = []
-        status: dict[str, str] = {}
-        for name, entry in entries.mcp_servers.items():
-            try:
-                if entry.python:
-                    found = _python_tools(name, entry.python)
-                    found = [
-                        Tool(f"{name}.{t.name}", t.description, t.parameters, t.fn, t.arguments_model) for t in found
-                    ]
-                else:
-                    server = (
-                        MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s)
-                        if entry.command
-                        else MCPHttpServer(name, entry.url, entry.headers, entry.connect_timeout_s)
-                    )
-                    servers[name] = server
-                    found = server.tools()
-                status[name] = "ok"
-            except ConfigError:
-                raise
-            except Exception as exc:  # a server that is down: its tools are missing, the others still load
-                status[name] = f"error: {first_line(exc)}"
-                continue
-            tools += [t for t in found if entry.keeps(t.name.split(".", 1)[1])]
-        return cls(servers, tools, status)
+    def _add(self, name: str, entry: ServerEntry) -> None:
+        try:
+            found = ENTRY_KINDS[entry.kind](name, entry, self)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a server that is down: its tools are missing, the others still load
+            self.status[name] = f"error: {first_line(exc)}"
+            return
+        shorts = {t.name.split(".", 1)[1] for t in found}
+        for short in entry.policies:
+            if short not in shorts:
+                raise ConfigError(
+                    f"mcpServers.{name}.policies.{short}: server {name} has no tool {short!r}; "
+                    f"its tools: {', '.join(sorted(shorts)) or 'none'}"
+                )
+        self.status[name] = "ok"
+        self.tools += [t for t in found if entry.keeps(t.name.split(".", 1)[1])]
+
+    def policies(self, default: ToolPolicy) -> dict[str, ToolPolicy]:
+        """Each tool's policy: `default`, then its server's `policy`, then its own entry in `policies`."""
+        result = {}
+        for tool in self.tools:
+            server, short = tool.name.split(".", 1)
+            entry = self.entries[server]
+            policy = entry.policy.apply(default) if entry.policy else default
+            result[tool.name] = entry.policies[short].apply(policy) if short in entry.policies else policy
+        return result
 
     def resolve(self, name: str) -> str:
         """The full `server.tool` name for a full or unambiguous short name."""
@@ -127,8 +309,11 @@ class Toolset:
         raise ToolError(f"no tool {name!r}; tools: {', '.join(names) or 'none'}")
 
     def close(self) -> None:
+        self.toolbox.close()
         for server in self.servers.values():
             server.close()
+        for client in self.clients:
+            client.close()
 
 
 def _read(path: Path) -> ToolsFile:
@@ -147,6 +332,43 @@ def _read(path: Path) -> ToolsFile:
         if error["type"] == "value_error":
             raise ConfigError(f"{path}: {key} {error['msg'].removeprefix('Value error, ')}") from None
         if error["type"] == "extra_forbidden":
-            known = ", ".join(ServerEntry.model_fields) if len(error["loc"]) == 3 else "mcpServers"
-            raise ConfigError(f"{path}: unknown key '{key}'; known keys here: {known}") from None
+            raise ConfigError(f"{path}: unknown key '{key}'; known keys here: {_known_keys(error['loc'])}") from None
         raise ConfigError(format_validation_error(exc, str(path))) from None
+
+
+SECTIONS: dict[str, type[Entry]] = {
+    "http": HttpEndpoint,
+    "model": ModelEntry,
+    "policy": PolicyEntry,
+    "policies": PolicyEntry,
+}
+"""Where a server entry nests a model, by key: used to list the known keys next to an unknown one."""
+
+
+def _known_keys(loc: tuple) -> str:
+    """The keys allowed where the unknown key at `loc` was found."""
+    if len(loc) < 3:
+        return "mcpServers"
+    model = ServerEntry if len(loc) == 3 else SECTIONS[str(loc[2])]
+    return ", ".join(model.model_fields)
+
+
+def run_executor(env_tools: list[Tool], config: Any) -> tuple[ToolExecutor, Toolset | None]:
+    """The executor of a run: the environment's tools plus those of `config.file` (a `ToolsConfig`), with
+    the file's policies over the run's default timeout. Close the toolset, when there is one, at the end."""
+    from toolrl.tools.executor import ToolExecutor
+
+    toolset = Toolset.load(config.file) if config.file else None
+    tools = list(env_tools) + (toolset.tools if toolset else [])
+    default = ToolPolicy(timeout_s=config.timeout_s)
+    names = [t.name for t in tools]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        if toolset:
+            toolset.close()
+        raise ConfigError(f"tools.file: tool {clash[0]!r} clashes with an environment tool; rename its server")
+    policies = toolset.policies(default) if toolset else {}
+    executor = ToolExecutor(
+        tools, config.timeout_s, config.max_concurrency, policies=policies, cache_path=config.cache_file
+    )
+    return executor, toolset

@@ -24,6 +24,7 @@ from toolrl.parsers import get_parser
 from toolrl.rollout import HFEngine, Rollout, RolloutLimits, Trajectory
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.tools import ToolExecutor
+from toolrl.tools.toolset import Toolset, run_executor
 from toolrl.train.evaluate import evaluate, summarize
 from toolrl.train.logprobs import micro_batches, trained_token_logprobs
 from toolrl.train.rundir import RunDir
@@ -42,6 +43,7 @@ class Workbench:
     chat: ChatFormat
     env: Environment
     executor: ToolExecutor
+    toolset: Toolset | None = None
 
     @classmethod
     def load(cls, config: RunConfig, model_name: str | None = None) -> Workbench:
@@ -50,8 +52,14 @@ class Workbench:
         tokenizer = load_tokenizer(name)
         model = load_model(name, device, config.model.dtype)
         env = make_env(config.env)
-        executor = ToolExecutor(env.tools(), timeout_s=config.rollout.tool_timeout_s)
-        return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor)
+        executor, toolset = run_executor(env.tools(), config.tools)
+        return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor, toolset)
+
+    def close(self) -> None:
+        """End the tools' sessions and worker threads."""
+        self.executor.close()
+        if self.toolset is not None:
+            self.toolset.close()
 
     def rollout(self, temperature: float, seed: int) -> Rollout:
         r = self.config.rollout

@@ -1,0 +1,25 @@
+"""Observation text cut to a token budget, with a marker that says how much was left out."""
+
+from __future__ import annotations
+
+CHARS_PER_TOKEN_BOUND = 32
+"""Text beyond max_tokens x this many characters is cut before tokenizing: a 10 MB result would otherwise take
+seconds to tokenize only to be thrown away. Real tokenizers average 3 to 5 characters per token."""
+
+
+def clip_observation(text: str, tokenizer, max_tokens: int) -> str:
+    """`text` if it fits in `max_tokens` tokens, else its first `max_tokens` tokens and a marker such as
+    `... [truncated 10485632 characters]` (the marker's own tokens come on top of the budget)."""
+    head = text[: max_tokens * CHARS_PER_TOKEN_BOUND]
+    ids = tokenizer.encode(head, add_special_tokens=False)
+    if len(ids) <= max_tokens and len(head) == len(text):
+        return text
+    if len(ids) <= max_tokens:  # only the character cut applied
+        return f"{head}... [truncated {len(text) - len(head)} characters]"
+    cut = max_tokens
+    kept = tokenizer.decode(ids[:cut])
+    # A cut inside a multi-byte character decodes to U+FFFD; step back to the character's start.
+    while kept.endswith("\ufffd") and cut > max_tokens - 4 and not head[: len(kept)].endswith("\ufffd"):
+        cut -= 1
+        kept = tokenizer.decode(ids[:cut])
+    return f"{kept}... [truncated {max(len(text) - len(kept), 1)} characters]"
