@@ -1,8 +1,11 @@
-"""The cached batched sampler against a plain full forward pass of the same model."""
+"""The continuous-batching engine against a plain full forward pass of the same model."""
+
+import asyncio
 
 import torch
 
-from toolrl.rollout.engine import HFEngine, common_prefix_length
+from toolrl.rollout import HFEngine, SamplingParams
+from toolrl.rollout.engine import common_prefix_length
 
 
 def full_logprobs(model, ids, temperature=1.0):
@@ -11,45 +14,94 @@ def full_logprobs(model, ids, temperature=1.0):
     return torch.log_softmax(logits, -1)
 
 
+def expected_logprobs(model, context, generated, temperature):
+    lp = full_logprobs(model, context + generated, temperature)
+    return [float(lp[len(context) + i - 1, t]) for i, t in enumerate(generated)]
+
+
+def make_engine(model, tokenizer, **kwargs):
+    return HFEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"), **kwargs)
+
+
 def test_common_prefix_length_leaves_a_token_per_row():
     assert common_prefix_length([[1, 2, 3, 4], [1, 2, 5]]) == 2
     assert common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
     assert common_prefix_length([[7], [7, 8]]) == 0
 
 
-def test_multi_turn_sampling_matches_a_full_forward(tiny_model, tokenizer):
-    prefix = tokenizer("<|im_start|>system\nshared system prompt and tools<|im_end|>\n")["input_ids"]
-    prompts = [prefix + [100, 101, 102], prefix + [200], prefix + [300, 301]]
-    engine = HFEngine(
-        tiny_model, stop_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id, device=torch.device("cpu")
-    )
-    session = engine.start(prompts)
-    first = session.sample([0, 1, 2], [5, 7, 3], temperature=1.0)
-    observations = {0: [400, 401, 402, 403], 2: [500]}
-    session.keep([0, 2])
-    session.extend(observations)
-    second = session.sample([0, 2], [4, 6], temperature=0.7)
+def test_interleaved_multi_turn_requests_match_a_full_forward(tiny_model, tokenizer):
+    """Sequences join and leave at different times (one comes back from a 'tool' while others decode); every
+    log-prob equals the full forward's, so slots, positions and masks are exact."""
+    prefix = tokenizer("<|im_start|>system\nshared system prompt and tool schemas, long enough<|im_end|>\n")
+    prefix = prefix["input_ids"] + list(range(1000, 1020))
+    prompts = [prefix + [100, 101, 102], prefix + [200], prefix + [300, 301], list(range(500, 530))]
+    engine = make_engine(tiny_model, tokenizer)
+    observation = {0: [400, 401, 402, 403], 2: [600]}
 
-    for row in (0, 2):
-        seq = prompts[row] + first[row].ids + observations[row] + second[row].ids
-        a, b = len(prompts[row]), len(prompts[row]) + len(first[row].ids) + len(observations[row])
-        lp1 = full_logprobs(tiny_model, seq, 1.0)
-        lp2 = full_logprobs(tiny_model, seq, 0.7)
-        expect1 = [float(lp1[p - 1, seq[p]]) for p in range(a, a + len(first[row].ids))]
-        expect2 = [float(lp2[p - 1, seq[p]]) for p in range(b, b + len(second[row].ids))]
-        assert torch.allclose(torch.tensor(first[row].logprobs), torch.tensor(expect1), atol=1e-4)
-        assert torch.allclose(torch.tensor(second[row].logprobs), torch.tensor(expect2), atol=1e-4)
-    assert [len(first[r].ids) for r in (0, 1, 2)] == [5, 7, 3]  # a random model does not stop early
+    async def trajectory(i, turns, delays, temperature):
+        context, outs = list(prompts[i]), []
+        for turn in range(turns):
+            params = SamplingParams(temperature=temperature, max_new_tokens=[5, 7, 3, 4][i] + turn)
+            out = await engine.generate(i, context, params)
+            outs.append((list(context), out))
+            context += out.ids + observation.get(i, [700])
+            await asyncio.sleep(delays[turn])
+        engine.release(i)
+        return outs
+
+    async def main():
+        return await asyncio.gather(
+            trajectory(0, 2, [0.05, 0], 1.0),
+            trajectory(1, 1, [0], 1.0),
+            trajectory(2, 3, [0, 0.02, 0], 0.7),
+            trajectory(3, 2, [0.01, 0], 1.3),
+        )
+
+    results = asyncio.run(main())
+    temperatures = [1.0, 1.0, 0.7, 1.3]
+    for i, outs in enumerate(results):
+        for context, out in outs:
+            expect = expected_logprobs(tiny_model, context, out.ids, temperatures[i])
+            assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4), i
+    assert [len(o.ids) for _, o in results[2]] == [3, 4, 5]  # a random model does not stop early
+    assert engine.slots == {}  # released
 
 
-def test_greedy_is_argmax_of_the_full_forward(tiny_model, tokenizer):
-    prompt = tokenizer("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
-    engine = HFEngine(
-        tiny_model, stop_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id, device=torch.device("cpu")
-    )
-    out = engine.start([prompt, prompt]).sample([0, 1], [6, 6], temperature=0.0)
+def test_greedy_is_argmax_and_rows_with_one_prompt_agree(tiny_model, tokenizer):
+    prompt = tokenizer("<|im_start|>user\nhello there, this prompt is shared<|im_end|>\n<|im_start|>assistant\n")
+    prompt = prompt["input_ids"]
+    engine = make_engine(tiny_model, tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+
+    async def main():
+        return await asyncio.gather(*(engine.generate(i, prompt, greedy) for i in range(3)))
+
+    outs = asyncio.run(main())
     seq = list(prompt)
-    for token in out[0].ids:
+    for token in outs[0].ids:
         assert token == int(full_logprobs(tiny_model, seq)[-1].argmax())
         seq.append(token)
-    assert out[0].ids == out[1].ids
+    assert outs[0].ids == outs[1].ids == outs[2].ids
+
+
+def test_a_slot_whose_context_diverged_starts_over(tiny_model, tokenizer):
+    engine = make_engine(tiny_model, tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=3)
+    asyncio.run(engine.generate("s", list(range(100, 140)), greedy))
+    other = list(range(200, 230))
+    second = asyncio.run(engine.generate("s", other, greedy))
+    expect = expected_logprobs(tiny_model, other, second.ids, 1.0)
+    assert torch.allclose(torch.tensor(second.logprobs), torch.tensor(expect), atol=1e-4)
+
+
+def test_a_late_sequence_copies_a_cached_prefix_instead_of_computing_it(tiny_model, tokenizer):
+    engine = make_engine(tiny_model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    shared = list(range(300, 350))
+    asyncio.run(engine.generate("a", shared + [1, 2], params))
+    fed = engine.stats["prefill_tokens"]
+    late = shared + [7, 8, 9]
+    out = asyncio.run(engine.generate("b", late, params))
+    assert engine.stats["prefill_tokens"] - fed == 3 and engine.stats["reused_prefix_tokens"] == 50
+    expect = expected_logprobs(tiny_model, late, out.ids, 1.0)
+    assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4)

@@ -1,50 +1,43 @@
 """The multi-turn loop on a scripted engine: exact ids, loss mask and log-probs, turn by turn."""
 
+import asyncio
 import json
 
 from toolrl.config.schema import EnvConfig
 from toolrl.envs import make_env
 from toolrl.parsers import get_parser
 from toolrl.rollout import Rollout, RolloutLimits
-from toolrl.rollout.engine import Sampled
+from toolrl.rollout.engine import Engine, Sampled
 from toolrl.tools import ToolExecutor
 
 
-class ScriptedSession:
-    def __init__(self, turns, fed):
-        self.turns, self.fed, self.turn = turns, fed, 0
-
-    def keep(self, rows):
-        pass
-
-    def extend(self, tokens):
-        for row, ids in tokens.items():
-            self.fed.setdefault(row, []).append(list(ids))
-
-    def sample(self, rows, budgets, temperature):
-        out = {}
-        for row, budget in zip(rows, budgets, strict=True):
-            ids = self.turns[row][self.turn][:budget]
-            out[row] = Sampled(ids, [-0.5 - 0.01 * i for i in range(len(ids))], ended=ids[-1] == 2)
-        self.turn += 1
-        return out
-
-
-class ScriptedEngine:
-    """Plays back fixed token ids per row and turn; records what the loop feeds back."""
+class ScriptedEngine(Engine):
+    """Plays back fixed token ids per trajectory (in order of first request) and turn; records what the loop
+    feeds back after each turn (the tokens past what the engine last returned)."""
 
     def __init__(self, turns):
-        self.turns, self.fed = turns, {}
+        self.turns, self.fed, self.rows, self.seen = turns, {}, {}, {}
+        self.released = 0
 
-    def start(self, prompts):
-        return ScriptedSession(self.turns, self.fed)
+    async def generate(self, seq, tokens, params):
+        row = self.rows.setdefault(seq, len(self.rows))
+        if seq in self.seen:
+            self.fed.setdefault(row, []).append(list(tokens[self.seen[seq] :]))
+        turn = len(self.fed.get(row, []))
+        ids = self.turns[row][turn][: params.max_new_tokens]
+        self.seen[seq] = len(tokens) + len(ids)
+        await asyncio.sleep(0)
+        return Sampled(ids, [-0.5 - 0.01 * i for i in range(len(ids))], ended=ids[-1] == 2)
+
+    def release(self, seq):
+        self.released += 1
 
 
 def make_rollout(chat, turns, **limits):
     env = make_env(EnvConfig(num_train=1, num_test=2))
     engine = ScriptedEngine(turns)
     defaults = {"max_turns": 3, "max_new_tokens": 64, "max_response_tokens": 400, "max_observation_tokens": 50}
-    limits = RolloutLimits(**{**defaults, **limits}, temperature=1.0)
+    limits = RolloutLimits(**{**defaults, **limits})
     return env, engine, Rollout(env, engine, chat, get_parser("hermes"), ToolExecutor(env.tools()), limits)
 
 

@@ -60,7 +60,7 @@ def test_a_rollout_calls_an_mcp_tool_from_the_file(chat, tools_file):
         first = chat.encode(f"<tool_call>\n{json.dumps(call)}\n</tool_call>") + [chat.end_of_turn_id]
         second = chat.encode("<answer>42</answer>") + [chat.end_of_turn_id]
         engine = ScriptedEngine([[first, second]])
-        limits = RolloutLimits(3, 64, 400, 50, temperature=1.0)
+        limits = RolloutLimits(3, 64, 400, 50)
         rollout = Rollout(env, engine, chat, get_parser("hermes"), executor, limits)
         assert "srv.add" in {s["function"]["name"] for s in rollout.tool_schemas}
         [traj] = rollout.run(env.tasks("test"))
@@ -75,7 +75,7 @@ def test_workbench_offers_the_file_tools_in_the_prompt(tiny_model_dir, tools_fil
     config = load_config(overrides=[f"model.name={tiny_model_dir}", "device=cpu", f"tools.file={tools_file}"])
     bench = Workbench.load(config)
     try:
-        rollout = bench.rollout(temperature=1.0, seed=0)
+        rollout = bench.rollout(config.rollout.sampling, seed=0)
         prompt = tokenizer.decode(rollout.prompt_ids(bench.env.tasks("test")[0]))
         assert '"name": "srv.add"' in prompt and '"name": "calculator"' in prompt
     finally:

@@ -31,9 +31,27 @@ class EnvConfig(Section):
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
     """0 means greedy decoding."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Sample from the smallest set of tokens whose probability reaches top_p; 1 turns it off."""
+    top_k: int = Field(0, ge=0)
+    """Sample from the k most likely tokens; 0 turns it off."""
+
+
+class OpenAIConfig(Section):
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""
+    """The served model's name; empty means the run's model.name."""
+    api_key_env: str | None = None
+    """Environment variable holding the API key, if the server needs one."""
+    timeout_s: float = Field(600.0, gt=0)
+    max_concurrency: int = Field(64, ge=1)
 
 
 class RolloutConfig(Section):
+    engine: str = "hf"
+    """hf (in-process transformers with continuous batching) or openai (an OpenAI-compatible server)."""
+    schedule: Literal["async", "lockstep"] = "async"
+    """async: each trajectory goes back to generation as soon as its tools return; lockstep: turn by turn."""
     parser: str = "hermes"
     max_turns: int = Field(3, ge=1)
     max_new_tokens: int = Field(48, ge=1)
@@ -41,6 +59,9 @@ class RolloutConfig(Section):
     max_response_tokens: int = Field(384, ge=1)
     """Token budget of one trajectory after its prompt: generated plus observation tokens."""
     max_observation_tokens: int = Field(128, ge=1)
+    stop_on_tool_error: bool = False
+    """End a trajectory when a tool call fails (stop reason tool_error) instead of showing the model the error."""
+    openai: OpenAIConfig = OpenAIConfig()
     sampling: SamplingConfig = SamplingConfig()
 
 
@@ -70,6 +91,8 @@ class TrainConfig(Section):
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL penalty to the initial (reference) model; 0 turns the reference model off."""
     advantage_eps: float = Field(1e-4, gt=0)
+    mask_truncated: bool = False
+    """Leave truncated trajectories (cut by a token limit) out of the loss, as DAPO's overlong filtering does."""
     samples_per_step: int = Field(2, ge=0)
     """Trajectories written to samples.jsonl each step."""
 

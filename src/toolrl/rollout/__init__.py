@@ -1,7 +1,19 @@
-"""Rollouts: the generation engine, trajectories and the multi-turn tool loop."""
+"""Rollouts: generation engines, trajectories and the multi-turn tool loop."""
 
-from toolrl.rollout.engine import HFEngine
+from toolrl.rollout.engine import ENGINES, Engine, Sampled, get_engine_factory
+from toolrl.rollout.hf import HFEngine
 from toolrl.rollout.loop import Rollout, RolloutLimits
+from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
 
-__all__ = ["HFEngine", "Rollout", "RolloutLimits", "Trajectory"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "HFEngine",
+    "Rollout",
+    "RolloutLimits",
+    "Sampled",
+    "SamplingParams",
+    "Trajectory",
+    "get_engine_factory",
+]

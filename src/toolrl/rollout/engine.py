@@ -1,16 +1,18 @@
-"""Batched sampling from a Hugging Face causal LM with one KV cache kept across turns.
+"""The engine interface: generate a continuation of a sequence's tokens, with the sampled ids' log-probs.
 
-The prompt prefix that all rows share (system prompt, tool schemas, example) is computed once and its cache
-repeated for every row. Rows are padded inside the cache; padding is masked and each row keeps its own
-positions, so appending observations or new turns never recomputes what is already cached.
+A rollout asks for one turn at a time and passes the sequence's whole context (prompt, earlier turns and
+observations) as token ids, the source of truth. An engine with a cache keeps each sequence's state and feeds
+only the tokens it has not seen; engines are registered by name for `rollout.engine`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-import torch
+from toolrl.errors import ConfigError
+from toolrl.rollout.sampling import SamplingParams
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -27,121 +29,36 @@ class Sampled:
     ids: list[int]
     logprobs: list[float]
     ended: bool
-    """True when the row emitted a stop token (which is the last id)."""
+    """True when the sequence emitted a stop token (which is the last id)."""
 
 
-class SamplingSession:
-    """The cached state of a batch of rows; created by HFEngine.start."""
+class Engine(ABC):
+    """Generates continuations; `generate` calls from many trajectories run concurrently on one event loop."""
 
-    def __init__(self, engine: HFEngine, prefix: list[int], prompts: Sequence[list[int]]):
-        self.engine = engine
-        self.model = engine.model
-        self.device = engine.device
-        rows = len(prompts)
-        self.rows = list(range(rows))  # caller's row ids, in cache order
-        with torch.no_grad():
-            if prefix:
-                out = self.model(input_ids=torch.tensor([prefix], device=self.device), use_cache=True, logits_to_keep=1)
-                self.cache = out.past_key_values
-                self.cache.batch_repeat_interleave(rows)
-            else:
-                from transformers import DynamicCache
+    @abstractmethod
+    async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
+        """Sample up to params.max_new_tokens tokens after `tokens`, the sequence's whole context so far."""
 
-                self.cache = DynamicCache()
-        self.mask = torch.ones(rows, len(prefix), dtype=torch.long, device=self.device)
-        self.next_pos = torch.full((rows,), len(prefix), dtype=torch.long, device=self.device)
-        self.last_logits = torch.zeros(rows, 0, device=self.device)
-        self.extend(dict(enumerate(p[len(prefix) :] for p in prompts)))
+    def release(self, seq: Hashable) -> None:  # noqa: B027 - optional: engines without per-sequence state
+        """The sequence is finished: free what the engine keeps for it."""
 
-    def _index(self, row: int) -> int:
-        return self.rows.index(row)
-
-    def keep(self, rows: Sequence[int]) -> None:
-        """Drop every row not in `rows` from the cache (finished trajectories)."""
-        keep = [i for i, r in enumerate(self.rows) if r in set(rows)]
-        if len(keep) == len(self.rows):
-            return
-        index = torch.tensor(keep, device=self.device)
-        self.cache.batch_select_indices(index)
-        self.mask, self.next_pos, self.last_logits = self.mask[index], self.next_pos[index], self.last_logits[index]
-        self.rows = [self.rows[i] for i in keep]
-
-    @torch.no_grad()
-    def extend(self, tokens: dict[int, list[int]]) -> None:
-        """Feed tokens to some rows (left-padded into one chunk); other rows get masked padding."""
-        width = max((len(t) for t in tokens.values()), default=0)
-        if width == 0:
-            return
-        n = len(self.rows)
-        ids = torch.full((n, width), self.engine.pad_id, dtype=torch.long)
-        chunk_mask = torch.zeros(n, width, dtype=torch.long)
-        for row, toks in tokens.items():
-            i = self._index(row)
-            if toks:
-                ids[i, width - len(toks) :] = torch.tensor(toks)
-                chunk_mask[i, width - len(toks) :] = 1
-        ids, chunk_mask = ids.to(self.device), chunk_mask.to(self.device)
-        positions = self.next_pos[:, None] + (chunk_mask.cumsum(1) - 1).clamp(min=0)
-        self.mask = torch.cat([self.mask, chunk_mask], dim=1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self.mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        self.cache = out.past_key_values
-        fed = chunk_mask.sum(1)
-        self.next_pos = self.next_pos + fed
-        logits = out.logits[:, -1].float()
-        if self.last_logits.shape[-1] == 0:
-            self.last_logits = logits
-        else:
-            self.last_logits = torch.where((fed > 0)[:, None], logits, self.last_logits)
-
-    @torch.no_grad()
-    def sample(self, rows: Sequence[int], max_new_tokens: Sequence[int], temperature: float) -> dict[int, Sampled]:
-        """Sample up to max_new_tokens[i] tokens for each row, stopping a row at a stop token."""
-        budget = dict(zip(rows, max_new_tokens, strict=True))
-        out = {row: Sampled([], [], False) for row in rows}
-        active = {row for row in rows if budget[row] > 0}
-        stop = torch.tensor(self.engine.stop_ids, device=self.device)
-        generator = self.engine.generator
-        while active:
-            index = torch.tensor([self._index(r) for r in sorted(active)], device=self.device)
-            logits = self.last_logits[index]
-            if temperature > 0:
-                logp = torch.log_softmax(logits / temperature, dim=-1)
-                token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
-            else:
-                logp = torch.log_softmax(logits, dim=-1)
-                token = logits.argmax(-1)
-            token_logp = logp.gather(1, token[:, None]).squeeze(1)
-            ended = torch.isin(token, stop)
-            feed: dict[int, list[int]] = {}
-            for j, row in enumerate(sorted(active)):
-                sampled = out[row]
-                sampled.ids.append(int(token[j]))
-                sampled.logprobs.append(float(token_logp[j]))
-                sampled.ended = bool(ended[j])
-                feed[row] = [int(token[j])]
-            self.extend(feed)
-            active = {r for r in active if not out[r].ended and len(out[r].ids) < budget[r]}
-        return out
+    def close(self) -> None:  # noqa: B027
+        """Free the engine's resources."""
 
 
-class HFEngine:
-    """Generation with a Hugging Face model on CPU or CUDA, returning token ids and sampling log-probs."""
+ENGINES: dict[str, Callable[..., Engine]] = {}
 
-    def __init__(self, model, stop_ids: Sequence[int], pad_id: int, device: torch.device, seed: int = 0):
-        self.model = model
-        self.stop_ids = list(stop_ids)
-        self.pad_id = pad_id
-        self.device = device
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
 
-    def start(self, prompts: Sequence[list[int]]) -> SamplingSession:
-        self.model.eval()
-        return SamplingSession(self, list(prompts[0][: common_prefix_length(prompts)]), prompts)
+def register_engine(name: str):
+    def add(factory):
+        ENGINES[name] = factory
+        return factory
+
+    return add
+
+
+def get_engine_factory(name: str) -> Callable[..., Engine]:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ConfigError(f"rollout.engine: unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}") from None

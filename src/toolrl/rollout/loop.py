@@ -1,45 +1,85 @@
-"""Generate -> parse -> invoke -> update, for a batch of trajectories, turn by turn."""
+"""Generate -> parse -> invoke -> update, each trajectory on its own.
+
+Every trajectory is a small state machine driven by asyncio: GENERATING (waiting for the engine to sample a
+turn) -> RUNNING_TOOLS (its calls in flight) -> GENERATING ... -> DONE. A trajectory whose tools have returned
+asks the engine for its next turn at once; the engine batches whichever trajectories are asking. Nothing waits
+for the slowest tool call of the batch.
+
+`schedule="lockstep"` runs turns in lock-step instead (every trajectory generates, then every trajectory's
+tools run, then the next turn), as RL-Factory and Search-R1 do: reproducible scheduling, and the baseline of
+`bench/rollout.py`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from toolrl.chat.format import ChatFormat
 from toolrl.envs.base import Environment, Task, final_answer
-from toolrl.parsers.base import Parser
-from toolrl.rollout.engine import HFEngine
+from toolrl.parsers.base import Parser, ParseResult
+from toolrl.rollout.engine import Engine, Sampled
+from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.tools.call import ToolResult
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.observation import clip_observation
 
-STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length")
+STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length", "tool_error")
+
+
+class State(enum.Enum):
+    GENERATING = "generating"
+    RUNNING_TOOLS = "running_tools"
+    DONE = "done"
 
 
 @dataclass
 class RolloutLimits:
     max_turns: int
     max_new_tokens: int
+    """Per turn."""
     max_response_tokens: int
+    """Per trajectory after its prompt: generated plus observation tokens."""
     max_observation_tokens: int
-    temperature: float
+    """Per tool result."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_on_tool_error: bool = False
+    """End a trajectory (stop reason tool_error) when a tool call fails, instead of showing the model the error."""
+
+
+@dataclass
+class _Turn:
+    """What one generated turn leads to: the next state, and the calls to run if any."""
+
+    state: State
+    parsed: ParseResult | None = None
+    sampled: Sampled | None = None
 
 
 class Rollout:
-    """Runs an environment's tasks through the model and its tools."""
+    """Runs an environment's tasks through an engine and the executor's tools."""
 
     def __init__(
         self,
         env: Environment,
-        engine: HFEngine,
+        engine: Engine,
         chat: ChatFormat,
         parser: Parser,
         executor: ToolExecutor,
         limits: RolloutLimits,
+        schedule: Literal["async", "lockstep"] = "async",
+        sequential_tools: bool = False,
     ):
         self.env, self.engine, self.chat, self.parser, self.executor = env, engine, chat, parser, executor
         self.limits = limits
+        self.schedule = schedule
+        self.sequential_tools = sequential_tools
+        """Run a turn's calls one after another (lock-step only): the naive baseline of the benchmark."""
         self.tool_schemas = [tool.to_openai() for tool in executor.tools.values()]
         self.tokenizer = chat.tokenizer
 
@@ -50,30 +90,55 @@ class Rollout:
         return asyncio.run(self.arun(tasks))
 
     async def arun(self, tasks: Sequence[Task]) -> list[Trajectory]:
-        limits = self.limits
         trajs = [Trajectory.start(task, self.prompt_ids(task)) for task in tasks]
-        session = self.engine.start([t.token_ids for t in trajs])
-        active = list(range(len(trajs)))
-        for turn in range(limits.max_turns):
-            budgets = [
-                min(limits.max_new_tokens, limits.max_response_tokens - trajs[i].response_length) for i in active
-            ]
-            sampled = session.sample(active, budgets, limits.temperature)
-            steps = await asyncio.gather(*(self._after_turn(trajs[i], sampled[i], turn) for i in active))
-            feed = {i: obs for i, obs in zip(active, steps, strict=True) if obs is not None}
-            for i, obs in feed.items():
-                trajs[i].add_observation(obs)
-            active = list(feed)
-            if not active:
-                break
-            session.keep(active)
-            session.extend(feed)
+        seqs = [object() for _ in trajs]  # engine sequence keys, unique even across concurrent rollouts
+        try:
+            if self.schedule == "lockstep":
+                await self._lockstep(trajs, seqs)
+            else:
+                await asyncio.gather(*(self._run_one(seq, traj) for seq, traj in zip(seqs, trajs, strict=True)))
+        finally:
+            for seq in seqs:
+                self.engine.release(seq)
         for traj in trajs:
             traj.reward, traj.rewards = self.env.rubric.score(traj, traj.task)
         return trajs
 
-    async def _after_turn(self, traj: Trajectory, sampled, turn: int) -> list[int] | None:
-        """Record the turn, run its tool calls; return the observation ids to feed, or None when done."""
+    # ---- the state machine -------------------------------------------------------------------------------
+
+    async def _run_one(self, seq: object, traj: Trajectory) -> None:
+        turn = _Turn(State.GENERATING)
+        while turn.state is not State.DONE:
+            if turn.state is State.GENERATING:
+                turn = self._after_generation(traj, await self._generate(seq, traj))
+            else:
+                turn = await self._run_tools(traj, turn)
+
+    async def _lockstep(self, trajs: list[Trajectory], seqs: list[object]) -> None:
+        active = list(range(len(trajs)))
+        while active:
+            sampled = await asyncio.gather(*(self._generate(seqs[i], trajs[i]) for i in active))
+            turns = {i: self._after_generation(trajs[i], s) for i, s in zip(active, sampled, strict=True)}
+            calling = [i for i in active if turns[i].state is State.RUNNING_TOOLS]
+            if self.sequential_tools:
+                for i in calling:
+                    turns[i] = await self._run_tools(trajs[i], turns[i])
+            else:
+                after = await asyncio.gather(*(self._run_tools(trajs[i], turns[i]) for i in calling))
+                turns.update(zip(calling, after, strict=True))
+            active = [i for i in calling if turns[i].state is State.GENERATING]
+
+    async def _generate(self, seq: object, traj: Trajectory) -> Sampled:
+        limits = self.limits
+        budget = min(limits.max_new_tokens, limits.max_response_tokens - traj.response_length)
+        params = SamplingParams(limits.sampling.temperature, limits.sampling.top_p, limits.sampling.top_k, budget)
+        started = time.perf_counter()
+        sampled = await self.engine.generate(seq, traj.token_ids, params)
+        traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + time.perf_counter() - started
+        return sampled
+
+    def _after_generation(self, traj: Trajectory, sampled: Sampled) -> _Turn:
+        """Record the turn and decide: done (with why) or run its tool calls."""
         text = self.tokenizer.decode(sampled.ids, skip_special_tokens=True)
         traj.add_model_turn(sampled.ids, sampled.logprobs, text)
         parsed = self.parser(text, self.executor.tools.keys())
@@ -81,20 +146,35 @@ class Rollout:
         if not parsed.calls and not parsed.errors:
             traj.stop_reason = "answer" if final_answer(text) is not None else "no_tool_call"
             traj.truncated = not sampled.ended
-            return None
+            return _Turn(State.DONE)
         if traj.response_length >= self.limits.max_response_tokens:
             traj.stop_reason, traj.truncated = "length", True
-            return None
-        if turn == self.limits.max_turns - 1:
+            return _Turn(State.DONE)
+        if traj.num_turns >= self.limits.max_turns:
             traj.stop_reason = "max_turns"
-            return None
-        results = await self.executor.invoke_all(parsed.calls)
-        traj.num_tool_calls += len(parsed.calls)
-        traj.num_tool_errors += sum(r.error for r in results)
+            return _Turn(State.DONE)
+        return _Turn(State.RUNNING_TOOLS, parsed, sampled)
+
+    async def _run_tools(self, traj: Trajectory, turn: _Turn) -> _Turn:
+        """Run the turn's calls and append the observation; decide: generate again or done."""
+        started = time.perf_counter()
+        calls = turn.parsed.calls
+        if self.sequential_tools:
+            results: list[ToolResult] = [await self.executor.invoke(call) for call in calls]
+        else:
+            results = await self.executor.invoke_all(calls)
+        traj.timings["tools_s"] = traj.timings.get("tools_s", 0.0) + time.perf_counter() - started
+        traj.num_tool_calls += len(calls)
+        failed = sum(r.error for r in results)
+        traj.num_tool_errors += failed
+        if failed and self.limits.stop_on_tool_error:
+            traj.stop_reason = "tool_error"
+            return _Turn(State.DONE)
         clip = self.limits.max_observation_tokens
-        contents = [clip_observation(r.content, self.tokenizer, clip) for r in results] + parsed.errors
-        obs = self.chat.observation_ids(contents, model_ended_turn=sampled.ended)
+        contents = [clip_observation(r.content, self.tokenizer, clip) for r in results] + turn.parsed.errors
+        obs = self.chat.observation_ids(contents, model_ended_turn=turn.sampled.ended)
         if traj.response_length + len(obs) >= self.limits.max_response_tokens:
             traj.stop_reason, traj.truncated = "length", True
-            return None
-        return obs
+            return _Turn(State.DONE)
+        traj.add_observation(obs)
+        return _Turn(State.GENERATING)

@@ -30,6 +30,8 @@ class Trajectory:
     truncated: bool = False
     reward: float = 0.0
     rewards: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent waiting for generation (generate_s) and for tool calls (tools_s)."""
 
     @classmethod
     def start(cls, task: Task, prompt_ids: list[int]) -> Trajectory:

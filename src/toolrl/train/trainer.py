@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,10 +18,11 @@ import torch
 from toolrl.algos import group_advantages, kl_k3, ppo_clip_loss
 from toolrl.chat import ChatFormat
 from toolrl.config import RunConfig
+from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, Task, make_env
 from toolrl.models import load_model, load_tokenizer, pick_device
 from toolrl.parsers import get_parser
-from toolrl.rollout import HFEngine, Rollout, RolloutLimits, Trajectory
+from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.tools import ToolExecutor
 from toolrl.tools.toolset import Toolset, run_executor
@@ -44,6 +45,7 @@ class Workbench:
     env: Environment
     executor: ToolExecutor
     toolset: Toolset | None = None
+    engines: dict[str, Engine] = field(default_factory=dict)
 
     @classmethod
     def load(cls, config: RunConfig, model_name: str | None = None) -> Workbench:
@@ -56,24 +58,36 @@ class Workbench:
         return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor, toolset)
 
     def close(self) -> None:
-        """End the tools' sessions and worker threads."""
+        """End the engines, the tools' sessions and worker threads."""
+        for engine in self.engines.values():
+            engine.close()
         self.executor.close()
         if self.toolset is not None:
             self.toolset.close()
 
-    def rollout(self, temperature: float, seed: int) -> Rollout:
+    def engine(self, purpose: str, seed: int) -> Engine:
+        """One engine per purpose (train, eval), made on first use and kept: its cache is reused every step."""
+        if purpose not in self.engines:
+            factory = get_engine_factory(self.config.rollout.engine)
+            self.engines[purpose] = factory(
+                model=self.model, chat=self.chat, device=self.device, seed=seed, config=self.config
+            )
+        return self.engines[purpose]
+
+    def rollout(self, sampling: SamplingConfig, seed: int, purpose: str = "train") -> Rollout:
         r = self.config.rollout
-        engine = HFEngine(self.model, self.chat.stop_ids, self.tokenizer.pad_token_id, self.device, seed=seed)
+        params = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k)
         limits = RolloutLimits(
-            r.max_turns, r.max_new_tokens, r.max_response_tokens, r.max_observation_tokens, temperature
+            r.max_turns, r.max_new_tokens, r.max_response_tokens, r.max_observation_tokens, params, r.stop_on_tool_error
         )
-        return Rollout(self.env, engine, self.chat, get_parser(r.parser), self.executor, limits)
+        engine = self.engine(purpose, seed)
+        return Rollout(self.env, engine, self.chat, get_parser(r.parser), self.executor, limits, r.schedule)
 
     def evaluate(self, num_tasks: int | None = None, temperature: float | None = None) -> dict[str, float]:
         e = self.config.eval
         tasks = self.env.tasks("test")[: num_tasks or e.num_tasks]
-        temp = e.sampling.temperature if temperature is None else temperature
-        return evaluate(self.rollout(temp, seed=self.config.seed + 1), tasks, e.batch_size)
+        sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
+        return evaluate(self.rollout(sampling, seed=self.config.seed + 1, purpose="eval"), tasks, e.batch_size)
 
 
 class GRPOTrainer:
@@ -87,7 +101,7 @@ class GRPOTrainer:
         self.reference = None
         if t.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.rollout = bench.rollout(self.config.rollout.sampling.temperature, seed=self.config.seed)
+        self.rollout = bench.rollout(self.config.rollout.sampling, seed=self.config.seed)
         self.train_tasks = list(bench.env.tasks("train"))
         self.rng = random.Random(self.config.seed)
         self.order: list[int] = []
@@ -136,6 +150,8 @@ class GRPOTrainer:
         temperature = self.config.rollout.sampling.temperature
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if t.mask_truncated:  # cut by a token limit: its last turn is unfinished, leave it out of the loss
+            trajs, advantages = [tr for tr in trajs if not tr.truncated], advantages[[not tr.truncated for tr in trajs]]
         total_tokens = sum(sum(traj.loss_mask) for traj in trajs)
         # With no KL term a zero-advantage trajectory adds nothing to the gradient: skip its forward/backward.
         # It still counts in the token-mean denominator, so the loss equals the full-batch loss.

@@ -1,0 +1,286 @@
+"""Continuous batching for a Hugging Face causal LM: whichever sequences are waiting join each decode step.
+
+Each sequence owns a slot of a `SlotCache`. Every engine step (1) prefills the sequences with new tokens (a
+new prompt, or the observations after a tool call), feeding only those slots and only the new tokens, and
+(2) samples one token for every sequence that is decoding and feeds them all in one forward pass. Sequences
+that are away running tools simply sit in their slots; when their request arrives they join the next step.
+
+Shared prompt prefixes are computed once: fresh sequences that start alike get the prefix from one forward
+pass, and a sequence that starts like one already cached copies that slot's keys and values.
+
+The model runs in one worker thread so the event loop keeps serving tool calls while a step computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
+from toolrl.rollout.sampling import SamplingParams, sample_tokens
+from toolrl.rollout.slots import Feed, SlotCache, attention_mask
+
+MIN_SHARED_PREFIX = 16
+"""Shorter common prefixes are simply prefilled per sequence."""
+
+
+@dataclass
+class _Slot:
+    index: int
+    ids: list[int] = field(default_factory=list)
+    """Token ids whose keys and values are in the slot."""
+    logits: torch.Tensor | None = None
+    """Next-token logits after `ids`."""
+
+
+@dataclass
+class _Request:
+    seq: Hashable
+    tokens: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    out: Sampled = field(default_factory=lambda: Sampled([], [], False))
+    done: bool = False
+
+
+class HFEngine(Engine):
+    def __init__(
+        self,
+        model,
+        stop_ids: Sequence[int],
+        pad_id: int,
+        device: torch.device,
+        seed: int = 0,
+        prefill_tokens: int = 4096,
+    ):
+        self.model = model
+        self.stop_ids = set(stop_ids)
+        self.pad_id = pad_id
+        self.device = device
+        self.prefill_tokens = prefill_tokens
+        """Most rows x width per prefill forward pass; larger prefills are split by rows."""
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+        self.cache: SlotCache | None = None
+        self.slots: dict[Hashable, _Slot] = {}
+        self.free: list[int] = []
+        self.requests: dict[Hashable, _Request] = {}
+        self.stats: Counter[str] = Counter()
+        """decode_steps, decoded_tokens, prefill_tokens (fed), reused_prefix_tokens (copied, not computed)."""
+        self._driver: asyncio.Task | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine")
+
+    # ---- the async surface -------------------------------------------------------------------------------
+
+    async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
+        if seq in self.requests:
+            raise RuntimeError(f"sequence {seq!r} already has a request in flight")
+        future = asyncio.get_running_loop().create_future()
+        self.requests[seq] = _Request(seq, list(tokens), params, future)
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        return await future
+
+    def release(self, seq: Hashable) -> None:
+        slot = self.slots.pop(seq, None)
+        if slot is not None:
+            self.free.append(slot.index)
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False)
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.requests:
+            batch = list(self.requests.values())
+            try:
+                await loop.run_in_executor(self._worker, self._step, batch)
+            except BaseException as exc:
+                for request in batch:
+                    del self.requests[request.seq]
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                raise
+            for request in batch:
+                if request.done:
+                    del self.requests[request.seq]
+                    request.future.set_result(request.out)
+            await asyncio.sleep(0)  # let tool results and new requests in before the next step
+
+    # ---- one step, in the worker thread ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _step(self, batch: list[_Request]) -> None:
+        self.model.eval()
+        prefill = {}
+        for request in batch:
+            slot = self._slot(request.seq)
+            pending = self._pending(slot, request)
+            if pending:
+                prefill[request.seq] = pending
+        if prefill:
+            self._prefill(prefill)
+        self._decode([r for r in batch if not r.done])
+
+    def _slot(self, seq: Hashable) -> _Slot:
+        if seq not in self.slots:
+            index = min(self.free) if self.free else len(self.slots)
+            if self.free:
+                self.free.remove(index)
+            self.slots[seq] = _Slot(index)
+        return self.slots[seq]
+
+    def _pending(self, slot: _Slot, request: _Request) -> list[int]:
+        """The request's tokens the slot has not seen: generated ids already fed count as seen."""
+        tokens = request.tokens + request.out.ids
+        n = len(slot.ids)
+        if tokens[:n] != slot.ids:  # the caller's context diverged from what is cached: start over
+            slot.ids, slot.logits, n = [], None, 0
+        if n == len(tokens) and slot.logits is None and n:  # asked again at the same point: re-feed the last
+            slot.ids.pop()
+            n -= 1
+        return tokens[n:]
+
+    def _ensure(self, longest: int) -> SlotCache:
+        used = max((s.index for s in self.slots.values()), default=0) + 1
+        if self.cache is None:
+            layers = self.model.config.num_hidden_layers
+            self.cache = SlotCache(layers, max(used, 8), max(1024, longest))
+        self.cache.ensure(used, longest)
+        return self.cache
+
+    def _prefill(self, pending: dict[Hashable, list[int]]) -> None:
+        self._share_prefixes(pending)
+        pending = {seq: ids for seq, ids in pending.items() if ids}
+        cache = self._ensure(max(len(self.slots[s].ids) + len(p) for s, p in pending.items()) + 1)
+        order = sorted(pending, key=lambda s: len(pending[s]))
+        start = 0
+        while start < len(order):  # rows of similar length together, at most prefill_tokens per pass
+            end = start + 1
+            while end < len(order) and (end + 1 - start) * len(pending[order[end]]) <= self.prefill_tokens:
+                end += 1
+            group = order[start:end]
+            width = len(pending[group[-1]])
+            ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
+            positions = torch.full((len(group), width), cache.scratch, dtype=torch.long)
+            for row, seq in enumerate(group):
+                slot, new = self.slots[seq], pending[seq]
+                ids[row, width - len(new) :] = torch.tensor(new)  # left padding: the last column is real
+                positions[row, width - len(new) :] = torch.arange(len(slot.ids), len(slot.ids) + len(new))
+            slots = torch.tensor([self.slots[s].index for s in group])
+            logits = self._forward(ids, positions, slots)
+            self.stats["prefill_tokens"] += sum(len(pending[s]) for s in group)
+            for row, seq in enumerate(group):
+                slot = self.slots[seq]
+                slot.ids += pending[seq]
+                slot.logits = logits[row]
+            start = end
+
+    def _share_prefixes(self, pending: dict[Hashable, list[int]]) -> None:
+        """Give fresh slots their common prompt prefix without recomputing it per sequence."""
+        fresh = [seq for seq in pending if not self.slots[seq].ids]
+        if not fresh:
+            return
+        cached = [s for s in self.slots.values() if s.ids]
+        remaining = []
+        for seq in fresh:  # a prefix already in another slot: copy it
+            tokens = pending[seq]
+            best = max(cached, key=lambda s: common_prefix_length([s.ids, tokens]), default=None)
+            n = common_prefix_length([best.ids, tokens]) if best else 0
+            if n >= MIN_SHARED_PREFIX:
+                self._copy_slot_prefix(best, self.slots[seq], n)
+                self.stats["reused_prefix_tokens"] += n
+                pending[seq] = tokens[n:]
+            else:
+                remaining.append(seq)
+        if len(remaining) < 2:
+            return
+        n = common_prefix_length([pending[s] for s in remaining])
+        if n < MIN_SHARED_PREFIX:
+            return
+        prefix = pending[remaining[0]][:n]
+        cache = self._ensure(max(len(pending[s]) for s in remaining) + 1)
+        from transformers import DynamicCache
+
+        once = DynamicCache()
+        self.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=once, logits_to_keep=1)
+        self.stats["prefill_tokens"] += n
+        self.stats["reused_prefix_tokens"] += n * (len(remaining) - 1)
+        slots = torch.tensor([self.slots[s].index for s in remaining], device=self.device)
+        for layer, source in zip(cache.layers, once.layers, strict=True):
+            layer.copy_prefix((source.keys, source.values), slots)
+        for seq in remaining:
+            self.slots[seq].ids = list(prefix)
+            pending[seq] = pending[seq][n:]
+
+    def _copy_slot_prefix(self, source: _Slot, target: _Slot, n: int) -> None:
+        cache = self._ensure(n + 1)
+        for layer in cache.layers:
+            if layer.is_initialized:
+                layer.keys[target.index, :, :n] = layer.keys[source.index, :, :n]
+                layer.values[target.index, :, :n] = layer.values[source.index, :, :n]
+        target.ids, target.logits = source.ids[:n], None
+
+    def _decode(self, batch: list[_Request]) -> None:
+        ready = [r for r in batch if self.slots[r.seq].logits is not None]
+        if not ready:
+            return
+        logits = torch.stack([self.slots[r.seq].logits for r in ready])
+        tokens, logprobs = sample_tokens(logits, [r.params for r in ready], self.generator)
+        feed = {}
+        for request, token, logprob in zip(ready, tokens.tolist(), logprobs.tolist(), strict=True):
+            out = request.out
+            out.ids.append(token)
+            out.logprobs.append(logprob)
+            out.ended = token in self.stop_ids
+            if out.ended or len(out.ids) >= request.params.max_new_tokens:
+                request.done = True
+            else:
+                feed[request.seq] = token
+            self.slots[request.seq].logits = None
+        if not feed:
+            return
+        cache = self._ensure(max(len(self.slots[s].ids) for s in feed) + 2)
+        used = max(s.index for s in self.slots.values()) + 1
+        ids = torch.full((used, 1), self.pad_id, dtype=torch.long)
+        positions = torch.full((used, 1), cache.scratch, dtype=torch.long)
+        for seq, token in feed.items():
+            slot = self.slots[seq]
+            ids[slot.index, 0] = token
+            positions[slot.index, 0] = len(slot.ids)
+        logits = self._forward(ids, positions, None)
+        self.stats["decode_steps"] += 1
+        self.stats["decoded_tokens"] += len(feed)
+        for seq, token in feed.items():
+            slot = self.slots[seq]
+            slot.ids.append(token)
+            slot.logits = logits[slot.index]
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
+        """Feed `ids` at slot `positions` (scratch = padding); return the logits after each row's last column."""
+        cache = self.cache
+        positions = positions.to(self.device)
+        real = positions != cache.scratch
+        kv_len = int(positions[real].max()) + 1
+        cache.feed = Feed(None if slots is None else slots.to(self.device), positions, kv_len)
+        dtype = next(self.model.parameters()).dtype
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=attention_mask(positions, kv_len, cache.scratch, dtype),
+            position_ids=torch.where(real, positions, torch.zeros_like(positions)),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+
+@register_engine("hf")
+def hf_engine(model, chat, device, seed: int = 0, **_: object) -> HFEngine:
+    """The in-process engine on the run's own model (the weights being trained)."""
+    return HFEngine(model, chat.stop_ids, chat.tokenizer.pad_token_id, device, seed=seed)

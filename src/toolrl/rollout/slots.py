@@ -1,0 +1,119 @@
+"""A KV cache of fixed slots, one per sequence, each written at its own position.
+
+Transformers' caches grow all rows of a batch together: feeding 30 observation tokens to one row pads every
+other row by 30 columns and runs them through the model. Here each sequence owns a slot (a row of
+preallocated key/value buffers) with its own length. A forward pass names the slots it feeds and the slot
+positions its tokens go to: a decode step feeds one token to every slot in use (a slot with nothing to do
+writes to a scratch column that nobody attends to), a prefill feeds only the slots that have new tokens.
+Attention uses a 4-D mask built here, so each token sees exactly its own slot's positions up to itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+@dataclass
+class Feed:
+    """What one forward pass writes: `slots` (None = every slot in use, in order) and, per fed row, the
+    slot position of each token (`positions`, [rows, width]); the scratch column marks padding."""
+
+    slots: torch.Tensor | None
+    positions: torch.Tensor
+    kv_len: int
+    """Columns the attention reads: one past the furthest position written in this pass."""
+
+
+class SlotLayer(CacheLayerMixin):
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, owner: SlotCache):
+        super().__init__()
+        self.owner = owner
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        o = self.owner
+        _, heads, _, dim = key_states.shape
+        shape = (o.num_slots, heads, o.capacity + 1, dim)  # + 1: the scratch column
+        self.keys = key_states.new_zeros(shape)
+        self.values = value_states.new_zeros(shape)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        feed = self.owner.feed
+        rows = feed.slots if feed.slots is not None else torch.arange(key_states.shape[0], device=key_states.device)
+        index = (rows[:, None].expand_as(feed.positions), feed.positions)
+        # [rows, heads, width, dim] -> [rows, width, heads, dim], the layout advanced indexing writes.
+        self.keys[index[0], :, index[1]] = key_states.transpose(1, 2)
+        self.values[index[0], :, index[1]] = value_states.transpose(1, 2)
+        if feed.slots is None:  # every slot in use: views, no copy
+            return self.keys[: len(rows), :, : feed.kv_len], self.values[: len(rows), :, : feed.kv_len]
+        return self.keys[feed.slots, :, : feed.kv_len], self.values[feed.slots, :, : feed.kv_len]
+
+    def get_seq_length(self) -> int:
+        return 0  # positions and masks are always given explicitly
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.feed.kv_len, 0
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+    def resize(self, num_slots: int, capacity: int) -> None:
+        if not self.is_initialized:
+            return
+        old_slots, heads, old_len, dim = self.keys.shape
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros((num_slots, heads, capacity + 1, dim))
+            new[:old_slots, :, : old_len - 1] = old[:, :, : old_len - 1]
+            setattr(self, name, new)
+
+    def copy_prefix(self, source: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor) -> None:
+        """Write a [1, heads, n, dim] prefix into positions 0..n-1 of `slots`."""
+        keys, values = source
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        n = keys.shape[2]
+        self.keys[slots, :, :n] = keys
+        self.values[slots, :, :n] = values
+
+
+class SlotCache(Cache):
+    """`num_slots` sequences of at most `capacity` tokens each; grows (by copying) when either runs out."""
+
+    def __init__(self, num_layers: int, num_slots: int, capacity: int):
+        self.num_slots, self.capacity = num_slots, capacity
+        self.feed: Feed | None = None
+        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+
+    def ensure(self, num_slots: int, capacity: int) -> None:
+        if num_slots <= self.num_slots and capacity <= self.capacity:
+            return
+        self.num_slots = max(num_slots, self.num_slots * 2 if num_slots > self.num_slots else self.num_slots)
+        self.capacity = max(capacity, self.capacity * 2 if capacity > self.capacity else self.capacity)
+        for layer in self.layers:
+            layer.resize(self.num_slots, self.capacity)
+
+    @property
+    def scratch(self) -> int:
+        return self.capacity
+
+
+def attention_mask(positions: torch.Tensor, kv_len: int, scratch: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [rows, 1, width, kv_len]: a token at slot position p sees positions 0..p of its slot.
+    Padding tokens (at the scratch column) see position 0 only, so their rows stay finite."""
+    columns = torch.arange(kv_len, device=positions.device)
+    query = torch.where(positions == scratch, torch.zeros_like(positions), positions)
+    allowed = columns[None, None, :] <= query[:, :, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
