@@ -49,7 +49,8 @@ class OpenAIConfig(Section):
 
 class RolloutConfig(Section):
     engine: str = "hf"
-    """hf (in-process transformers with continuous batching) or openai (an OpenAI-compatible server)."""
+    """hf (in-process transformers, continuous batching; the only one that trains), openai (an OpenAI-compatible
+    server) or vllm (in-process vLLM on a GPU machine); the last two serve evaluation."""
     schedule: Literal["async", "lockstep"] = "async"
     """async: each trajectory goes back to generation as soon as its tools return; lockstep: turn by turn."""
     parser: str = "hermes"
@@ -61,6 +62,8 @@ class RolloutConfig(Section):
     max_observation_tokens: int = Field(128, ge=1)
     stop_on_tool_error: bool = False
     """End a trajectory when a tool call fails (stop reason tool_error) instead of showing the model the error."""
+    last_turn_tools: bool = False
+    """Also run the tool calls of the last allowed turn; their results end the trajectory (no loss on them)."""
     openai: OpenAIConfig = OpenAIConfig()
     sampling: SamplingConfig = SamplingConfig()
 

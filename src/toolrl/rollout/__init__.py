@@ -3,17 +3,21 @@
 from toolrl.rollout.engine import ENGINES, Engine, Sampled, get_engine_factory
 from toolrl.rollout.hf import HFEngine
 from toolrl.rollout.loop import Rollout, RolloutLimits
+from toolrl.rollout.openai import OpenAIEngine
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.rollout.vllm import VLLMEngine
 
 __all__ = [
     "ENGINES",
     "Engine",
     "HFEngine",
+    "OpenAIEngine",
     "Rollout",
     "RolloutLimits",
     "Sampled",
     "SamplingParams",
     "Trajectory",
+    "VLLMEngine",
     "get_engine_factory",
 ]

@@ -27,6 +27,11 @@ from toolrl.rollout.slots import Feed, SlotCache, attention_mask
 
 MIN_SHARED_PREFIX = 16
 """Shorter common prefixes are simply prefilled per sequence."""
+SETTLE_TURNS = 64
+"""Most event-loop turns to wait, between steps, for requests on their way in."""
+SUBSET_DECODE = 0.5
+"""Decode only the decoding slots (gathering their caches) when they are at most this share of the slots in
+use; above it, one pass over every slot in use is cheaper than the gather."""
 
 
 @dataclass
@@ -94,8 +99,20 @@ class HFEngine(Engine):
     def close(self) -> None:
         self._worker.shutdown(wait=False)
 
+    async def _settle(self) -> None:
+        """Let trajectories whose tools just returned reach `generate` before a step starts: a request that
+        misses a step by a few event-loop turns would run a step behind the rest for the whole turn."""
+        unchanged = 0
+        for _ in range(SETTLE_TURNS):
+            before = len(self.requests)
+            await asyncio.sleep(0)
+            unchanged = unchanged + 1 if len(self.requests) == before else 0
+            if unchanged >= 3:
+                return
+
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
+        await self._settle()
         while self.requests:
             batch = list(self.requests.values())
             try:
@@ -110,7 +127,7 @@ class HFEngine(Engine):
                 if request.done:
                     del self.requests[request.seq]
                     request.future.set_result(request.out)
-            await asyncio.sleep(0)  # let tool results and new requests in before the next step
+            await self._settle()
 
     # ---- one step, in the worker thread ------------------------------------------------------------------
 
@@ -247,19 +264,21 @@ class HFEngine(Engine):
             return
         cache = self._ensure(max(len(self.slots[s].ids) for s in feed) + 2)
         used = max(s.index for s in self.slots.values()) + 1
-        ids = torch.full((used, 1), self.pad_id, dtype=torch.long)
-        positions = torch.full((used, 1), cache.scratch, dtype=torch.long)
+        subset = len(feed) <= SUBSET_DECODE * used
+        rows = {seq: row for row, seq in enumerate(feed)} if subset else {s: self.slots[s].index for s in feed}
+        ids = torch.full((len(feed) if subset else used, 1), self.pad_id, dtype=torch.long)
+        positions = torch.full_like(ids, cache.scratch)
         for seq, token in feed.items():
-            slot = self.slots[seq]
-            ids[slot.index, 0] = token
-            positions[slot.index, 0] = len(slot.ids)
-        logits = self._forward(ids, positions, None)
+            ids[rows[seq], 0] = token
+            positions[rows[seq], 0] = len(self.slots[seq].ids)
+        slots = torch.tensor([self.slots[s].index for s in feed]) if subset else None
+        logits = self._forward(ids, positions, slots)
         self.stats["decode_steps"] += 1
         self.stats["decoded_tokens"] += len(feed)
         for seq, token in feed.items():
             slot = self.slots[seq]
             slot.ids.append(token)
-            slot.logits = logits[slot.index]
+            slot.logits = logits[rows[seq]]
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
         """Feed `ids` at slot `positions` (scratch = padding); return the logits after each row's last column."""

@@ -50,6 +50,9 @@ class RolloutLimits:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_on_tool_error: bool = False
     """End a trajectory (stop reason tool_error) when a tool call fails, instead of showing the model the error."""
+    last_turn_tools: bool = False
+    """Run the calls of the last allowed turn too (their results end the trajectory, masked out of the loss):
+    for rewards that look at the final tool result, such as the rows a final SQL query returns."""
 
 
 @dataclass
@@ -152,7 +155,8 @@ class Rollout:
             return _Turn(State.DONE)
         if traj.num_turns >= self.limits.max_turns:
             traj.stop_reason = "max_turns"
-            return _Turn(State.DONE)
+            if not self.limits.last_turn_tools:
+                return _Turn(State.DONE)
         return _Turn(State.RUNNING_TOOLS, parsed, sampled)
 
     async def _run_tools(self, traj: Trajectory, turn: _Turn) -> _Turn:
@@ -177,4 +181,4 @@ class Rollout:
             traj.stop_reason, traj.truncated = "length", True
             return _Turn(State.DONE)
         traj.add_observation(obs)
-        return _Turn(State.GENERATING)
+        return _Turn(State.DONE if traj.stop_reason == "max_turns" else State.GENERATING)

@@ -16,10 +16,10 @@ def clip_observation(text: str, tokenizer, max_tokens: int) -> str:
         return text
     if len(ids) <= max_tokens:  # only the character cut applied
         return f"{head}... [truncated {len(text) - len(head)} characters]"
-    cut = max_tokens
-    kept = tokenizer.decode(ids[:cut])
-    # A cut inside a multi-byte character decodes to U+FFFD; step back to the character's start.
-    while kept.endswith("\ufffd") and cut > max_tokens - 4 and not head[: len(kept)].endswith("\ufffd"):
-        cut -= 1
-        kept = tokenizer.decode(ids[:cut])
+    kept = tokenizer.decode(ids[:max_tokens])
+    # A cut inside a multi-byte character decodes to U+FFFD: keep only what is truly a prefix of the text.
+    same = 0
+    while same < min(len(kept), len(head)) and kept[same] == head[same]:
+        same += 1
+    kept = head[:same]
     return f"{kept}... [truncated {max(len(text) - len(kept), 1)} characters]"

@@ -20,6 +20,7 @@ from toolrl.chat import ChatFormat
 from toolrl.config import RunConfig
 from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, Task, make_env
+from toolrl.errors import ConfigError
 from toolrl.models import load_model, load_tokenizer, pick_device
 from toolrl.parsers import get_parser
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
@@ -78,7 +79,13 @@ class Workbench:
         r = self.config.rollout
         params = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k)
         limits = RolloutLimits(
-            r.max_turns, r.max_new_tokens, r.max_response_tokens, r.max_observation_tokens, params, r.stop_on_tool_error
+            r.max_turns,
+            r.max_new_tokens,
+            r.max_response_tokens,
+            r.max_observation_tokens,
+            params,
+            r.stop_on_tool_error,
+            r.last_turn_tools,
         )
         engine = self.engine(purpose, seed)
         return Rollout(self.env, engine, self.chat, get_parser(r.parser), self.executor, limits, r.schedule)
@@ -95,6 +102,11 @@ class GRPOTrainer:
         self.bench, self.run = bench, run
         self.config = bench.config
         t = self.config.train
+        if t.steps and self.config.rollout.engine != "hf":
+            raise ConfigError(
+                f"rollout.engine: {self.config.rollout.engine} serves evaluation only; training samples from the "
+                "model being trained, so use hf (weights are not synced to a server yet)"
+            )
         torch.manual_seed(self.config.seed)
         self.model = bench.model
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)

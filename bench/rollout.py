@@ -1,0 +1,232 @@
+"""Benchmark: per-trajectory scheduling against lock-step turns, and engine generation speed.
+
+Workload (all on the default model and one HFEngine, one way after the other in this run): 64 trajectories on
+the calculator prompts (a ~400-token shared prefix), 3 turns of exactly 32 sampled tokens (no stop token), and
+every turn calls one tool whose result (a short text) is fed back: 192 calls. The bench parser counts every
+turn as one call, so the work is the same for all ways. Tool latencies come from one seeded list, taken in
+call order, so every way waits on the same latencies.
+
+Ways: (a) ours: per-trajectory state machine, continuous batching; (b) lock-step turns, the calls of a turn
+one after another; (c) lock-step turns, the calls of a turn gathered concurrently (RL-Factory's way);
+(d) ours with zero-latency tools (the limit). Latency settings: fixed 1 s, and log-normal with median 0.5 s
+and p99 5 s (sigma 0.99).
+
+Also: generated tokens/s of the engine against `model.generate` on the same prompts at batch 1, 8 and 32,
+and transformers' own continuous batching (`generate_batch`) at batch 32.
+Prints a table and writes bench/results/rollout.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from toolrl.chat import ChatFormat
+from toolrl.config.schema import EnvConfig
+from toolrl.envs import make_env
+from toolrl.models import load_model, load_tokenizer
+from toolrl.parsers.base import ParseResult
+from toolrl.rollout import HFEngine, Rollout, RolloutLimits, SamplingParams
+from toolrl.tools import ToolCall, ToolExecutor, tool_from_function
+
+MODEL = "smollm2-135m-instruct"
+
+
+class Latencies:
+    """A seeded list of latencies handed out in call order."""
+
+    def __init__(self, kind: str, count: int, seed: int = 0):
+        rng = random.Random(seed)
+        if kind == "fixed":
+            self.values = [1.0] * count
+        elif kind == "heavy":
+            self.values = [rng.lognormvariate(math.log(0.5), 0.99) for _ in range(count)]
+        else:
+            self.values = [0.0] * count
+        self.next = 0
+
+    def take(self) -> float:
+        value = self.values[self.next % len(self.values)]
+        self.next += 1
+        return value
+
+
+def every_turn_calls(text: str, names) -> ParseResult:
+    return ParseResult(calls=[ToolCall("lookup", {"query": "x"})])
+
+
+def make_rollout(env, engine, chat, latencies: Latencies, schedule: str, sequential: bool, turns: int, tokens: int):
+    async def lookup(query: str) -> str:
+        """A remote lookup."""
+        await asyncio.sleep(latencies.take())
+        return "result: 42"
+
+    executor = ToolExecutor([tool_from_function(lookup)], timeout_s=60, max_concurrency=64)
+    limits = RolloutLimits(turns, tokens, 100_000, 64, SamplingParams(1.0), last_turn_tools=True)
+    return Rollout(env, engine, chat, every_turn_calls, executor, limits, schedule, sequential)
+
+
+def run_way(env, engine, chat, tasks, kind, schedule, sequential, turns, tokens) -> dict:
+    latencies = Latencies(kind, len(tasks) * turns)
+    rollout = make_rollout(env, engine, chat, latencies, schedule, sequential, turns, tokens)
+    started = time.perf_counter()
+    trajs = rollout.run(tasks)
+    wall = time.perf_counter() - started
+    generated = sum(sum(t.loss_mask) for t in trajs)
+    calls = sum(t.num_tool_calls for t in trajs)
+    assert calls == len(tasks) * turns, calls
+    return {
+        "wall_s": round(wall, 2),
+        "generated_tokens": generated,
+        "tokens_per_s": round(generated / wall, 1),
+        "tool_calls": calls,
+        "tool_latency_sum_s": round(sum(latencies.values[:calls]), 1),
+    }
+
+
+def generation_speed(model, tokenizer, engine, prompts, batch: int, tokens: int) -> dict:
+    rows = prompts[:batch]
+
+    async def ours():
+        params = SamplingParams(1.0, max_new_tokens=tokens)
+        outs = await asyncio.gather(*(engine.generate(("gen", batch, i), p, params) for i, p in enumerate(rows)))
+        for i in range(len(rows)):
+            engine.release(("gen", batch, i))
+        return sum(len(o.ids) for o in outs)
+
+    started = time.perf_counter()
+    ours_tokens = asyncio.run(ours())
+    ours_s = time.perf_counter() - started
+
+    width = max(len(p) for p in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(rows):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    generate_s = time.perf_counter() - started
+    generate_tokens = (out.shape[1] - width) * len(rows)
+    return {
+        "batch": batch,
+        "ours_tokens_per_s": round(ours_tokens / ours_s, 1),
+        "generate_tokens_per_s": round(generate_tokens / generate_s, 1),
+        "ours_vs_generate": round((ours_tokens / ours_s) / (generate_tokens / generate_s), 2),
+    }
+
+
+def transformers_cb_speed(model, prompts, tokens: int) -> dict:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = GenerationConfig(max_new_tokens=tokens, do_sample=True, temperature=1.0, top_k=0, eos_token_id=-1)
+    started = time.perf_counter()
+    out = model.generate_batch(
+        prompts,
+        generation_config=config,
+        continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True),
+        progress_bar=False,
+    )
+    wall = time.perf_counter() - started
+    generated = sum(len(o.generated_tokens) for o in out.values())
+    return {"batch": len(prompts), "tokens_per_s": round(generated / wall, 1), "wall_s": round(wall, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--skip-transformers-cb", action="store_true")
+    parser.add_argument("--out", default="bench/results/rollout.json")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer(MODEL)
+    model = load_model(MODEL, torch.device("cpu")).eval()
+    chat = ChatFormat(tokenizer)
+    env = make_env(EnvConfig(num_train=args.trajectories, num_test=1))
+    tasks = env.tasks("train")[: args.trajectories]
+    engine = HFEngine(model, stop_ids=[], pad_id=tokenizer.pad_token_id, device=torch.device("cpu"))
+    run_way(env, engine, chat, tasks[:8], "zero", "async", False, 1, 8)  # warm-up: allocate the cache
+
+    ways = {
+        "ours": ("async", False),
+        "lockstep_sequential": ("lockstep", True),
+        "lockstep_concurrent": ("lockstep", False),
+    }
+    workload = (args.turns, args.tokens)
+    result: dict = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "workload": {
+            "model": MODEL,
+            "trajectories": args.trajectories,
+            "turns": args.turns,
+            "new_tokens_per_turn": args.tokens,
+            "tool_calls_per_trajectory": args.turns,
+            "prompt_tokens": len(chat.prompt_ids(env.messages(tasks[0]), [])),
+        },
+    }
+    limit = run_way(env, engine, chat, tasks, "zero", "async", False, *workload)
+    result["limit"] = limit
+    print(f"limit (zero-latency tools): {limit['wall_s']:.1f} s, {limit['tokens_per_s']:.0f} tok/s", flush=True)
+    for kind, label in (("fixed", "fixed_1s"), ("heavy", "lognormal_median_0.5s_p99_5s")):
+        runs = {}
+        for name, (schedule, sequential) in ways.items():
+            runs[name] = run_way(env, engine, chat, tasks, kind, schedule, sequential, *workload)
+            print(f"{label:>32} {name:>20}: {runs[name]['wall_s']:7.1f} s", flush=True)
+        ours = runs["ours"]["wall_s"]
+        runs["sequential_vs_ours"] = round(runs["lockstep_sequential"]["wall_s"] / ours, 2)
+        runs["lockstep_vs_ours"] = round(runs["lockstep_concurrent"]["wall_s"] / ours, 2)
+        runs["ours_vs_limit"] = round(ours / limit["wall_s"], 3)
+        result[label] = runs
+
+    prompts = [chat.prompt_ids(env.messages(t), [t.to_openai() for t in env.tools()]) for t in tasks]
+    result["generation"] = [
+        generation_speed(model, tokenizer, engine, prompts, batch, args.tokens) for batch in (1, 8, 32)
+    ]
+    if not args.skip_transformers_cb:
+        result["transformers_continuous_batching"] = transformers_cb_speed(model, prompts[:32], args.tokens)
+
+    print()
+    print(f"{'setting':>32} {'(b)/(a) seq':>12} {'(c)/(a) lockstep':>17} {'(a)/(d) limit':>14}")
+    for label in ("fixed_1s", "lognormal_median_0.5s_p99_5s"):
+        r = result[label]
+        print(f"{label:>32} {r['sequential_vs_ours']:>12} {r['lockstep_vs_ours']:>17} {r['ours_vs_limit']:>14}")
+    print(f"\n{'batch':>6} {'ours tok/s':>11} {'generate tok/s':>15} {'ratio':>6}")
+    for g in result["generation"]:
+        ours, plain = g["ours_tokens_per_s"], g["generate_tokens_per_s"]
+        print(f"{g['batch']:>6} {ours:>11} {plain:>15} {g['ours_vs_generate']:>6}")
+    if "transformers_continuous_batching" in result:
+        cb = result["transformers_continuous_batching"]
+        print(f"transformers generate_batch at batch {cb['batch']}: {cb['tokens_per_s']} tok/s")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The OpenAI-compatible engine against a local completions server: token ids in, token ids and log-probs out."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from tests.fixtures.http_server import LocalHTTPServer
+from toolrl.config.schema import EnvConfig
+from toolrl.envs import make_env
+from toolrl.parsers import get_parser
+from toolrl.rollout import HFEngine, OpenAIEngine, Rollout, RolloutLimits, SamplingParams
+from toolrl.tools import ToolExecutor
+
+
+def token_reply(ids, logprobs, finish="stop"):
+    tokens = {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": logprobs}
+    return {"choices": [{"text": "ignored", "logprobs": tokens, "finish_reason": finish}]}
+
+
+def test_prompt_goes_as_token_ids_and_the_reply_keeps_ids_and_logprobs(tiny_model, tokenizer):
+    """The server here samples with toolrl's own HFEngine on the tiny model: the OpenAI engine must hand back
+    exactly what the server sampled, and send the prompt ids and settings it was given."""
+    local = HFEngine(tiny_model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"))
+    bodies = []
+
+    def complete(body):
+        bodies.append(body)
+        params = SamplingParams(body["temperature"], body["top_p"], body.get("top_k", 0), body["max_tokens"])
+        out = asyncio.run(local.generate(len(bodies), body["prompt"], params))
+        return token_reply(out.ids, out.logprobs, "stop" if out.ended else "length")
+
+    prompt = tokenizer("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    with LocalHTTPServer(complete=complete) as server:
+        engine = OpenAIEngine(f"{server.url}/v1", "tiny", tokenizer, [tokenizer.eos_token_id])
+        out = asyncio.run(engine.generate("s", prompt, SamplingParams(0.0, max_new_tokens=5)))
+        engine.close()
+    expected = asyncio.run(local.generate("again", prompt, SamplingParams(0.0, max_new_tokens=5)))
+    assert (out.ids, out.ended) == (expected.ids, expected.ended)
+    assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expected.logprobs))
+    body = bodies[0]
+    assert body["prompt"] == prompt and body["max_tokens"] == 5 and body["temperature"] == 0.0
+    assert body["stop_token_ids"] == [tokenizer.eos_token_id] and body["return_tokens_as_token_ids"] is True
+    assert engine.token_exact
+
+
+def test_a_server_without_token_ids_is_encoded_and_flagged(tokenizer):
+    def complete(body):
+        return {"choices": [{"text": "<answer>12</answer>", "finish_reason": "stop"}]}
+
+    with LocalHTTPServer(complete=complete) as server:
+        engine = OpenAIEngine(f"{server.url}/v1", "m", tokenizer, [tokenizer.eos_token_id])
+        out = asyncio.run(engine.generate("s", [1, 2, 3], SamplingParams(max_new_tokens=20)))
+        engine.close()
+    assert out.ids == tokenizer.encode("<answer>12</answer>", add_special_tokens=False)
+    assert not engine.token_exact and not out.ended  # no stop id among the ids: the rollout adds it as observation
+
+
+def test_a_multi_turn_rollout_through_the_server(chat, tokenizer):
+    env = make_env(EnvConfig(num_train=1, num_test=1))
+    task = env.tasks("test")[0]
+    call = {"name": "calculator", "arguments": {"expression": task.meta["expression"]}}
+    turns = [
+        chat.encode(f"<tool_call>\n{json.dumps(call)}\n</tool_call>") + [chat.end_of_turn_id],
+        chat.encode(f"<answer>{task.answer}</answer>") + [chat.end_of_turn_id],
+    ]
+    prompts = []
+
+    def complete(body):
+        prompts.append(body["prompt"])
+        ids = turns[len(prompts) - 1]
+        return token_reply(ids, [-0.25] * len(ids))
+
+    with LocalHTTPServer(complete=complete) as server:
+        engine = OpenAIEngine(f"{server.url}/v1", "m", tokenizer, chat.stop_ids)
+        rollout = Rollout(
+            env, engine, chat, get_parser("hermes"), ToolExecutor(env.tools()), RolloutLimits(3, 64, 400, 50)
+        )
+        [traj] = rollout.run([task])
+        engine.close()
+    observation = chat.observation_ids([task.answer], model_ended_turn=True)
+    assert prompts[1] == rollout.prompt_ids(task) + turns[0] + observation
+    assert traj.token_ids == prompts[1] + turns[1]
+    assert (traj.stop_reason, traj.rewards["correct"], traj.trained_logprobs[0]) == ("answer", 1.0, -0.25)
+
+
+def test_training_refuses_a_server_engine(tiny_model_dir):
+    from toolrl.config import load_config
+    from toolrl.errors import ConfigError
+    from toolrl.train import GRPOTrainer, Workbench
+
+    config = load_config(overrides=[f"model.name={tiny_model_dir}", "device=cpu", "rollout.engine=openai"])
+    bench = Workbench.load(config)
+    try:
+        with pytest.raises(ConfigError, match=r"rollout\.engine: openai serves evaluation only"):
+            GRPOTrainer(bench)
+    finally:
+        bench.close()
