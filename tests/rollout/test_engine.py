@@ -105,3 +105,11 @@ def test_a_late_sequence_copies_a_cached_prefix_instead_of_computing_it(tiny_mod
     assert engine.stats["prefill_tokens"] - fed == 3 and engine.stats["reused_prefix_tokens"] == 50
     expect = expected_logprobs(tiny_model, late, out.ids, 1.0)
     assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4)
+
+
+def test_a_stop_token_ends_the_turn_and_is_the_last_id(tiny_model, tokenizer):
+    prompt = tokenizer("<|im_start|>user\nstop here<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    first = int(full_logprobs(tiny_model, prompt)[-1].argmax())
+    engine = HFEngine(tiny_model, [first], tokenizer.pad_token_id, torch.device("cpu"))
+    out = asyncio.run(engine.generate("s", prompt, SamplingParams(temperature=0.0, max_new_tokens=5)))
+    assert out.ids == [first] and out.ended
