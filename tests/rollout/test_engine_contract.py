@@ -6,6 +6,7 @@ is tested. The vLLM engine has its own test (it needs vllm and a model vLLM supp
 
 import asyncio
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -28,10 +29,12 @@ def hf_engine(model, tokenizer):
 @contextlib.contextmanager
 def openai_engine(model, tokenizer):
     sampler = HFEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"))
+    one_at_a_time = threading.Lock()  # the server answers in threads; an HFEngine serves one event loop
 
     def complete(body):
         params = SamplingParams(body["temperature"], body["top_p"], body.get("top_k", 0), body["max_tokens"])
-        out = asyncio.run(sampler.generate(object(), body["prompt"], params))
+        with one_at_a_time:
+            out = asyncio.run(sampler.generate(object(), body["prompt"], params))
         tokens = {"tokens": [f"token_id:{i}" for i in out.ids], "token_logprobs": out.logprobs}
         return {"choices": [{"text": "", "logprobs": tokens, "finish_reason": "stop" if out.ended else "length"}]}
 

@@ -23,7 +23,9 @@ def test_vllm_greedy_turns_match_the_hf_engine():
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     hf = HFEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"))
     expected = asyncio.run(hf.generate("a", prompt, params))
-    engine = VLLMEngine(resolve_model(MODEL), [tokenizer.eos_token_id], dtype="float32", enforce_eager=True)
+    engine = VLLMEngine(
+        resolve_model(MODEL), [tokenizer.eos_token_id], dtype="float32", enforce_eager=True, max_model_len=2048
+    )
     try:
         out = asyncio.run(engine.generate("a", prompt, params))
         second = asyncio.run(engine.generate("b", prompt, params))  # a second event loop, same engine

