@@ -188,7 +188,9 @@ def main() -> None:
             "turns": args.turns,
             "new_tokens_per_turn": args.tokens,
             "tool_calls_per_trajectory": args.turns,
-            "prompt_tokens": len(chat.prompt_ids(env.messages(tasks[0]), [])),
+            "prompt_tokens": len(
+                make_rollout(env, engine, chat, Latencies("zero", 1), "async", False, 1, 1).prompt_ids(tasks[0])
+            ),
         },
     }
     limit = run_way(env, engine, chat, tasks, "zero", "async", False, *workload)

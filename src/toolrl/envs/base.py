@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrl.errors import ConfigError
+from toolrl.registry import Registry
 from toolrl.rewards.rubric import Rubric
 from toolrl.tools.function import Tool
 
@@ -46,21 +46,9 @@ class Environment(ABC):
         """Prompt messages for a task (system, in-context example, user question)."""
 
 
-ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
-
-
-def register_env(name: str):
-    def add(factory):
-        ENVIRONMENTS[name] = factory
-        return factory
-
-    return add
+ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name")
+register_env = ENVIRONMENTS.register
 
 
 def make_env(config) -> Environment:
-    try:
-        factory = ENVIRONMENTS[config.name]
-    except KeyError:
-        known = ", ".join(sorted(ENVIRONMENTS))
-        raise ConfigError(f"env.name: unknown environment {config.name!r}; known: {known}") from None
-    return factory(config)
+    return ENVIRONMENTS.lookup(config.name)(config)

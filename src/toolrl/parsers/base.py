@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrl.errors import ConfigError
+from toolrl.registry import Registry
 from toolrl.tools.call import ToolCall, unknown_tool_error
 
 
@@ -19,22 +19,12 @@ class ParseResult:
 
 
 Parser = Callable[[str, Collection[str] | None], ParseResult]
-PARSERS: dict[str, Parser] = {}
-
-
-def register_parser(name: str) -> Callable[[Parser], Parser]:
-    def add(fn: Parser) -> Parser:
-        PARSERS[name] = fn
-        return fn
-
-    return add
+PARSERS: Registry[Parser] = Registry("parser", "rollout.parser")
+register_parser = PARSERS.register
 
 
 def get_parser(name: str) -> Parser:
-    try:
-        return PARSERS[name]
-    except KeyError:
-        raise ConfigError(f"rollout.parser: unknown parser {name!r}; known: {', '.join(sorted(PARSERS))}") from None
+    return PARSERS.lookup(name)
 
 
 def call_from_object(

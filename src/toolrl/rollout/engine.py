@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from toolrl.errors import ConfigError
+from toolrl.registry import Registry
 from toolrl.rollout.sampling import SamplingParams
 
 
@@ -46,19 +46,10 @@ class Engine(ABC):
         """Free the engine's resources."""
 
 
-ENGINES: dict[str, Callable[..., Engine]] = {}
-
-
-def register_engine(name: str):
-    def add(factory):
-        ENGINES[name] = factory
-        return factory
-
-    return add
+ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine")
+"""Engine name -> factory(model=, chat=, device=, seed=, config=)."""
+register_engine = ENGINES.register
 
 
 def get_engine_factory(name: str) -> Callable[..., Engine]:
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"rollout.engine: unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}") from None
+    return ENGINES.lookup(name)

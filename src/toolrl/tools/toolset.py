@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from toolrl.config.loader import format_validation_error
 from toolrl.errors import ConfigError, ToolError
+from toolrl.registry import Registry
 from toolrl.tools.call import first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
@@ -143,16 +144,9 @@ class ToolsFile(Entry):
 
 
 Builder = Callable[[str, ServerEntry, "Toolset"], list[Tool]]
-ENTRY_KINDS: dict[str, Builder] = {}
+ENTRY_KINDS: Registry[Builder] = Registry("entry kind", "mcpServers")
 """Entry kind (the key that selects it) -> function building that server's tools, named `server.tool`."""
-
-
-def entry_kind(key: str):
-    def add(builder: Builder) -> Builder:
-        ENTRY_KINDS[key] = builder
-        return builder
-
-    return add
+entry_kind = ENTRY_KINDS.register
 
 
 def _import(where: str, target: str) -> Any:
