@@ -64,7 +64,8 @@ def test_interleaved_multi_turn_requests_match_a_full_forward(tiny_model, tokeni
             expect = expected_logprobs(tiny_model, context, out.ids, temperatures[i])
             assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4), i
     assert [len(o.ids) for _, o in results[2]] == [3, 4, 5]  # a random model does not stop early
-    assert engine.slots == {}  # released
+    asyncio.run(engine.generate("next", prompts[3], SamplingParams(max_new_tokens=1)))
+    assert list(engine.slots) == ["next"] and engine.slots["next"].index == 0  # released slots are reused
 
 
 def test_greedy_is_argmax_and_rows_with_one_prompt_agree(tiny_model, tokenizer):
