@@ -21,3 +21,7 @@ class ToolError(ToolRLError):
 
 class TemplateError(ToolRLError):
     """A chat template does not have the structure toolrl needs."""
+
+
+class EngineError(ToolRLError):
+    """A generation engine cannot serve: a server that is down or answers in the wrong shape."""

@@ -97,3 +97,15 @@ def test_training_refuses_a_server_engine(tiny_model_dir):
             GRPOTrainer(bench)
     finally:
         bench.close()
+
+
+def test_a_server_that_is_down_is_one_line_naming_the_setting(tokenizer):
+    from toolrl.errors import EngineError
+
+    engine = OpenAIEngine("http://127.0.0.1:9/v1", "m", tokenizer, [tokenizer.eos_token_id])
+    with pytest.raises(EngineError) as err:
+        asyncio.run(engine.generate("s", [1, 2], SamplingParams(max_new_tokens=2)))
+    engine.close()
+    message = str(err.value)
+    assert message.startswith("rollout.openai.base_url: POST http://127.0.0.1:9/v1/completions: ConnectError")
+    assert "\n" not in message and message.endswith("is the server up at http://127.0.0.1:9/v1/completions?")

@@ -20,10 +20,12 @@ from typing import Any
 
 import httpx
 
-from toolrl.errors import ConfigError
+from toolrl.errors import ConfigError, EngineError
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams
+from toolrl.tools.call import first_line
 from toolrl.tools.http import request_json
+from toolrl.tools.limits import TransientToolError
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +67,13 @@ class OpenAIEngine(Engine):
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         loop = asyncio.get_running_loop()
-        reply = await loop.run_in_executor(
-            self.pool, request_json, self.client, "POST", self.url, self.body(tokens, params)
-        )
-        return self.parse(reply)
+        try:
+            reply = await loop.run_in_executor(
+                self.pool, request_json, self.client, "POST", self.url, self.body(tokens, params)
+            )
+            return self.parse(reply)
+        except (TransientToolError, RuntimeError) as exc:  # a down or wrong server ends the run with one line
+            raise EngineError(f"rollout.openai.base_url: {first_line(exc)}; is the server up at {self.url}?") from None
 
     def parse(self, reply: Any) -> Sampled:
         try:
