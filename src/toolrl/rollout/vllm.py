@@ -12,13 +12,12 @@ not synced from the trainer, so like the openai engine it serves evaluation only
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 from toolrl.errors import ConfigError
+from toolrl.loop_thread import LoopThread
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams
 
@@ -34,15 +33,13 @@ class VLLMEngine(Engine):
             ) from None
         self.stop_ids = list(stop_ids)
         self._ids = itertools.count()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="toolrl-vllm", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("toolrl-vllm")
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, seed=seed, **engine_args)
 
         async def start() -> Any:
             return AsyncLLM.from_engine_args(args)
 
-        self.llm = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
+        self.llm = self._loop.submit(start()).result()
 
     def sampling(self, params: SamplingParams):
         from vllm import SamplingParams as VLLMSamplingParams
@@ -70,8 +67,7 @@ class VLLMEngine(Engine):
         return Sampled(ids, logprobs, ended=bool(ids) and ids[-1] in self.stop_ids)
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
-        future = asyncio.run_coroutine_threadsafe(self._generate(list(tokens), params), self._loop)
-        return await asyncio.wrap_future(future)
+        return await self._loop.run(self._generate(list(tokens), params))
 
     def close(self) -> None:
         if self.llm is None:
@@ -80,10 +76,9 @@ class VLLMEngine(Engine):
         async def shutdown() -> None:  # on the engine's own loop, where its output handler runs
             self.llm.shutdown()
 
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(60)
+        self._loop.submit(shutdown()).result(60)
         self.llm = None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        self._loop.stop()
 
 
 @register_engine("vllm")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from toolrl.loop_thread import LoopThread
 from toolrl.tools.call import first_line
 from toolrl.tools.function import Tool
 from toolrl.tools.limits import TransientToolError
@@ -53,13 +53,8 @@ class MCPServerConnection:
         self._ready: asyncio.Event | None = None
         self._dead: asyncio.Event | None = None
         self._stopping = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp-{name}", daemon=True)
-        self._thread.start()
-        self._owner = self._submit(self._serve())
-
-    def _submit(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._loop = LoopThread(f"mcp-{name}")
+        self._owner = self._loop.submit(self._serve())
 
     async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
         """Enter the transport's context on `stack`; return its (read, write) streams."""
@@ -117,8 +112,7 @@ class MCPServerConnection:
                 deadline = loop.time() + self.connect_timeout_s
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> str:
-        future = self._submit(self._with_session("call_tool", tool, arguments))
-        result = await asyncio.wrap_future(future)
+        result = await self._loop.run(self._with_session("call_tool", tool, arguments))
         text = result_text(result)
         if result.is_error:
             # The Python SDK's servers prefix every message; the observation already names the tool.
@@ -126,7 +120,7 @@ class MCPServerConnection:
         return text
 
     def tools(self) -> list[Tool]:
-        listed = self._submit(self._with_session("list_tools")).result(self.connect_timeout_s + 5)
+        listed = self._loop.submit(self._with_session("list_tools")).result(self.connect_timeout_s + 5)
         return [self._as_tool(t) for t in listed.tools]
 
     def _as_tool(self, spec: Any) -> Tool:
@@ -145,12 +139,11 @@ class MCPServerConnection:
             self._dead.set()
 
         try:
-            self._submit(stop()).result(5)
+            self._loop.submit(stop()).result(5)
             self._owner.result(10)
         except Exception as exc:
             log.warning("MCP server %s did not close cleanly: %s", self.name, exc)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        self._loop.stop()
 
 
 class MCPStdioServer(MCPServerConnection):
