@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
-from toolrl.errors import ConfigError, EngineError
+from toolrl.errors import EngineError
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.tools.call import first_line
-from toolrl.tools.http import request_json
+from toolrl.tools.http import bearer_header, http_client, request_json
 from toolrl.tools.limits import TransientToolError
 
 log = logging.getLogger(__name__)
@@ -37,12 +34,11 @@ class OpenAIEngine(Engine):
         model: str,
         tokenizer,
         stop_ids: Sequence[int],
-        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout_s: float = 600.0,
         max_concurrency: int = 64,
     ):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.client = http_client(headers, connect_timeout_s=10.0, read_timeout_s=timeout_s)
         self.url = base_url.rstrip("/") + "/completions"
         self.model, self.tokenizer, self.stop_ids = model, tokenizer, list(stop_ids)
         self.token_exact = True
@@ -104,10 +100,6 @@ class OpenAIEngine(Engine):
 @register_engine("openai")
 def openai_engine(chat, config, **_: object) -> OpenAIEngine:
     o = config.rollout.openai
-    key = None
-    if o.api_key_env:
-        key = os.environ.get(o.api_key_env)
-        if not key:
-            raise ConfigError(f"rollout.openai.api_key_env: environment variable {o.api_key_env} is not set")
+    headers = bearer_header(o.api_key_env, "rollout.openai.api_key_env")
     model = o.model or config.model.name
-    return OpenAIEngine(o.base_url, model, chat.tokenizer, chat.stop_ids, key, o.timeout_s, o.max_concurrency)
+    return OpenAIEngine(o.base_url, model, chat.tokenizer, chat.stop_ids, headers, o.timeout_s, o.max_concurrency)

@@ -8,17 +8,30 @@ each rollout may run on a loop of its own.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 import jsonschema
 
+from toolrl.errors import ConfigError
 from toolrl.tools.function import Tool
 from toolrl.tools.limits import TransientToolError
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 """HTTP statuses worth retrying; any other error status is the final answer."""
+
+
+def bearer_header(api_key_env: str | None, where: str) -> dict[str, str]:
+    """An Authorization header with the key held in the environment variable `api_key_env` (none if unset);
+    a variable that is named but empty is a ConfigError at `where`. Keys never live in config files."""
+    if not api_key_env:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise ConfigError(f"{where}: environment variable {api_key_env} is not set")
+    return {"Authorization": f"Bearer {key}"}
 
 
 def http_client(headers: Mapping[str, str] | None, connect_timeout_s: float, read_timeout_s: float) -> httpx.Client:

@@ -6,14 +6,12 @@ Hugging Face model loaded on first use. Both are synchronous and run in the exec
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from toolrl.errors import ConfigError
 from toolrl.tools.function import Tool
 from toolrl.tools.http import request_json
 
@@ -38,7 +36,7 @@ def model_tool(name: str, description: str, ask: Callable[[str], str]) -> Tool:
 
 
 class OpenAIChat:
-    """Ask an OpenAI-compatible `/chat/completions` endpoint; the key comes from an environment variable."""
+    """Ask an OpenAI-compatible `/chat/completions` endpoint through `client` (with its auth headers)."""
 
     def __init__(
         self,
@@ -48,13 +46,7 @@ class OpenAIChat:
         system: str | None = None,
         max_tokens: int = 256,
         temperature: float = 0.0,
-        api_key_env: str | None = None,
     ):
-        if api_key_env:
-            key = os.environ.get(api_key_env)
-            if not key:
-                raise ConfigError(f"model tool {model}: environment variable {api_key_env} (api_key_env) is not set")
-            client.headers["Authorization"] = f"Bearer {key}"
         self.client, self.url = client, base_url.rstrip("/") + "/chat/completions"
         self.body = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
         self.system = system

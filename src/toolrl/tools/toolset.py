@@ -212,16 +212,15 @@ def _http(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
 
 @entry_kind("model")
 def _model(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
-    from toolrl.tools.http import http_client
+    from toolrl.tools.http import bearer_header, http_client
     from toolrl.tools.model import LocalChat, OpenAIChat, model_tool
 
     spec = entry.model
     if spec.base_url:
-        client = http_client(entry.headers, entry.connect_timeout_s, read_timeout_s=600)
+        headers = {**entry.headers, **bearer_header(spec.api_key_env, f"mcpServers.{name}.model.api_key_env")}
+        client = http_client(headers, entry.connect_timeout_s, read_timeout_s=600)
         toolset.clients.append(client)
-        ask = OpenAIChat(
-            client, spec.base_url, spec.model, spec.system, spec.max_tokens, spec.temperature, spec.api_key_env
-        )
+        ask = OpenAIChat(client, spec.base_url, spec.model, spec.system, spec.max_tokens, spec.temperature)
         default = f"Ask the model {spec.model}; it answers in text."
     else:
         ask = LocalChat(spec.path, spec.system, spec.max_tokens, spec.temperature)
