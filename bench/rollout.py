@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
-import platform
 import random
 import time
-from pathlib import Path
 
 import torch
+from common import machine, write_results
 
 from toolrl.chat import ChatFormat
 from toolrl.config.schema import EnvConfig
@@ -176,12 +174,7 @@ def main() -> None:
     }
     workload = (args.turns, args.tokens)
     result: dict = {
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "workload": {
             "model": MODEL,
             "trajectories": args.trajectories,
@@ -226,8 +219,7 @@ def main() -> None:
     if "transformers_continuous_batching" in result:
         cb = result["transformers_continuous_batching"]
         print(f"transformers generate_batch at batch {cb['batch']}: {cb['tokens_per_s']} tok/s")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,10 @@ Both give the same log-probs and gradients (checked here). Prints a table, write
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
-from pathlib import Path
 
 import torch
+from common import machine, write_results
 
 from toolrl.chat import ChatFormat
 from toolrl.config.schema import EnvConfig
@@ -25,16 +22,6 @@ from toolrl.envs import make_env
 from toolrl.models import load_model, load_tokenizer
 from toolrl.rollout import Trajectory
 from toolrl.train.logprobs import trained_token_logprobs
-
-
-def machine() -> dict[str, str | int]:
-    cpu = "unknown"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": cpu, "cores": os.cpu_count() or 0, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def workload(tokenizer, rows: int, group: int, response: int, seed: int = 0) -> list[Trajectory]:
@@ -134,8 +121,7 @@ def main() -> None:
     print(f"{'padded, logits at trained tokens':<36}{selected_s:>10.2f}{selected_s / ours_s:>8.2f}x")
     print(f"{'toolrl: shared prefix, trained logits':<36}{ours_s:>10.2f}{1:>8.2f}x")
     print(f"gradient relative difference toolrl vs padded: {grad_rel:.1e}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

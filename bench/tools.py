@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import time
 from pathlib import Path
+
+from common import machine, write_results
 
 from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy, tool_from_function
 
@@ -109,7 +108,7 @@ def main() -> None:
         cached[cache] = asyncio.run(concurrent(ex, "lookup", n, traj, distinct=50))
         ex.close()
     result = {
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "workload": {"calls": n, "latency_s": lat, "trajectories": traj},
         "async_tool": rows["lookup"],
         "sync_tool": rows["lookup_sync"],
@@ -131,8 +130,7 @@ def main() -> None:
     print(f"MCP stdio overhead per call: {result['mcp_stdio_overhead_ms']:.2f} ms")
     c = result["cache"]
     print(f"cache (50 distinct of {n}): {c['uncached_s']:.2f} s -> {c['cached_s']:.2f} s, {c['cache_speedup']:.1f}x")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

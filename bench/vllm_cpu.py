@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import time
-from pathlib import Path
 
 import torch
+from common import machine, write_results
 
 from toolrl.chat import ChatFormat
 from toolrl.config.schema import EnvConfig
@@ -69,12 +67,11 @@ def main() -> None:
     import vllm as vllm_package
 
     result = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": torch.get_num_threads(),
-                    "torch": torch.__version__, "vllm": vllm_package.__version__},
+        "machine": {**machine(), "vllm": vllm_package.__version__},
         "workload": {"model": MODEL, "new_tokens": args.tokens, "prompt_tokens": len(prompts[0])},
         "generation": rows,
     }  # fmt: skip
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":
