@@ -184,8 +184,12 @@ class HFEngine(Engine):
             n -= 1
         return tokens[n:]
 
+    def _slots_in_use(self) -> int:
+        """Slots 0..n-1 cover every sequence's slot (freed slots below the highest stay in the range)."""
+        return max((s.index for s in self.slots.values()), default=0) + 1
+
     def _ensure(self, longest: int) -> SlotCache:
-        used = max((s.index for s in self.slots.values()), default=0) + 1
+        used = self._slots_in_use()
         if self.cache is None:
             layers = self.model.config.num_hidden_layers
             self.cache = SlotCache(layers, max(used, 8), max(1024, longest))
@@ -228,8 +232,9 @@ class HFEngine(Engine):
         remaining = []
         for seq in fresh:  # a prefix already in another slot: copy it
             tokens = pending[seq]
-            best = max(cached, key=lambda s: common_prefix_length([s.ids, tokens]), default=None)
-            n = common_prefix_length([best.ids, tokens]) if best else 0
+            n, best = max(
+                ((common_prefix_length([s.ids, tokens]), s) for s in cached), default=(0, None), key=lambda x: x[0]
+            )
             if n >= MIN_SHARED_PREFIX:
                 self._copy_slot_prefix(best, self.slots[seq], n)
                 self.stats["reused_prefix_tokens"] += n
@@ -284,7 +289,7 @@ class HFEngine(Engine):
         if not feed:
             return
         cache = self._ensure(max(len(self.slots[s].ids) for s in feed) + 2)
-        used = max(s.index for s in self.slots.values()) + 1
+        used = self._slots_in_use()
         subset = len(feed) <= SUBSET_DECODE * used
         rows = {seq: row for row, seq in enumerate(feed)} if subset else {s: self.slots[s].index for s in feed}
         ids = torch.full((len(feed) if subset else used, 1), self.pad_id, dtype=torch.long)
@@ -308,10 +313,9 @@ class HFEngine(Engine):
         real = positions != cache.scratch
         kv_len = int(positions[real].max()) + 1
         cache.feed = Feed(None if slots is None else slots.to(self.device), positions, kv_len)
-        dtype = next(self.model.parameters()).dtype
         out = self.model(
             input_ids=ids.to(self.device),
-            attention_mask=attention_mask(positions, kv_len, cache.scratch, dtype),
+            attention_mask=attention_mask(positions, kv_len, cache.scratch, self.model.dtype),
             position_ids=torch.where(real, positions, torch.zeros_like(positions)),
             past_key_values=cache,
             use_cache=True,

@@ -98,8 +98,10 @@ class SlotCache(Cache):
     def ensure(self, num_slots: int, capacity: int) -> None:
         if num_slots <= self.num_slots and capacity <= self.capacity:
             return
-        self.num_slots = max(num_slots, self.num_slots * 2 if num_slots > self.num_slots else self.num_slots)
-        self.capacity = max(capacity, self.capacity * 2 if capacity > self.capacity else self.capacity)
+        if num_slots > self.num_slots:  # grow by at least doubling, so that growth copies are rare
+            self.num_slots = max(num_slots, 2 * self.num_slots)
+        if capacity > self.capacity:
+            self.capacity = max(capacity, 2 * self.capacity)
         for layer in self.layers:
             layer.resize(self.num_slots, self.capacity)
 
