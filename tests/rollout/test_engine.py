@@ -64,6 +64,7 @@ def test_interleaved_multi_turn_requests_match_a_full_forward(tiny_model, tokeni
             expect = expected_logprobs(tiny_model, context, out.ids, temperatures[i])
             assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4), i
     assert [len(o.ids) for _, o in results[2]] == [3, 4, 5]  # a random model does not stop early
+    assert engine.stats["cascade_forwards"] > 0  # some steps read the shared prefix once (cascade.py)
     asyncio.run(engine.generate("next", prompts[3], SamplingParams(max_new_tokens=1)))
     assert list(engine.slots) == ["next"] and engine.slots["next"].index == 0  # released slots are reused
 
@@ -114,3 +115,48 @@ def test_a_stop_token_ends_the_turn_and_is_the_last_id(tiny_model, tokenizer):
     engine = HFEngine(tiny_model, [first], tokenizer.pad_token_id, torch.device("cpu"))
     out = asyncio.run(engine.generate("s", prompt, SamplingParams(temperature=0.0, max_new_tokens=5)))
     assert out.ids == [first] and out.ended
+
+
+def test_cascade_and_per_slot_attention_sample_the_same(tiny_model, tokenizer):
+    """Reading the shared prefix once per step gives the same tokens and log-probs as reading it per slot."""
+    prefix = list(range(1000, 1040))
+    prompts = [prefix + [100 + i] * (i + 1) for i in range(4)]
+
+    def run(cascade):
+        engine = make_engine(tiny_model, tokenizer, cascade=cascade, seed=3)
+
+        async def trajectory(i):
+            context = list(prompts[i])
+            outs = []
+            for _ in range(2):
+                out = await engine.generate(i, context, SamplingParams(temperature=1.0, max_new_tokens=4 + i))
+                outs.append(out)
+                context += out.ids + [400 + i] * (i + 2)
+            return outs
+
+        async def main():
+            return await asyncio.gather(*(trajectory(i) for i in range(4)))
+
+        return asyncio.run(main()), engine.stats
+
+    (with_cascade, stats), (without, plain_stats) = run(True), run(False)
+    assert stats["cascade_forwards"] == stats["forwards"] > stats["decode_steps"]  # decodes and prefills
+    assert plain_stats["cascade_forwards"] == 0
+    for a, b in zip(with_cascade, without, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert x.ids == y.ids
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+
+
+def test_a_seeded_sequence_samples_the_same_alone_or_batched(tiny_model, tokenizer):
+    prompt = list(range(300, 330))
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=8, seed=42)
+
+    async def batched():
+        engine = make_engine(tiny_model, tokenizer, seed=5)
+        others = [engine.generate(i, list(range(400 + i, 420 + i)), SamplingParams(max_new_tokens=8)) for i in range(3)]
+        outs = await asyncio.gather(engine.generate("s", prompt, seeded), *others)
+        return outs[0]
+
+    alone = asyncio.run(make_engine(tiny_model, tokenizer, seed=9).generate("s", prompt, seeded))
+    assert asyncio.run(batched()).ids == alone.ids

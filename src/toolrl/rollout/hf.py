@@ -6,7 +6,9 @@ new prompt, or the observations after a tool call), feeding only those slots and
 that are away running tools simply sit in their slots; when their request arrives they join the next step.
 
 Shared prompt prefixes are computed once: fresh sequences that start alike get the prefix from one forward
-pass, and a sequence that starts like one already cached copies that slot's keys and values.
+pass, and a sequence that starts like one already cached copies that slot's keys and values. They are also
+read once per step: while every fed sequence starts with the prefix computed once, attention reads its keys
+and values once for the whole batch (`cascade.py`) and each slot only past it.
 
 The model runs in one worker thread so the event loop keeps serving tool calls while a step computes.
 """
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolrl.rollout.cascade import NAME as CASCADE
+from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
@@ -43,6 +47,8 @@ class _Slot:
     """Token ids whose keys and values are in the slot."""
     logits: torch.Tensor | None = None
     """Next-token logits after `ids`."""
+    shared: bool = False
+    """Whether `ids` start with the engine's shared prefix."""
 
 
 @dataclass
@@ -64,6 +70,7 @@ class HFEngine(Engine):
         device: torch.device,
         seed: int = 0,
         prefill_tokens: int = 4096,
+        cascade: bool = True,
     ):
         self.model = model
         self.stop_ids = set(stop_ids)
@@ -74,11 +81,16 @@ class HFEngine(Engine):
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.cache: SlotCache | None = None
+        self.cascade = cascade and supports_cascade(model.config)
+        """Read the shared prefix once per step (cascade attention) rather than once per sequence."""
+        self.shared: SharedPrefix | None = None
         self.slots: dict[Hashable, _Slot] = {}
         self.free: list[int] = []
         self.requests: dict[Hashable, _Request] = {}
         self.stats: Counter[str] = Counter()
-        """decode_steps, decoded_tokens, prefill_tokens (fed), reused_prefix_tokens (copied, not computed)."""
+        """decode_steps, decoded_tokens, prefill_tokens (fed), reused_prefix_tokens (copied, not computed),
+        forwards (passes through the model after the prefixes computed once) and cascade_forwards (those that
+        read the shared prefix once)."""
         self._released: list[Hashable] = []
         self._driver: asyncio.Task | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine")
@@ -164,6 +176,8 @@ class HFEngine(Engine):
             slot = self.slots.pop(self._released.pop(), None)
             if slot is not None:
                 self.free.append(slot.index)
+        if self.shared is not None and not any(s.shared for s in self.slots.values()):
+            self.shared = None  # nobody reads it; the next prefix is computed with the weights of then
 
     def _slot(self, seq: Hashable) -> _Slot:
         if seq not in self.slots:
@@ -178,7 +192,7 @@ class HFEngine(Engine):
         tokens = request.tokens + request.out.ids
         n = len(slot.ids)
         if tokens[:n] != slot.ids:  # the caller's context diverged from what is cached: start over
-            slot.ids, slot.logits, n = [], None, 0
+            slot.ids, slot.logits, slot.shared, n = [], None, False, 0
         if n == len(tokens) and slot.logits is None and n:  # asked again at the same point: re-feed the last
             slot.ids.pop()
             n -= 1
@@ -215,7 +229,7 @@ class HFEngine(Engine):
                 ids[row, width - len(new) :] = torch.tensor(new)  # left padding: the last column is real
                 positions[row, width - len(new) :] = torch.arange(len(slot.ids), len(slot.ids) + len(new))
             slots = torch.tensor([self.slots[s].index for s in group])
-            logits = self._forward(ids, positions, slots)
+            logits = self._forward(ids, positions, slots, self._shared_by(group))
             self.stats["prefill_tokens"] += sum(len(pending[s]) for s in group)
             for row, seq in enumerate(group):
                 slot = self.slots[seq]
@@ -241,24 +255,41 @@ class HFEngine(Engine):
                 pending[seq] = tokens[n:]
             else:
                 remaining.append(seq)
-        if len(remaining) < 2:
-            return
-        n = common_prefix_length([pending[s] for s in remaining])
-        if n < MIN_SHARED_PREFIX:
-            return
-        prefix = pending[remaining[0]][:n]
-        cache = self._ensure(max(len(pending[s]) for s in remaining) + 1)
+        groups: dict[tuple[int, ...], list[Hashable]] = {}
+        for seq in remaining:  # sequences that start alike, each group's prefix computed once
+            groups.setdefault(tuple(pending[seq][:MIN_SHARED_PREFIX]), []).append(seq)
+        largest = True
+        for group in sorted(groups.values(), key=len, reverse=True):
+            n = common_prefix_length([pending[s] for s in group]) if len(group) > 1 else 0
+            if n >= MIN_SHARED_PREFIX:
+                self._compute_prefix_once(group, pending, n, read_once=largest and self.cascade)
+                largest = False
+
+    def _compute_prefix_once(
+        self, group: list[Hashable], pending: dict[Hashable, list[int]], n: int, read_once: bool
+    ) -> None:
+        """One forward pass over the group's common prefix, copied into each slot; with `read_once` it
+        becomes the shared prefix that attention reads once per step (the newest replaces the one before:
+        its sequences keep their copies and read them per slot)."""
         from transformers import DynamicCache
 
+        prefix = pending[group[0]][:n]
+        cache = self._ensure(max(len(pending[s]) for s in group) + 1)
         once = DynamicCache()
         self.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=once, logits_to_keep=1)
         self.stats["prefill_tokens"] += n
-        self.stats["reused_prefix_tokens"] += n * (len(remaining) - 1)
-        slots = torch.tensor([self.slots[s].index for s in remaining], device=self.device)
+        self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
+        slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
         for layer, source in zip(cache.layers, once.layers, strict=True):
             layer.copy_prefix((source.keys, source.values), slots)
-        for seq in remaining:
+        if read_once:
+            for slot in self.slots.values():
+                slot.shared = False
+            keys, values = zip(*((layer.keys, layer.values) for layer in once.layers), strict=True)
+            self.shared = SharedPrefix(list(prefix), list(keys), list(values))
+        for seq in group:
             self.slots[seq].ids = list(prefix)
+            self.slots[seq].shared = read_once
             pending[seq] = pending[seq][n:]
 
     def _copy_slot_prefix(self, source: _Slot, target: _Slot, n: int) -> None:
@@ -268,13 +299,15 @@ class HFEngine(Engine):
                 layer.keys[target.index, :, :n] = layer.keys[source.index, :, :n]
                 layer.values[target.index, :, :n] = layer.values[source.index, :, :n]
         target.ids, target.logits = source.ids[:n], None
+        target.shared = source.shared and n >= len(self.shared)
 
     def _decode(self, batch: list[_Request]) -> None:
         ready = [r for r in batch if self.slots[r.seq].logits is not None]
         if not ready:
             return
         logits = torch.stack([self.slots[r.seq].logits for r in ready])
-        tokens, logprobs = sample_tokens(logits, [r.params for r in ready], self.generator)
+        positions = [len(r.tokens) + len(r.out.ids) for r in ready]
+        tokens, logprobs = sample_tokens(logits, [r.params for r in ready], self.generator, positions)
         feed = {}
         for request, token, logprob in zip(ready, tokens.tolist(), logprobs.tolist(), strict=True):
             out = request.out
@@ -298,7 +331,7 @@ class HFEngine(Engine):
             ids[rows[seq], 0] = token
             positions[rows[seq], 0] = len(self.slots[seq].ids)
         slots = torch.tensor([self.slots[s].index for s in feed]) if subset else None
-        logits = self._forward(ids, positions, slots)
+        logits = self._forward(ids, positions, slots, self._shared_by(feed))
         self.stats["decode_steps"] += 1
         self.stats["decoded_tokens"] += len(feed)
         for seq, token in feed.items():
@@ -306,21 +339,38 @@ class HFEngine(Engine):
             slot.ids.append(token)
             slot.logits = logits[rows[seq]]
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
-        """Feed `ids` at slot `positions` (scratch = padding); return the logits after each row's last column."""
+    def _shared_by(self, seqs) -> SharedPrefix | None:
+        """The shared prefix, when every one of `seqs` starts with it (their new tokens all come after it)."""
+        if self.shared is not None and all(self.slots[s].shared for s in seqs):
+            return self.shared
+        return None
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None, shared: SharedPrefix | None
+    ) -> torch.Tensor:
+        """Feed `ids` at slot `positions` (scratch = padding); return the logits after each row's last column.
+        With `shared`, attention reads the prefix from it once and each slot from the prefix's end on."""
         cache = self.cache
         positions = positions.to(self.device)
         real = positions != cache.scratch
         kv_len = int(positions[real].max()) + 1
-        cache.feed = Feed(None if slots is None else slots.to(self.device), positions, kv_len)
-        out = self.model(
+        start = len(shared) if shared is not None else 0
+        cache.feed = Feed(None if slots is None else slots.to(self.device), positions, kv_len, start)
+        inputs = dict(
             input_ids=ids.to(self.device),
-            attention_mask=attention_mask(positions, kv_len, cache.scratch, self.model.dtype),
+            attention_mask=attention_mask(positions, kv_len, cache.scratch, self.model.dtype, start),
             position_ids=torch.where(real, positions, torch.zeros_like(positions)),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
+        self.stats["forwards"] += 1
+        if shared is None:
+            out = self.model(**inputs)
+        else:
+            with attention_implementation(self.model, CASCADE):
+                out = self.model(**inputs, shared_prefix=shared)
+            self.stats["cascade_forwards"] += 1
         return out.logits[:, -1].float()
 
 

@@ -25,6 +25,8 @@ class Feed:
     positions: torch.Tensor
     kv_len: int
     """Columns the attention reads: one past the furthest position written in this pass."""
+    start: int = 0
+    """First column the attention reads from the slots (the length of a shared prefix read elsewhere)."""
 
 
 class SlotLayer(CacheLayerMixin):
@@ -54,9 +56,10 @@ class SlotLayer(CacheLayerMixin):
         # [rows, heads, width, dim] -> [rows, width, heads, dim], the layout advanced indexing writes.
         self.keys[index[0], :, index[1]] = key_states.transpose(1, 2)
         self.values[index[0], :, index[1]] = value_states.transpose(1, 2)
+        columns = slice(feed.start, feed.kv_len)
         if feed.slots is None:  # every slot in use: views, no copy
-            return self.keys[: len(rows), :, : feed.kv_len], self.values[: len(rows), :, : feed.kv_len]
-        return self.keys[feed.slots, :, : feed.kv_len], self.values[feed.slots, :, : feed.kv_len]
+            return self.keys[: len(rows), :, columns], self.values[: len(rows), :, columns]
+        return self.keys[feed.slots, :, columns], self.values[feed.slots, :, columns]
 
     def get_seq_length(self) -> int:
         return 0  # positions and masks are always given explicitly
@@ -110,10 +113,13 @@ class SlotCache(Cache):
         return self.capacity
 
 
-def attention_mask(positions: torch.Tensor, kv_len: int, scratch: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [rows, 1, width, kv_len]: a token at slot position p sees positions 0..p of its slot.
-    Padding tokens (at the scratch column) see position 0 only, so their rows stay finite."""
-    columns = torch.arange(kv_len, device=positions.device)
+def attention_mask(
+    positions: torch.Tensor, kv_len: int, scratch: int, dtype: torch.dtype, start: int = 0
+) -> torch.Tensor:
+    """Additive mask [rows, 1, width, kv_len - start] over slot columns start..kv_len-1: a token at slot
+    position p sees positions up to p of its slot. Padding tokens (at the scratch column) see position 0
+    only (nothing, when start > 0: a finite floor, never -inf, so their rows stay finite)."""
+    columns = torch.arange(start, kv_len, device=positions.device)
     query = torch.where(positions == scratch, torch.zeros_like(positions), positions)
     allowed = columns[None, None, :] <= query[:, :, None]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)

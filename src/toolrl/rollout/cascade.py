@@ -1,0 +1,119 @@
+"""Cascade attention: the keys and values of a prompt prefix that every sequence shares are read once per step.
+
+With per-sequence KV slots, a decode step at batch 64 reads the shared system prompt and tool schemas (hundreds
+of tokens) 64 times, once per row. Here attention is split in two parts: all query rows of the batch attend
+to the one shared prefix together (one [rows x prefix] product per KV head), and each row attends to its own
+suffix in its slot. The two partial softmaxes are merged exactly through their log-sum-exp:
+
+    out = (o_p * exp(lse_p) + o_s * exp(lse_s)) / (exp(lse_p) + exp(lse_s))
+
+The function is registered with transformers' `AttentionInterface` as "toolrl_cascade" and is used only
+inside `HFEngine` forward passes (`attention_implementation`); given no `shared_prefix` it is plain SDPA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "toolrl_cascade"
+
+
+@dataclass
+class SharedPrefix:
+    """A prompt prefix computed once: its ids and, per layer, keys and values of shape [1, kv_heads, n, dim]."""
+
+    ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def attend_with_lse(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention [b, h, q, d] with the log-sum-exp of each query's scores [b, h, q]; key and value have the
+    query's head count. On CPU the fused flash kernel returns both; elsewhere the plain computation."""
+    if query.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, False, attn_mask=mask, scale=scale
+        )
+    return attend_with_lse_reference(query, key, value, mask, scale)
+
+
+def attend_with_lse_reference(query, key, value, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), value), lse
+
+
+def cascade_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    shared_prefix: SharedPrefix | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """`key`/`value` [b, kv_heads, s, d] are each row's own columns after the shared prefix and
+    `attention_mask` [b, 1, q, s] masks them; every row sees the whole prefix. Returns [b, q, heads, d]."""
+    if shared_prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    rows, heads, width, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    scale = scaling if scaling is not None else dim**-0.5
+    # Query head h reads KV head h // groups: [b, kv_heads, groups * q, d] puts each KV head's queries together.
+    grouped = query.reshape(rows, kv_heads, groups * width, dim)
+    # Prefix: every row's queries of a KV head in one [1, kv_heads, b * groups * q, d] batch.
+    together = grouped.transpose(0, 1).reshape(1, kv_heads, rows * groups * width, dim)
+    layer = module.layer_idx
+    out_p, lse_p = attend_with_lse(together, shared_prefix.keys[layer], shared_prefix.values[layer], None, scale)
+    out_p = out_p.reshape(kv_heads, rows, groups * width, dim).transpose(0, 1)
+    lse_p = lse_p.reshape(kv_heads, rows, groups * width).transpose(0, 1)
+    mask = attention_mask
+    if mask is not None:  # [b, 1, q, s] -> [b, 1, groups * q, s], the grouped query order
+        mask = mask[:, :, None].expand(rows, 1, groups, width, mask.shape[-1]).reshape(rows, 1, groups * width, -1)
+    out_s, lse_s = attend_with_lse(grouped, key, value, mask, scale)
+    top = torch.maximum(lse_p, lse_s)
+    weight_p = torch.exp(lse_p - top)[..., None]
+    weight_s = torch.exp(lse_s - top)[..., None]
+    out = (out_p * weight_p + out_s * weight_s) / (weight_p + weight_s)
+    # [b, kv_heads, groups * q, d] -> [b, q, heads, d], the layout attention modules expect back.
+    out = out.reshape(rows, kv_heads, groups, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, heads, dim)
+    return out.contiguous(), None
+
+
+AttentionInterface.register(NAME, cascade_attention)
+
+
+def supports_cascade(config) -> bool:
+    """Full causal attention in every layer, no logit soft-capping: the cases the merge above is exact for."""
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(kind != "full_attention" for kind in layer_types):
+        return False
+    return not getattr(config, "attn_logit_softcapping", None)
+
+
+@contextmanager
+def attention_implementation(model, name: str) -> Iterator[None]:
+    """Run `model` with another registered attention function for the duration of the block."""
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous

@@ -1,0 +1,48 @@
+"""Cascade attention (a shared prefix read once, each row's suffix from its slot) against plain attention."""
+
+import pytest
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from toolrl.rollout.cascade import SharedPrefix, attend_with_lse, attend_with_lse_reference, cascade_attention
+
+
+class Layer(torch.nn.Module):
+    layer_idx = 0
+
+
+@pytest.mark.parametrize("width", [1, 5])
+def test_cascade_equals_attention_over_prefix_and_suffix(width):
+    torch.manual_seed(0)
+    rows, heads, kv_heads, dim, prefix, suffix = 3, 6, 2, 8, 11, 7
+    query = torch.randn(rows, heads, width, dim)
+    shared_k, shared_v = torch.randn(1, kv_heads, prefix, dim), torch.randn(1, kv_heads, prefix, dim)
+    own_k, own_v = torch.randn(rows, kv_heads, suffix, dim), torch.randn(rows, kv_heads, suffix, dim)
+    # Row r's queries sit at suffix positions 2 + r ..., causal within the suffix; the last row is padding
+    # (sees none of its suffix), as a row of a decode step with nothing to do.
+    allowed = torch.zeros(rows, 1, width, suffix, dtype=torch.bool)
+    for r in range(rows - 1):
+        for q in range(width):
+            allowed[r, 0, q, : 2 + r + q + 1] = True
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    shared = SharedPrefix(list(range(prefix)), [shared_k], [shared_v])
+
+    out, _ = cascade_attention(Layer(), query, own_k, own_v, mask, scaling=dim**-0.5, shared_prefix=shared)
+
+    full_k = torch.cat([shared_k.expand(rows, -1, -1, -1), own_k], 2).repeat_interleave(heads // kv_heads, 1)
+    full_v = torch.cat([shared_v.expand(rows, -1, -1, -1), own_v], 2).repeat_interleave(heads // kv_heads, 1)
+    full_mask = torch.cat([torch.zeros(rows, 1, width, prefix), mask], -1)
+    expect = scaled_dot_product_attention(query, full_k, full_v, attn_mask=full_mask).transpose(1, 2)
+    assert out.shape == (rows, width, heads, dim)
+    assert torch.allclose(out[: rows - 1], expect[: rows - 1], atol=1e-5)
+    assert torch.isfinite(out).all()  # the padding row too
+
+
+def test_the_fused_kernel_and_the_reference_agree_on_output_and_log_sum_exp():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    mask = torch.zeros(2, 1, 4, 9)
+    mask[0, 0, :, 5:] = torch.finfo(torch.float32).min
+    out, lse = attend_with_lse(q, k, v, mask, 0.3)
+    ref_out, ref_lse = attend_with_lse_reference(q, k, v, mask, 0.3)
+    assert torch.allclose(out, ref_out, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
