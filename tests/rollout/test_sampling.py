@@ -44,3 +44,33 @@ def test_greedy_and_sampled_rows_in_one_batch():
     tokens, logprobs = sample_tokens(logits, [SamplingParams(temperature=0.0), SamplingParams(top_k=1)])
     assert tokens.tolist() == [1, 1]
     assert math.isclose(float(logprobs[0]), float(torch.log_softmax(logits[0], -1)[1]), rel_tol=1e-6)
+
+
+def test_draws_across_many_blocks_follow_the_distribution_and_skip_empty_tokens():
+    """The two-level inverse CDF over a vocabulary of several blocks (and a partial last one): frequencies
+    match, tokens without mass (whole blocks of them, and single ones between) are never drawn."""
+    vocab = 1000
+    probs = torch.zeros(vocab)
+    chosen = torch.tensor([3, 255, 256, 511, 700, 701, 999])
+    probs[chosen] = torch.tensor([0.2, 0.1, 0.05, 0.25, 0.15, 0.05, 0.2])
+    n = 20000
+    logits = probs.log().repeat(n, 1)
+    tokens, _ = sample_tokens(logits, [SamplingParams()] * n, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=vocab).float() / n
+    assert set(tokens.unique().tolist()) <= set(chosen.tolist())
+    assert torch.allclose(freq[chosen], probs[chosen], atol=0.01)
+
+
+def test_seeded_rows_draw_the_same_whatever_shares_the_batch():
+    from toolrl.rollout.sampling import position_uniform
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    seeded = SamplingParams(seed=7)
+    alone, _ = sample_tokens(logits[1:2], [seeded], torch.Generator().manual_seed(1), positions=[12])
+    together, _ = sample_tokens(
+        logits[[0, 1, 2]], [SamplingParams(), seeded, SamplingParams(seed=8)], torch.Generator(), positions=[5, 12, 3]
+    )
+    assert together[1] == alone[0]
+    assert position_uniform(7, 12) == position_uniform(7, 12) != position_uniform(7, 13)
+    draws = [position_uniform(3, p) for p in range(2000)]
+    assert min(draws) >= 0 and max(draws) < 1 and abs(sum(draws) / len(draws) - 0.5) < 0.03

@@ -89,11 +89,16 @@ class Rollout:
     def prompt_ids(self, task: Task) -> list[int]:
         return self.chat.prompt_ids(self.env.messages(task), self.tool_schemas)
 
-    def run(self, tasks: Sequence[Task]) -> list[Trajectory]:
-        return asyncio.run(self.arun(tasks))
+    def run(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
+        return asyncio.run(self.arun(tasks, seed))
 
-    async def arun(self, tasks: Sequence[Task]) -> list[Trajectory]:
+    async def arun(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
+        """Roll out one trajectory per task. With `seed`, trajectory i samples with its own seed derived from
+        (seed, i): its tokens do not depend on what else shares a batch or on timing."""
         trajs = [Trajectory.start(task, self.prompt_ids(task)) for task in tasks]
+        if seed is not None:
+            for i, traj in enumerate(trajs):
+                traj.seed = seed * 1_000_003 + i
         seqs = [object() for _ in trajs]  # engine sequence keys, unique even across concurrent rollouts
         try:
             if self.schedule == "lockstep":
@@ -134,7 +139,8 @@ class Rollout:
     async def _generate(self, seq: object, traj: Trajectory) -> Sampled:
         limits = self.limits
         budget = min(limits.max_new_tokens, limits.max_response_tokens - traj.response_length)
-        params = SamplingParams(limits.sampling.temperature, limits.sampling.top_p, limits.sampling.top_k, budget)
+        s = limits.sampling
+        params = SamplingParams(s.temperature, s.top_p, s.top_k, budget, traj.seed)
         started = time.perf_counter()
         sampled = await self.engine.generate(seq, traj.token_ids, params)
         traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + time.perf_counter() - started

@@ -19,7 +19,7 @@ from typing import Any
 
 from toolrl.errors import EngineError
 from toolrl.rollout.engine import Engine, Sampled, register_engine
-from toolrl.rollout.sampling import SamplingParams
+from toolrl.rollout.sampling import SamplingParams, request_seed
 from toolrl.tools.call import first_line
 from toolrl.tools.http import bearer_header, http_client, request_json
 from toolrl.tools.limits import TransientToolError
@@ -59,6 +59,8 @@ class OpenAIEngine(Engine):
         }
         if params.top_k:
             body["top_k"] = params.top_k
+        if params.seed is not None:
+            body["seed"] = request_seed(params, len(tokens))
         return body
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:

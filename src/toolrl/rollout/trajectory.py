@@ -32,6 +32,8 @@ class Trajectory:
     rewards: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent waiting for generation (generate_s) and for tool calls (tools_s)."""
+    seed: int | None = None
+    """Its own sampling seed (see SamplingParams.seed), or None for the engine's generator."""
 
     @classmethod
     def start(cls, task: Task, prompt_ids: list[int]) -> Trajectory:

@@ -19,7 +19,7 @@ from typing import Any
 from toolrl.errors import ConfigError
 from toolrl.loop_thread import LoopThread
 from toolrl.rollout.engine import Engine, Sampled, register_engine
-from toolrl.rollout.sampling import SamplingParams
+from toolrl.rollout.sampling import SamplingParams, request_seed
 
 
 class VLLMEngine(Engine):
@@ -41,7 +41,7 @@ class VLLMEngine(Engine):
 
         self.llm = self._loop.submit(start()).result()
 
-    def sampling(self, params: SamplingParams):
+    def sampling(self, params: SamplingParams, position: int):
         from vllm import SamplingParams as VLLMSamplingParams
 
         return VLLMSamplingParams(
@@ -52,6 +52,7 @@ class VLLMEngine(Engine):
             logprobs=0,  # the sampled token's log-prob only
             stop_token_ids=self.stop_ids,
             skip_special_tokens=False,
+            seed=request_seed(params, position),
         )
 
     async def _generate(self, tokens: list[int], params: SamplingParams) -> Sampled:
@@ -59,7 +60,8 @@ class VLLMEngine(Engine):
 
         final = None
         request_id = f"toolrl-{next(self._ids)}"
-        async for output in self.llm.generate(TokensPrompt(prompt_token_ids=tokens), self.sampling(params), request_id):
+        prompt, sampling = TokensPrompt(prompt_token_ids=tokens), self.sampling(params, len(tokens))
+        async for output in self.llm.generate(prompt, sampling, request_id):
             final = output
         completion = final.outputs[0]
         ids = list(completion.token_ids)
