@@ -1,7 +1,9 @@
+import math
+
 import pytest
 import torch
 
-from toolrl.algos import group_advantages
+from toolrl.algos import ADVANTAGES, AdvantageInputs, group_advantages, informative_groups
 
 
 def test_grpo_advantages_match_hand_computed_values():
@@ -21,3 +23,58 @@ def test_unscaled_advantages_are_mean_centred_only():
 def test_eps_keeps_near_equal_groups_finite():
     adv = group_advantages(torch.tensor([1.0, 1.0 + 1e-9]), group_size=2, eps=1e-4)
     assert torch.isfinite(adv).all() and adv.abs().max() < 1e-3
+
+
+def test_estimators_broadcast_the_sequence_advantage_to_its_tokens():
+    # two groups of 2: rewards [1, 0 | 3, 3]; tokens per trajectory [2, 1, 1, 2]
+    x = AdvantageInputs(torch.tensor([1.0, 0.0, 3.0, 3.0]), 2, [2, 1, 1, 2], eps=0.0)
+    # GRPO: group 1 mean 0.5, std sqrt(0.5) = 0.7071 -> +-0.7071; group 2 all equal -> 0
+    a = 0.5 / math.sqrt(0.5)
+    assert ADVANTAGES["grpo"](x).advantages.tolist() == pytest.approx([a, a, -a, 0, 0, 0])
+    assert ADVANTAGES["dr_grpo"](x).advantages.tolist() == pytest.approx([0.5, 0.5, -0.5, 0, 0, 0])
+    # RLOO: reward minus the mean of the others: 1 - 0 = 1, 0 - 1 = -1
+    assert ADVANTAGES["rloo"](x).advantages.tolist() == pytest.approx([1, 1, -1, 0, 0, 0])
+
+
+def test_rloo_leave_one_out_by_hand_for_a_group_of_three():
+    x = AdvantageInputs(torch.tensor([3.0, 0.0, 0.0]), 3, [1, 1, 1])
+    # 3 - mean(0, 0) = 3; 0 - mean(3, 0) = -1.5
+    assert ADVANTAGES["rloo"](x).advantages.tolist() == pytest.approx([3.0, -1.5, -1.5])
+
+
+def test_per_token_rewards_enter_the_sequence_score():
+    # a KL penalty as reward: trajectory 0 pays 0.25 + 0.25 -> scores [0.5, 0]
+    x = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [2, 1], token_rewards=torch.tensor([-0.25, -0.25, 0.0]))
+    assert ADVANTAGES["dr_grpo"](x).advantages.tolist() == pytest.approx([0.25, 0.25, -0.25])
+
+
+def test_reinforce_pp_returns_to_go_whitened_over_the_step():
+    # baseline: rewards [2, 0] minus group mean 1 -> [1, -1]; token rewards [0, -1 | 0.5]
+    # returns to go: traj 0: [1 + (0 - 1), 1 + (-1)] = [0, 0]; traj 1: [-1 + 0.5] = [-0.5]
+    x = AdvantageInputs(torch.tensor([2.0, 0.0]), 2, [2, 1], token_rewards=torch.tensor([0.0, -1.0, 0.5]), eps=0.0)
+    returns = torch.tensor([0.0, 0.0, -0.5])
+    expect = (returns - returns.mean()) / returns.std()
+    assert torch.allclose(ADVANTAGES["reinforce_pp"](x).advantages, expect, atol=1e-6)
+
+
+def test_gae_by_hand():
+    # one trajectory of 3 tokens, reward 1 at the end, values [0.5, 0.2, 0.4], gamma 1, lam 0.5
+    # deltas: t0: 0 + 0.2 - 0.5 = -0.3; t1: 0 + 0.4 - 0.2 = 0.2; t2: 1 + 0 - 0.4 = 0.6
+    # A2 = 0.6; A1 = 0.2 + 0.5 * 0.6 = 0.5; A0 = -0.3 + 0.5 * 0.5 = -0.05
+    x = AdvantageInputs(torch.tensor([1.0]), 1, [3], values=torch.tensor([0.5, 0.2, 0.4]), lam=0.5, eps=0.0)
+    out = ADVANTAGES["gae"](x)
+    raw = torch.tensor([-0.05, 0.5, 0.6])
+    assert out.returns.tolist() == pytest.approx((raw + torch.tensor([0.5, 0.2, 0.4])).tolist())
+    assert torch.allclose(out.advantages, (raw - raw.mean()) / raw.std(), atol=1e-6)
+
+
+def test_gae_does_not_bootstrap_across_trajectories():
+    x = AdvantageInputs(
+        torch.tensor([1.0, 0.0]), 1, [1, 1], values=torch.tensor([0.0, 5.0]), gamma=1.0, lam=1.0, eps=0.0
+    )
+    assert ADVANTAGES["gae"](x).returns.tolist() == pytest.approx([1.0, 0.0])  # not 1 + 5
+
+
+def test_informative_groups_drops_groups_with_equal_rewards():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    assert informative_groups(rewards, 2).tolist() == [False, False, True, True, False, False]

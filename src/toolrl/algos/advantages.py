@@ -1,19 +1,149 @@
-"""Advantage estimators: pure functions of rewards."""
+"""Advantage estimators: pure functions from rewards (and values) to one advantage per trained token.
+
+Tensors are flat over the trained tokens of a step, trajectory after trajectory; `counts[i]` is how many
+belong to trajectory i. Sequence-level estimators score a trajectory by its reward plus the sum of its
+per-token rewards (a KL penalty applied as reward, process rewards) and give every token that advantage.
+Adding one is a function and `@register_advantage("name")`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+
+from toolrl.registry import Registry
+
+
+@dataclass
+class AdvantageInputs:
+    rewards: torch.Tensor
+    """[trajectories], the samples of a group next to each other."""
+    group_size: int
+    counts: list[int]
+    """Trained tokens per trajectory."""
+    token_rewards: torch.Tensor | None = None
+    """[tokens] rewards given at single tokens besides the final reward, or None."""
+    values: torch.Tensor | None = None
+    """[tokens] the value head's estimates at sampling time (PPO)."""
+    eps: float = 1e-4
+    gamma: float = 1.0
+    lam: float = 0.95
+
+
+@dataclass
+class Advantages:
+    advantages: torch.Tensor
+    """[tokens]"""
+    returns: torch.Tensor | None = None
+    """[tokens] targets for a value head, from estimators that use one."""
+
+
+Estimator = Callable[[AdvantageInputs], Advantages]
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "train.advantage")
+register_advantage = ADVANTAGES.register
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, scale: bool = True) -> torch.Tensor:
-    """GRPO: each reward minus its group's mean, divided by the group's (unbiased) std when `scale`.
-
-    `rewards` is (groups * group_size,) with the samples of a group next to each other. A group whose rewards
-    are all equal gets zero advantages.
-    """
+    """Each reward minus its group's mean, divided by the group's (unbiased) std when `scale`. A group whose
+    rewards are all equal gets zero advantages."""
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale and group_size > 1:
         std = grouped.std(dim=1, keepdim=True)
         centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
     return centred.reshape(-1)
+
+
+def sequence_scores(x: AdvantageInputs) -> torch.Tensor:
+    """Reward plus the sum of the trajectory's per-token rewards."""
+    if x.token_rewards is None:
+        return x.rewards
+    owner = torch.repeat_interleave(torch.arange(len(x.counts)), torch.tensor(x.counts))
+    return x.rewards + torch.zeros_like(x.rewards).index_add_(0, owner, x.token_rewards)
+
+
+def per_token(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    return torch.repeat_interleave(values, torch.tensor(counts, device=values.device))
+
+
+def whiten(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero mean, unit std over the whole step (left as is when it has no spread)."""
+    if x.numel() < 2:
+        return x - x.mean()
+    std = x.std()
+    return (x - x.mean()) / (std + eps) if std > 0 else x - x.mean()
+
+
+def reverse_cumsum(x: torch.Tensor, counts: list[int], discount: float = 1.0) -> torch.Tensor:
+    """Per trajectory, out[t] = sum over k >= t of discount^(k-t) * x[k]."""
+    out = torch.empty_like(x)
+    start = 0
+    for n in counts:
+        running = x.new_zeros(())
+        for t in range(start + n - 1, start - 1, -1):
+            running = x[t] + discount * running
+            out[t] = running
+        start += n
+    return out
+
+
+@register_advantage("grpo")
+def grpo(x: AdvantageInputs) -> Advantages:
+    """GRPO: (score - group mean) / (group std + eps)."""
+    return Advantages(per_token(group_advantages(sequence_scores(x), x.group_size, x.eps), x.counts))
+
+
+@register_advantage("dr_grpo")
+def dr_grpo(x: AdvantageInputs) -> Advantages:
+    """Dr. GRPO: score - group mean, not divided by the std (no difficulty bias)."""
+    return Advantages(per_token(group_advantages(sequence_scores(x), x.group_size, scale=False), x.counts))
+
+
+@register_advantage("rloo")
+def rloo(x: AdvantageInputs) -> Advantages:
+    """RLOO: score minus the mean of the other samples of its group = G / (G - 1) * (score - group mean)."""
+    g = x.group_size
+    if g < 2:
+        return Advantages(torch.zeros(sum(x.counts)))
+    centred = group_advantages(sequence_scores(x), g, scale=False)
+    return Advantages(per_token(centred * g / (g - 1), x.counts))
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp(x: AdvantageInputs) -> Advantages:
+    """REINFORCE++ with a baseline: the final reward minus its group's mean, plus the per-token rewards still to
+    come (returns, undiscounted), whitened over all tokens of the step."""
+    baseline = group_advantages(x.rewards, x.group_size, scale=False)
+    returns = per_token(baseline, x.counts)
+    if x.token_rewards is not None:
+        returns = returns + reverse_cumsum(x.token_rewards, x.counts)
+    return Advantages(whiten(returns, x.eps))
+
+
+@register_advantage("gae")
+def gae(x: AdvantageInputs) -> Advantages:
+    """PPO's generalised advantage estimation over each trajectory's trained tokens (its actions): the final
+    reward arrives at the last token, per-token rewards where they are; value after the last token 0.
+    delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}; returns A + V are the value
+    targets; advantages whitened over the step."""
+    if x.values is None:
+        raise ValueError("gae needs the value head's estimates (values)")
+    values = x.values
+    rewards = torch.zeros_like(values) if x.token_rewards is None else x.token_rewards.clone()
+    ends = torch.cumsum(torch.tensor(x.counts), 0) - 1
+    rewards[ends] += x.rewards.to(rewards.dtype)
+    following = torch.cat([values[1:], values.new_zeros(1)])
+    following[ends] = 0.0  # nothing after a trajectory's last token
+    deltas = rewards + x.gamma * following - values
+    advantages = reverse_cumsum(deltas, x.counts, x.gamma * x.lam)
+    return Advantages(whiten(advantages, x.eps), returns=advantages + values)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO's dynamic sampling filter: a mask over trajectories that keeps the groups whose rewards differ
+    (a group that all succeeded or all failed has no learning signal)."""
+    grouped = rewards.view(-1, group_size)
+    differs = (grouped != grouped[:, :1]).any(dim=1)
+    return differs.repeat_interleave(group_size)
