@@ -45,7 +45,8 @@ def test_train_writes_the_run_directory_and_a_loadable_checkpoint(tiny_model_dir
     assert "success rate" in out.stdout and str(run / "final") in out.stdout
     assert "steps: 2" in (run / "config.yaml").read_text()
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m.get("step", m.get("eval")) for m in metrics] == ["start", 1, 2, "end"]
+    assert [(m.get("eval"), m["step"]) for m in metrics] == [("start", 0), (None, 1), (None, 2), ("end", 2)]
+    assert (run / "plot.png").is_file() and (run / "last").resolve().name == "step-000002"
     assert {"reward", "success", "tool_calls", "loss", "gen_tokens_per_s", "reward/correct"} <= set(metrics[1])
     stops = {"stop/answer", "stop/no_tool_call", "stop/max_turns", "stop/length"}
     assert all(stops <= set(m) for m in metrics)  # the same columns every step, whichever reasons occurred

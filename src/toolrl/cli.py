@@ -51,16 +51,30 @@ def _eval_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
     return table
 
 
-@app.command()
-def train(config: ConfigArg = None, set_: SetOption = None) -> None:
-    """Train a model with GRPO on an environment's tasks."""
-    from toolrl.config import load_config
-    from toolrl.train import GRPOTrainer, RunDir, Workbench
+ResumeOption = Annotated[
+    Path | None, typer.Option("--resume", help="Continue the run in this directory from its last checkpoint.")
+]
 
-    cfg = load_config(config, set_)
+
+@app.command()
+def train(config: ConfigArg = None, set_: SetOption = None, resume: ResumeOption = None) -> None:
+    """Train a model with RL (GRPO by default) on an environment's tasks."""
+    from toolrl.config import load_config
+    from toolrl.train import RunDir, Trainer, Workbench
+
+    if resume is not None:
+        if config is not None:
+            raise ToolRLError("--resume continues a run with its own config.yaml; pass no config file")
+        run = RunDir.existing(resume)
+        if run.pointed("last") is None:
+            raise ToolRLError(f"{run.path}: no checkpoint to resume from (no last/); train.save_every writes them")
+        cfg = load_config(run.path / "config.yaml", set_)
+    else:
+        cfg = load_config(config, set_)
+        run = None
     _quiet_libraries()
     started = time.perf_counter()
-    run = RunDir.create(cfg)
+    run = run or RunDir.create(cfg)
     console.print(f"run directory: [bold]{run.path}[/]")
     with console.status(f"loading {cfg.model.name}"):
         bench = Workbench.load(cfg)
@@ -72,7 +86,7 @@ def train(config: ConfigArg = None, set_: SetOption = None) -> None:
         TimeElapsedColumn(),
     ]
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("train", total=cfg.train.steps, stats="evaluating before training")
+        task = progress.add_task("train", total=cfg.train.steps, stats="starting")
 
         def on_step(m: dict[str, Any]) -> None:
             stats = (
@@ -82,7 +96,10 @@ def train(config: ConfigArg = None, set_: SetOption = None) -> None:
             progress.update(task, advance=1, stats=stats)
 
         try:
-            summary = GRPOTrainer(bench, run).train(on_step)
+            trainer = Trainer(bench, run)
+            if resume is not None:
+                progress.update(task, completed=trainer.resume(), stats=f"resumed at step {trainer.step_done}")
+            summary = trainer.train(on_step)
         finally:
             bench.close()
     columns_ = {k.replace("eval_", ""): summary[k] for k in ("eval_start", "eval_end") if k in summary}
@@ -118,6 +135,38 @@ def eval_(
         _eval_table(f"{cfg.env.name} test split, {n} tasks, temperature {temp:g}", {model or cfg.model.name: stats})
     )
     console.print(f"wall time {time.perf_counter() - started:.0f} s")
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory made by toolrl train.")]) -> None:
+    """Summarise a run (first, last and mean of its metrics; its evaluations) and (re)write its plot.png."""
+    from toolrl.train.report import split_records, summary_rows, write_plot
+    from toolrl.train.rundir import RunDir
+
+    run = RunDir.existing(run_dir)
+    records = run.read_metrics()
+    steps, evals = split_records(records)
+    table = Table(title=f"{run.path.name}: {len(steps)} steps")
+    for column in ("metric", "first step", "last step", "mean"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for key, first, last, mean in summary_rows(records):
+        table.add_row(key, f"{first:.4g}", f"{last:.4g}", f"{mean:.4g}")
+    console.print(table)
+    if evals:
+        ev = Table(title="evaluations (test split)")
+        for column in ("when", "step", "success", "reward", "tool calls"):
+            ev.add_column(column, justify="left" if column == "when" else "right")
+        for r in evals:
+            ev.add_row(
+                str(r["eval"]),
+                str(r.get("step", "")),
+                f"{r['success']:.1%}",
+                f"{r['reward']:.3f}",
+                f"{r['tool_calls']:.2f}",
+            )
+        console.print(ev)
+    plot = write_plot(run.path)
+    console.print(f"plot: {plot}" if plot else "no training steps logged yet: no plot")
 
 
 @config_app.command("show")

@@ -79,6 +79,24 @@ class ToolsConfig(Section):
     """sqlite file that keeps results of tools whose policy has cache: true across runs; in memory if unset."""
 
 
+class KLConfig(Section):
+    coef: float = Field(0.0, ge=0)
+    """Weight of the KL term to the initial (reference) model; 0 turns the reference model off."""
+    estimator: str = "k3"
+    """k1 (logp - ref_logp) or k3 (low variance, never negative)."""
+    mode: Literal["loss", "reward"] = "loss"
+    """loss: coef * KL joins the loss (GRPO); reward: -coef * KL per token joins the rewards before the
+    advantages are estimated (PPO, REINFORCE++)."""
+
+
+class LoRAConfig(Section):
+    r: int = Field(0, ge=0)
+    """Rank of the LoRA adapters (peft); 0 trains every weight."""
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | str = "all-linear"
+
+
 class TrainConfig(Section):
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(4, ge=1)
@@ -86,18 +104,46 @@ class TrainConfig(Section):
     micro_batch_tokens: int = Field(3072, ge=1)
     """Most rows x padded suffix tokens per forward/backward pass; trajectories are sorted by length so that
     padding stays small, and gradients accumulate over the step."""
+    advantage: str = "grpo"
+    """grpo, dr_grpo, rloo, reinforce_pp or gae (PPO, with a value head)."""
+    loss: str = "ppo_clip"
+    """ppo_clip, gspo or vanilla_pg."""
+    aggregation: str = "token_mean"
+    """token_mean, seq_mean_token_sum or seq_mean_token_mean."""
+    clip_low: float = Field(0.2, gt=0)
+    clip_high: float = Field(0.2, gt=0)
+    """Upper clip bound; DAPO's clip-higher sets it above clip_low (e.g. 0.28)."""
+    kl: KLConfig = KLConfig()
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of an entropy bonus (the loss subtracts coef * entropy)."""
+    dynamic_sampling: bool = False
+    """Leave groups whose rewards are all equal out of the loss (DAPO's dynamic sampling, without re-sampling)."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    """GAE's discount and lambda (advantage: gae)."""
+    vf_coef: float = Field(0.1, ge=0)
+    value_clip: float = Field(0.2, gt=0)
+    """Weight and clip range of the value loss (advantage: gae)."""
     lr: float = Field(2e-5, gt=0)
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = Field(1.0, gt=0)
-    clip_eps: float = Field(0.2, gt=0)
-    kl_coef: float = Field(0.0, ge=0)
-    """Weight of the k3 KL penalty to the initial (reference) model; 0 turns the reference model off."""
     advantage_eps: float = Field(1e-4, gt=0)
     mask_truncated: bool = False
     """Leave truncated trajectories (cut by a token limit) out of the loss, as DAPO's overlong filtering does."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    lora: LoRAConfig = LoRAConfig()
+    save_every: int = Field(0, ge=0)
+    """Write a resumable checkpoint (last/) every N steps; 0: only at the end."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate on the test split every N steps and keep the best checkpoint (best/); 0 turns it off."""
     samples_per_step: int = Field(2, ge=0)
     """Trajectories written to samples.jsonl each step."""
+    report_to: list[Literal["tensorboard", "wandb"]] = []
+    """Loggers besides metrics.jsonl: tensorboard (runs/NAME/tensorboard), wandb (offline mode, no network)."""
 
 
 class EvalConfig(Section):

@@ -1,6 +1,6 @@
-"""Training: GRPO trainer, log-prob computation, evaluation, the run directory."""
+"""Training: the workbench (model, tools, environment), the trainer, run directories."""
 
 from toolrl.train.rundir import RunDir
-from toolrl.train.trainer import GRPOTrainer, Workbench
+from toolrl.train.trainer import GRPOTrainer, Trainer, Workbench
 
-__all__ = ["GRPOTrainer", "RunDir", "Workbench"]
+__all__ = ["GRPOTrainer", "RunDir", "Trainer", "Workbench"]

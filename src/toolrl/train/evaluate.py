@@ -28,8 +28,10 @@ def summarize(trajs: Sequence[Trajectory], success_key: str = "correct") -> dict
     return stats
 
 
-def evaluate(rollout: Rollout, tasks: Sequence[Task], batch_size: int) -> dict[str, float]:
+def evaluate(rollout: Rollout, tasks: Sequence[Task], batch_size: int, seed: int | None = None) -> dict[str, float]:
+    """Success and the other summaries over `tasks`; with `seed`, task i samples with its own seed (the same
+    draws whatever the batch size or timing)."""
     trajs: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
-        trajs += rollout.run(tasks[start : start + batch_size])
+        trajs += rollout.run(tasks[start : start + batch_size], None if seed is None else seed + start)
     return summarize(trajs)

@@ -1,16 +1,21 @@
-"""Log-probs of the trained tokens of a batch of trajectories, with their shared prefix computed once.
+"""Scores of the trained tokens of a batch of trajectories (log-probs, entropy, values), with their shared
+prefix computed once.
 
-The prefix (system prompt, tool schemas, examples) runs through the model once; its keys and values are
-repeated for every row, so the gradient of every sample flows back through one prefix. Logits are computed
-only at positions that predict a trained token, never for the prompt.
+The prefix (system prompt, tool schemas, examples) runs through the model once; every row's suffix attends to
+its keys and values (a read-only cache, so gradient checkpointing can replay the suffix pass), so the gradient
+of every sample flows back through one prefix. Logits are computed only at positions that predict a trained
+token, never for the prompt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
+from toolrl.algos import entropy_from_logits
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
 
@@ -30,10 +35,61 @@ def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return batches
 
 
-def trained_token_logprobs(
-    model, trajs: Sequence[Trajectory], temperature: float = 1.0
-) -> tuple[torch.Tensor, list[int]]:
-    """Log-probs (flat, in trajectory order) of the tokens with loss_mask 1, and the count per trajectory."""
+class _PrefixLayer(CacheLayerMixin):
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int):
+        super().__init__()
+        self.keys, self.values, self.rows = keys, values, rows
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # always initialized
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """The prefix's keys and values, then the new ones; nothing is stored, so a replay gives the same."""
+        shape = (self.rows, -1, -1, -1)
+        keys = torch.cat([self.keys.expand(shape), key_states], dim=2)
+        return keys, torch.cat([self.values.expand(shape), value_states], dim=2)
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2] + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PrefixCache(Cache):
+    """A one-row prefix's keys and values that every row of a batch reads; never written to."""
+
+    def __init__(self, prefix_layers: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: int):
+        super().__init__(layers=[_PrefixLayer(k, v, rows) for k, v in prefix_layers])
+
+
+@dataclass
+class TokenScores:
+    logprobs: torch.Tensor
+    """[tokens] log-probs of the trained tokens (flat, in trajectory order)."""
+    counts: list[int]
+    """Trained tokens per trajectory."""
+    entropy: torch.Tensor | None = None
+    """[tokens] entropy of the (tempered) next-token distribution at each trained token."""
+    values: torch.Tensor | None = None
+    """[tokens] the value head's estimate at each trained token's state."""
+
+
+def _decoder_layers(model) -> list:
+    return [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+
+
+def score_tokens(
+    model, trajs: Sequence[Trajectory], temperature: float = 1.0, entropy: bool = False, value_head=None
+) -> TokenScores:
+    """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them)."""
     device = next(model.parameters()).device
     first_trained = min(t.loss_mask.index(1) for t in trajs)
     # Every scored position (first_trained - 1 onward) must lie in the suffix, after the shared prefix.
@@ -50,19 +106,31 @@ def trained_token_logprobs(
     ids, suffix_mask = ids.to(device), suffix_mask.to(device)
 
     decoder = model.get_decoder()
-    cache = None
-    if prefix_len:
-        cache = decoder(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values
-        cache.batch_repeat_interleave(rows)
     attention = torch.cat([torch.ones(rows, prefix_len, dtype=torch.long, device=device), suffix_mask], dim=1)
     positions = torch.arange(prefix_len, prefix_len + width, device=device).expand(rows, -1)
-    hidden = decoder(
-        input_ids=ids,
-        attention_mask=attention,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=cache is not None,
-    ).last_hidden_state
+    layers = _decoder_layers(decoder)
+    saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
+    try:
+        cache = None
+        if prefix_len:
+            for layer in layers:  # the prefix pass keeps its cache: one row, small, not replayed
+                layer.gradient_checkpointing = False
+            once = DynamicCache()  # given, not asked for: under checkpointing the model drops use_cache
+            decoder(input_ids=torch.tensor([prefix], device=device), past_key_values=once, use_cache=True)
+            cache = PrefixCache([(layer.keys, layer.values) for layer in once.layers], rows)
+            for layer, (replays, _) in zip(layers, saved, strict=True):
+                layer.gradient_checkpointing = replays
+                layer._can_checkpoint_with_cache = True  # the suffix pass only reads the prefix cache
+        hidden = decoder(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=cache is not None,
+        ).last_hidden_state
+    finally:
+        for layer, (replays, with_cache) in zip(layers, saved, strict=True):
+            layer.gradient_checkpointing, layer._can_checkpoint_with_cache = replays, with_cache
 
     rows_idx, cols_idx, targets, counts = [], [], [], []
     for i, t in enumerate(trajs):
@@ -76,4 +144,17 @@ def trained_token_logprobs(
     if temperature > 0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1), counts
+    return TokenScores(
+        logp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1),
+        counts,
+        entropy_from_logits(logits) if entropy else None,
+        value_head(selected).squeeze(-1).float() if value_head is not None else None,
+    )
+
+
+def trained_token_logprobs(
+    model, trajs: Sequence[Trajectory], temperature: float = 1.0
+) -> tuple[torch.Tensor, list[int]]:
+    """Log-probs (flat, in trajectory order) of the tokens with loss_mask 1, and the count per trajectory."""
+    scores = score_tokens(model, trajs, temperature)
+    return scores.logprobs, scores.counts

@@ -1,0 +1,124 @@
+"""The model being trained: full weights or LoRA adapters (peft), an optional value head, the learning-rate
+schedule, and the trainable state a checkpoint holds."""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from toolrl.config.schema import LoRAConfig, TrainConfig
+from toolrl.errors import ConfigError
+
+
+class ValueHead(torch.nn.Module):
+    """A linear value estimate on the policy's last hidden state (PPO), starting at 0."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.to(self.linear.weight.dtype))
+
+
+def apply_lora(model, lora: LoRAConfig):
+    """Wrap `model` with LoRA adapters; only they train."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("train.lora.r > 0 needs peft: pip install 'toolrl[lora]' (or pip install peft)") from None
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def reference_context(model, reference):
+    """Where to compute reference log-probs: a separate frozen copy, or the LoRA model with its adapters off."""
+    if reference is not None:
+        return reference, nullcontext()
+    return model, model.disable_adapter()
+
+
+def make_reference(model, train: TrainConfig):
+    """A frozen copy of the initial model for the KL term; with LoRA none is needed (adapters off)."""
+    if train.kl.coef <= 0 or is_lora(model):
+        return None
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def lr_factor(step: int, train: TrainConfig) -> float:
+    """Multiplier of train.lr after `step` optimizer steps: linear warm-up, then constant, linear or cosine
+    decay to 0 at train.steps."""
+    if train.warmup_steps and step < train.warmup_steps:
+        return (step + 1) / train.warmup_steps
+    if train.lr_scheduler == "constant":
+        return 1.0
+    span = max(train.steps - train.warmup_steps, 1)
+    progress = min(max(step - train.warmup_steps, 0) / span, 1.0)
+    if train.lr_scheduler == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def trainable_state(model, value_head: ValueHead | None) -> dict[str, torch.Tensor]:
+    """The weights that training changes (every weight, or the adapters), and the value head's."""
+    state = {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+    if value_head is not None:
+        state.update({f"value_head.{k}": v.detach().contiguous() for k, v in value_head.state_dict().items()})
+    return state
+
+
+def save_trainable(path: Path, model, value_head: ValueHead | None) -> None:
+    save_file({k: v.cpu() for k, v in trainable_state(model, value_head).items()}, str(path))
+
+
+def load_trainable(path: Path, model, value_head: ValueHead | None) -> None:
+    """Load what `save_trainable` wrote; every trainable weight must be there."""
+    state = load_file(str(path))
+    expected = set(trainable_state(model, value_head))
+    if missing := expected - set(state):
+        raise ConfigError(f"{path}: checkpoint lacks {len(missing)} trained weights (e.g. {sorted(missing)[0]})")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if name.startswith("value_head."):
+                continue
+            params[name].copy_(tensor)
+        if value_head is not None:
+            value_head.load_state_dict(
+                {k.removeprefix("value_head."): v for k, v in state.items() if "value_head" in k}
+            )
+
+
+@contextmanager
+def exported(model):
+    """The model as a plain transformers model: LoRA adapters merged into a copy, full models as they are."""
+    if is_lora(model):
+        yield copy.deepcopy(model).merge_and_unload()
+    else:
+        yield model
+
+
+def save_model(model, tokenizer, target: Path) -> None:
+    """A loadable Hugging Face model folder; with LoRA also the adapter on its own in target/adapter."""
+    with exported(model) as plain:
+        plain.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    if is_lora(model):
+        model.save_pretrained(target / "adapter")

@@ -1,0 +1,141 @@
+"""Trainer features on the tiny model: LoRA, gradient checkpointing, dynamic sampling, evaluation with best
+and last checkpoints, TensorBoard and W&B (offline) logging, the report command, learning-rate schedules."""
+
+import copy
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tests.fixtures.even_env import EvenTokensEnv  # noqa: F401  (registers even-tokens)
+from toolrl.cli import app
+from toolrl.config import load_config
+from toolrl.train import RunDir, Trainer, Workbench
+from toolrl.train.policy import lr_factor
+
+
+def tiny_config(model_dir, tmp_path, *overrides: str):
+    base = [
+        f"model.name={model_dir}",
+        "env.name=even-tokens",
+        "device=cpu",
+        "rollout.max_turns=1",
+        "rollout.max_new_tokens=6",
+        "train.prompts_per_step=2",
+        "train.group_size=4",
+        "train.lr=0.01",
+        f"output_dir={tmp_path}",
+        "run_name=run",
+        "eval.num_tasks=4",
+        "eval.at_start=false",
+        "eval.at_end=false",
+    ]
+    return load_config(overrides=base + list(overrides))
+
+
+def test_lora_trains_adapters_only_saves_the_adapter_and_a_merged_model(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(tiny_model_dir, tmp_path, "train.steps=2", "train.lora.r=4", "train.kl.coef=0.1")
+    bench = Workbench.load(config)
+    base = {k: v.clone() for k, v in bench.model.state_dict().items()}
+    trainer = Trainer(bench, RunDir.create(config))
+    assert trainer.reference is None  # the reference is the model with its adapters off, not a copy
+    first = trainer.step(1)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at 0: policy = reference
+    trainer.train()
+    trained = trainer.model
+    for name, param in trained.get_base_model().named_parameters():
+        if "lora_" not in name:
+            key = name.replace(".base_layer", "")
+            assert torch.equal(param, base[key]), name  # the base weights never move
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter" / "adapter_config.json").is_file()
+    assert (final / "adapter" / "adapter_model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(final).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    trained.eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, trained(ids).logits, atol=1e-4)
+        with trained.disable_adapter():
+            assert not torch.allclose(merged(ids).logits, trained(ids).logits, atol=1e-4)
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, tmp_path):
+    config = tiny_config(tiny_model_dir, tmp_path)
+    bench = Workbench.load(config)
+    trajs = Trainer(bench).rollout.run([t for t in bench.env.tasks("train")[:2] for _ in range(4)], seed=1)
+    initial = copy.deepcopy(bench.model.state_dict())
+    results = []
+    for checkpointing in (False, True):
+        bench.model.load_state_dict(initial)
+        config.train.gradient_checkpointing = checkpointing
+        stats = Trainer(bench).update(trajs)
+        results.append((stats["grad_norm"], copy.deepcopy(bench.model.state_dict())))
+        bench.model.gradient_checkpointing_disable()
+    (norm_a, params_a), (norm_b, params_b) = results
+    assert norm_a > 0 and norm_a == pytest.approx(norm_b, rel=1e-5)
+    for name, value in params_a.items():
+        assert torch.allclose(value, params_b[name], atol=1e-6), name
+
+
+def test_dynamic_sampling_leaves_groups_with_equal_rewards_out(tiny_model_dir, tmp_path):
+    config = tiny_config(tiny_model_dir, tmp_path, "train.dynamic_sampling=true")
+    bench = Workbench.load(config)
+    trainer = Trainer(bench)
+    trajs = trainer.rollout.run([t for t in bench.env.tasks("train")[:2] for _ in range(4)], seed=2)
+    for i, traj in enumerate(trajs):
+        traj.reward = 1.0 if i < 4 else float(i % 2)  # group 0 all equal, group 1 mixed
+    stats = trainer.update(trajs)
+    assert stats["kept_fraction"] == 0.5 and stats["trained_trajectories"] == 4
+
+
+def test_eval_every_keeps_best_and_last_and_loggers_write(tiny_model_dir, tmp_path):
+    config = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        "train.steps=3",
+        "train.eval_every=1",
+        "train.save_every=1",
+        "eval.at_end=true",
+        "train.report_to=[tensorboard, wandb]",
+    )
+    run = RunDir.create(config)
+    trainer = Trainer(Workbench.load(config), run)
+    trainer.train()
+    records = run.read_metrics()
+    evals = [r for r in records if "eval" in r]
+    assert [r["step"] for r in evals] == [1, 2, 3]
+    best = run.pointed("best")
+    assert best is not None and (best / "model.safetensors").is_file()
+    assert json.loads((best / "best.json").read_text())["success"] == max(r["success"] for r in evals)
+    assert run.pointed("last").name == "step-000003"
+    assert {p.name for p in (run.path / "checkpoints").iterdir()} == {"step-000003", best.name}
+    assert list((run.path / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run.path / "wandb").glob("offline-run-*"))
+    assert (run.path / "plot.png").stat().st_size > 1000
+
+    (run.path / "plot.png").unlink()
+    result = CliRunner().invoke(app, ["report", str(run.path)])
+    assert result.exit_code == 0, result.output
+    assert "reward" in result.output and "evaluations" in result.output
+    assert (run.path / "plot.png").is_file()
+
+
+def test_lr_schedules():
+    from toolrl.config.schema import TrainConfig
+
+    t = TrainConfig(steps=10, warmup_steps=2, lr_scheduler="linear")
+    assert [lr_factor(s, t) for s in (0, 1, 2, 6, 10)] == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.0])
+    t = TrainConfig(steps=10, warmup_steps=0, lr_scheduler="cosine")
+    assert [lr_factor(s, t) for s in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
+    assert lr_factor(7, TrainConfig()) == 1.0
+
+
+def test_an_unknown_algorithm_name_is_a_config_error(tiny_model_dir, tmp_path):
+    from toolrl.errors import ConfigError
+
+    config = tiny_config(tiny_model_dir, tmp_path, "train.advantage=nope")
+    with pytest.raises(ConfigError, match=r"train\.advantage: unknown advantage estimator 'nope'"):
+        Trainer(Workbench.load(config))

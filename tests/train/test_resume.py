@@ -1,0 +1,97 @@
+"""Checkpoints and exact resume: a training process killed with SIGKILL and resumed gives the run an
+uninterrupted process gives (same steps once each, same metrics, same weights)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "even_env.py"
+
+
+def train_command(model_dir, out, name, steps=5):
+    return [
+        sys.executable,
+        str(SCRIPT),
+        "train",
+        "--set", f"model.name={model_dir}",
+        "--set", "env.name=even-tokens",
+        "--set", "device=cpu",
+        "--set", f"output_dir={out}",
+        "--set", f"run_name={name}",
+        "--set", "rollout.max_turns=1",
+        "--set", "rollout.max_new_tokens=6",
+        "--set", f"train.steps={steps}",
+        "--set", "train.prompts_per_step=2",
+        "--set", "train.group_size=4",
+        "--set", "train.lr=0.01",
+        "--set", "train.lr_scheduler=cosine",
+        "--set", "train.warmup_steps=1",
+        "--set", "train.save_every=1",
+        "--set", "eval.at_start=false",
+        "--set", "eval.at_end=false",
+    ]  # fmt: skip
+
+
+def run(command, **kwargs):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def steps_of(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    reference = run(train_command(tiny_model_dir, tmp_path, "whole"))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    killed_dir = tmp_path / "killed"
+    process = subprocess.Popen(
+        train_command(tiny_model_dir, tmp_path, "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill as soon as the step-2 checkpoint is the last one
+        last = killed_dir / "last"
+        if last.is_symlink() and last.resolve().name == "step-000002":
+            process.send_signal(signal.SIGKILL)
+            break
+        if process.poll() is not None:
+            pytest.fail(f"the run ended before it could be killed: {process.stderr.read()[-2000:]}")
+        time.sleep(0.005)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert not (killed_dir / "final").exists()
+
+    resumed = run([*train_command(tiny_model_dir, tmp_path, "killed")[:3], "--resume", str(killed_dir)])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    whole, pieced = steps_of(tmp_path / "whole"), steps_of(killed_dir)
+    assert [m["step"] for m in pieced] == [1, 2, 3, 4, 5]  # none lost, none repeated
+    for a, b in zip(whole, pieced, strict=True):
+        for key in ("reward", "loss", "grad_norm", "lr", "generated_tokens", "clip_frac"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    final_a = load_file(str(tmp_path / "whole" / "final" / "model.safetensors"))
+    final_b = load_file(str(killed_dir / "final" / "model.safetensors"))
+    for name, tensor in final_a.items():
+        assert torch.allclose(tensor, final_b[name], atol=1e-6), name
+    # only the checkpoints the links point at are kept
+    assert [p.name for p in (killed_dir / "checkpoints").iterdir()] == ["step-000005"]
+    assert (killed_dir / "plot.png").is_file()
+
+
+def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path):
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    result = run([sys.executable, str(SCRIPT), "train", "--resume", str(tmp_path)])
+    assert result.returncode == 2
+    assert "no checkpoint to resume from" in result.stderr + result.stdout
