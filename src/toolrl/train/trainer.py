@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,7 +353,9 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         if work:
             self.optimizer.step()
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step(); the schedule goes on
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
         stats = {
             "time/reference_and_values_s": scored - started,
             "time/forward_backward_s": backward_done - scored,
