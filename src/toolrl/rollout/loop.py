@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from toolrl.chat.format import ChatFormat
-from toolrl.envs.base import Environment, Task, final_answer
+from toolrl.envs.base import Environment, Episode, Task, final_answer
 from toolrl.parsers.base import Parser, ParseResult
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.tools.call import ToolResult
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.observation import clip_observation
 
-STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length", "tool_error")
+STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done")
 
 
 class State(enum.Enum):
@@ -83,11 +82,11 @@ class Rollout:
         self.schedule = schedule
         self.sequential_tools = sequential_tools
         """Run a turn's calls one after another (lock-step only): the naive baseline of the benchmark."""
-        self.tool_schemas = [tool.to_openai() for tool in executor.tools.values()]
+        self.tool_schemas = [tool.to_openai() for tool in executor.tools.values()] if env.show_tool_schemas else []
         self.tokenizer = chat.tokenizer
 
-    def prompt_ids(self, task: Task) -> list[int]:
-        return self.chat.prompt_ids(self.env.messages(task), self.tool_schemas)
+    def prompt_ids(self, task: Task, messages: list[dict[str, str]] | None = None) -> list[int]:
+        return self.chat.prompt_ids(messages or self.env.messages(task), self.tool_schemas)
 
     def run(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
         return asyncio.run(self.arun(tasks, seed))
@@ -95,44 +94,49 @@ class Rollout:
     async def arun(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
         """Roll out one trajectory per task. With `seed`, trajectory i samples with its own seed derived from
         (seed, i): its tokens do not depend on what else shares a batch or on timing."""
-        trajs = [Trajectory.start(task, self.prompt_ids(task)) for task in tasks]
-        if seed is not None:
-            for i, traj in enumerate(trajs):
-                traj.seed = seed * 1_000_003 + i
-        seqs = [object() for _ in trajs]  # engine sequence keys, unique even across concurrent rollouts
+        episodes: list[Episode] = []
+        seqs = [object() for _ in tasks]  # engine sequence keys, unique even across concurrent rollouts
         try:
+            for task in tasks:
+                episodes.append(self.env.reset(task))
+            trajs = [Trajectory.start(e.task, self.prompt_ids(e.task, e.messages)) for e in episodes]
+            if seed is not None:
+                for i, traj in enumerate(trajs):
+                    traj.seed = seed * 1_000_003 + i
+            runs = list(zip(seqs, trajs, episodes, strict=True))
             if self.schedule == "lockstep":
-                await self._lockstep(trajs, seqs)
+                await self._lockstep(runs)
             else:
-                await asyncio.gather(*(self._run_one(seq, traj) for seq, traj in zip(seqs, trajs, strict=True)))
+                await asyncio.gather(*(self._run_one(*run) for run in runs))
+            await self.env.rubric.score_all(trajs)  # before close: verifiers may use the episode's state
         finally:
             for seq in seqs:
                 self.engine.release(seq)
-        for traj in trajs:
-            traj.reward, traj.rewards = self.env.rubric.score(traj, traj.task)
+            for episode in episodes:
+                episode.close()
         return trajs
 
     # ---- the state machine -------------------------------------------------------------------------------
 
-    async def _run_one(self, seq: object, traj: Trajectory) -> None:
+    async def _run_one(self, seq: object, traj: Trajectory, episode: Episode) -> None:
         turn = _Turn(State.GENERATING)
         while turn.state is not State.DONE:
             if turn.state is State.GENERATING:
                 turn = self._after_generation(traj, await self._generate(seq, traj))
             else:
-                turn = await self._run_tools(traj, turn)
+                turn = await self._run_tools(traj, episode, turn)
 
-    async def _lockstep(self, trajs: list[Trajectory], seqs: list[object]) -> None:
-        active = list(range(len(trajs)))
+    async def _lockstep(self, runs: list[tuple[object, Trajectory, Episode]]) -> None:
+        active = list(range(len(runs)))
         while active:
-            sampled = await asyncio.gather(*(self._generate(seqs[i], trajs[i]) for i in active))
-            turns = {i: self._after_generation(trajs[i], s) for i, s in zip(active, sampled, strict=True)}
+            sampled = await asyncio.gather(*(self._generate(runs[i][0], runs[i][1]) for i in active))
+            turns = {i: self._after_generation(runs[i][1], s) for i, s in zip(active, sampled, strict=True)}
             calling = [i for i in active if turns[i].state is State.RUNNING_TOOLS]
             if self.sequential_tools:
                 for i in calling:
-                    turns[i] = await self._run_tools(trajs[i], turns[i])
+                    turns[i] = await self._run_tools(*runs[i][1:], turns[i])
             else:
-                after = await asyncio.gather(*(self._run_tools(trajs[i], turns[i]) for i in calling))
+                after = await asyncio.gather(*(self._run_tools(*runs[i][1:], turns[i]) for i in calling))
                 turns.update(zip(calling, after, strict=True))
             active = [i for i in calling if turns[i].state is State.GENERATING]
 
@@ -165,16 +169,17 @@ class Rollout:
                 return _Turn(State.DONE)
         return _Turn(State.RUNNING_TOOLS, parsed, sampled)
 
-    async def _run_tools(self, traj: Trajectory, turn: _Turn) -> _Turn:
-        """Run the turn's calls and append the observation; decide: generate again or done."""
+    async def _run_tools(self, traj: Trajectory, episode: Episode, turn: _Turn) -> _Turn:
+        """Run the turn's calls in the trajectory's episode and append the observation; decide: generate again
+        or done."""
         started = time.perf_counter()
         calls = turn.parsed.calls
-        if self.sequential_tools:
-            results: list[ToolResult] = [await self.executor.invoke(call) for call in calls]
-        else:
-            results = await self.executor.invoke_all(calls)
+        step = await episode.step(calls, self.executor, sequential=self.sequential_tools)
+        results = step.observations
         traj.timings["tools_s"] = traj.timings.get("tools_s", 0.0) + time.perf_counter() - started
         traj.num_tool_calls += len(calls)
+        traj.results.extend(results)
+        traj.step_rewards.append(step.reward)
         failed = sum(r.error for r in results)
         traj.num_tool_errors += failed
         if failed and self.limits.stop_on_tool_error:
@@ -187,4 +192,6 @@ class Rollout:
             traj.stop_reason, traj.truncated = "length", True
             return _Turn(State.DONE)
         traj.add_observation(obs)
-        return _Turn(State.DONE if traj.stop_reason == "max_turns" else State.GENERATING)
+        if step.done and traj.stop_reason != "max_turns":
+            traj.stop_reason = "env_done"
+        return _Turn(State.DONE if traj.stop_reason in ("max_turns", "env_done") else State.GENERATING)

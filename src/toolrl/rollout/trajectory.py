@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.envs.base import Task
+from toolrl.tools.call import ToolResult
 
 PROMPT, MODEL, OBSERVATION = "prompt", "model", "observation"
 
@@ -23,6 +24,11 @@ class Trajectory:
     """(kind, start, end) over token_ids: kind is prompt, model or observation."""
     texts: list[str] = field(default_factory=list)
     """Decoded text of each model turn, for parsing and logs only (never re-encoded)."""
+    results: list[ToolResult] = field(default_factory=list)
+    """Every tool call the trajectory made and what came back (before clipping), in order: for rewards that
+    look at the calls (FTRL's solved sub-problems, tool verification)."""
+    step_rewards: list[float] = field(default_factory=list)
+    """The environment's per-step (process) reward for each turn with tool calls."""
     num_tool_calls: int = 0
     num_format_errors: int = 0
     num_tool_errors: int = 0

@@ -71,14 +71,17 @@ class ToolExecutor:
             self._limits[(loop, name)] = (per_tool, rate)
         return (self._global[loop], *self._limits[(loop, name)])
 
-    async def invoke(self, call: ToolCall) -> ToolResult:
+    async def invoke(self, call: ToolCall, bound: Mapping[str, Tool] | None = None) -> ToolResult:
+        """Run one call. `bound` holds one trajectory's own versions of some tools (bound to its database or
+        sandbox); they take the place of the shared tools of the same names, under the same policies."""
         self.metrics["calls"] += 1
-        tool = self.tools.get(call.name)
+        tool = (bound or {}).get(call.name) or self.tools.get(call.name)
         if tool is None:
             self.metrics["errors_unknown_tool"] += 1
             return ToolResult(call, unknown_tool_error(call.name, self.tools), error=True)
         policy = self.policy(call.name)
-        key = cache_key(call.name, call.arguments) if policy.cache else None
+        stateful = bool(bound) and call.name in bound  # its result depends on the trajectory's state
+        key = cache_key(call.name, call.arguments) if policy.cache and not stateful else None
         if key is not None:
             cached = self.cache.get(key)
             self.metrics["cache_hits" if cached is not None else "cache_misses"] += 1
@@ -122,8 +125,8 @@ class ToolExecutor:
         self.metrics[failure] += 1
         return ToolResult(call, f"Error: {message}", error=True)
 
-    async def invoke_all(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        return list(await asyncio.gather(*(self.invoke(call) for call in calls)))
+    async def invoke_all(self, calls: Sequence[ToolCall], bound: Mapping[str, Tool] | None = None) -> list[ToolResult]:
+        return list(await asyncio.gather(*(self.invoke(call, bound) for call in calls)))
 
     def close(self) -> None:
         self.cache.close()

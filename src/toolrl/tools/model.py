@@ -89,20 +89,25 @@ class LocalChat:
         self._model = load_model(self.path, pick_device(self.device)).eval()
 
     def __call__(self, prompt: str) -> str:
+        return self.batch([prompt])[0]
+
+    def batch(self, prompts: list[str]) -> list[str]:
+        """Answer several prompts with one batched `generate` (left padding)."""
         import torch
 
         with self._lock:
             if self._model is None:
                 self._load()
             tokenizer, model = self._tokenizer, self._model
-            ids = tokenizer.apply_chat_template(
-                chat_messages(self.system, prompt), add_generation_prompt=True, return_tensors="pt", return_dict=True
-            )["input_ids"].to(model.device)
+            rows = [
+                tokenizer.apply_chat_template(chat_messages(self.system, p), add_generation_prompt=True, tokenize=False)
+                for p in prompts
+            ]
+            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            encoded = [tokenizer(row, add_special_tokens=False)["input_ids"] for row in rows]
+            width = max(len(ids) for ids in encoded)
+            ids = torch.tensor([[pad_id] * (width - len(e)) + e for e in encoded], device=model.device)
+            mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=model.device)
             with torch.inference_mode():
-                out = model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
-                    **self.generation,
-                )
-            return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+                out = model.generate(ids, attention_mask=mask, pad_token_id=pad_id, **self.generation)
+            return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]

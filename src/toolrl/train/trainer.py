@@ -79,7 +79,7 @@ class Workbench:
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
         model = load_model(name, device, config.model.dtype)
-        env = make_env(config.env)
+        env = make_env(config.env, name)
         executor, toolset = run_executor(env.tools(), config.tools)
         return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor, toolset)
 
@@ -202,13 +202,20 @@ class Trainer:
         t = self.config.train
         started = time.perf_counter()
         tasks = [task for task in self.next_tasks() for _ in range(t.group_size)]
-        tool_counts = self.bench.executor.metrics.copy()
+        tool_counts, reward_counts = self.bench.executor.metrics.copy(), self.bench.env.rubric.stats()
         trajs = self.rollout.run(tasks, seed=self.config.seed * 1_000_003 + step)
         tool_counts = self.bench.executor.metrics - tool_counts
+        reward_counts = self.bench.env.rubric.stats() - reward_counts
         rollout_s = time.perf_counter() - started
 
         stats = self.update(trajs)
-        metrics = {"step": step, **summarize(trajs), **stats, **{f"tools/{k}": v for k, v in tool_counts.items()}}
+        metrics = {
+            "step": step,
+            **summarize(trajs),
+            **stats,
+            **{f"tools/{k}": v for k, v in tool_counts.items()},
+            **reward_counts,
+        }
         generated = sum(sum(traj.loss_mask) for traj in trajs)
         metrics.update(
             generated_tokens=generated,

@@ -7,7 +7,10 @@ import random
 
 from toolrl.envs.base import Environment, Task, final_answer, register_env
 from toolrl.envs.calculator.tool import calculator, evaluate
+from toolrl.envs.tasks import TaskSplits, unique_seeded_tasks
+from toolrl.rewards.ftrl import ftrl_criteria
 from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.rewards.rules import answer_format, tool_calls
 from toolrl.tools.function import tool_from_function
 
 SYSTEM = (
@@ -38,24 +41,18 @@ def example_exchange() -> list[dict[str, str]]:
 
 def generate_tasks(config) -> dict[str, list[Task]]:
     """Unique expressions from one seeded stream; the first `num_test` are the test split."""
-    rng = random.Random(config.seed)
-    seen: set[str] = set()
-    tasks: list[Task] = []
-    total = config.num_train + config.num_test
-    for _ in range(total * 50):
-        if len(tasks) == total:
-            break
+
+    def draw(rng: random.Random, _: int) -> tuple[str, str, dict]:
         count = rng.randint(config.min_operands, config.max_operands)
         numbers = [rng.randint(config.min_value, config.max_value) for _ in range(count)]
         ops = [rng.choice("+-*") for _ in range(count - 1)]
         expression = str(numbers[0]) + "".join(f" {op} {n}" for op, n in zip(ops, numbers[1:], strict=True))
-        if expression in seen or expression in EXAMPLE_EXPRESSIONS:
-            continue
-        seen.add(expression)
-        tasks.append(
-            Task(f"calc-{len(tasks)}", f"What is {expression}?", evaluate(expression), {"expression": expression})
-        )
-    return {"test": tasks[: config.num_test], "train": tasks[config.num_test :]}
+        value = evaluate(expression)
+        sub = {"name": "calculator", "result": value}  # FTRL: one sub-problem, solved by a call that computes it
+        return f"What is {expression}?", value, {"expression": expression, "subproblems": [sub]}
+
+    examples = [f"What is {e}?" for e in EXAMPLE_EXPRESSIONS]
+    return unique_seeded_tasks(config, draw, "calc", examples)
 
 
 def _numbers_equal(predicted: str | None, gold: str) -> bool:
@@ -71,35 +68,29 @@ def correct(trajectory, task: Task) -> float:
     return float(_numbers_equal(final_answer(trajectory.final_text), task.answer))
 
 
-def answer_format(trajectory, task: Task) -> float:
-    """Well-formed: the last turn gives an <answer> and no tool call of the trajectory was malformed."""
-    return float(final_answer(trajectory.final_text) is not None and trajectory.num_format_errors == 0)
-
-
-def tool_calls(trajectory, task: Task) -> float:
-    return float(trajectory.num_tool_calls)
-
-
 @register_env("calculator")
 class CalculatorEnv(Environment):
     name = "calculator"
 
     def __init__(self, config):
         self.config = config
-        self.splits = generate_tasks(config)
-        self.rubric = Rubric(
-            [
-                Criterion("correct", correct, 1.0),
-                Criterion("format", answer_format, 0.1),
-                Criterion("tool_calls", tool_calls, 0.0),
-            ]
-        )
+        self.splits = TaskSplits(config, generate_tasks(config))
+        if config.reward == "ftrl":
+            self.rubric = Rubric([*ftrl_criteria(correct), Criterion("correct", correct, 0.0)])
+        else:
+            self.rubric = Rubric(
+                [
+                    Criterion("correct", correct, 1.0),
+                    Criterion("format", answer_format, 0.1),
+                    Criterion("tool_calls", tool_calls, 0.0),
+                ]
+            )
 
     def tools(self):
         return [tool_from_function(calculator)]
 
     def tasks(self, split: str) -> list[Task]:
-        return self.splits[split]
+        return self.splits(split)
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         return [{"role": "system", "content": SYSTEM}, *example_exchange(), {"role": "user", "content": task.question}]

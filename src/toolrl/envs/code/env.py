@@ -1,0 +1,188 @@
+"""Code environment: numeric questions a small model cannot do in its head, answered by running Python.
+
+The `python` tool runs the model's code in a sandboxed subprocess (see `sandbox.py` for its limits), in a
+temporary directory of the trajectory's own. Rewards: the final <answer> equals the computed value
+(`correct`), format, and tool verification (`verified`, logged): the trajectory's last successful code is
+run again in a fresh sandbox and must print the expected value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import re
+from collections.abc import Callable
+
+from toolrl.envs.base import Environment, Episode, Task, register_env
+from toolrl.envs.calculator.env import correct
+from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, run_python
+from toolrl.envs.tasks import TaskSplits, unique_seeded_tasks
+from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.rewards.rules import answer_format, tool_calls, tool_errors
+from toolrl.tools.function import tool_from_function
+
+SYSTEM = (
+    "You are a careful assistant. Use the python tool to compute answers: write a short program that prints "
+    "the result. When you have the result, reply with the final answer as <answer>NUMBER</answer>."
+)
+EXAMPLE_QUESTION = "What is the sum of the squares of the integers from 1 to 10?"
+EXAMPLE_CODE = "print(sum(i * i for i in range(1, 11)))"
+
+
+def python(code: str, sandbox: Sandbox) -> str:
+    """Run a Python program and return what it prints (stdout and stderr).
+
+    Args:
+        code: The program; print the values you need.
+    """
+    if sandbox is None:
+        raise RuntimeError("python runs inside an episode")
+    return run_python(code, sandbox)
+
+
+def _primes_below(n: int) -> list[int]:
+    sieve = bytearray([1]) * n
+    sieve[:2] = b"\x00\x00"
+    for i in range(2, int(n**0.5) + 1):
+        if sieve[i]:
+            sieve[i * i :: i] = bytearray(len(sieve[i * i :: i]))
+    return [i for i in range(n) if sieve[i]]
+
+
+def _fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def _prime_sum(rng: random.Random) -> tuple[str, int]:
+    n = rng.randint(100, 5000)
+    return f"What is the sum of all prime numbers below {n}?", sum(_primes_below(n))
+
+
+def _divisible(rng: random.Random) -> tuple[str, int]:
+    n, a, b = rng.randint(200, 9000), rng.randint(3, 9), rng.randint(10, 19)
+    count = sum(1 for i in range(1, n + 1) if i % a == 0 or i % b == 0)
+    return f"How many integers from 1 to {n} are divisible by {a} or by {b}?", count
+
+
+def _fibonacci(rng: random.Random) -> tuple[str, int]:
+    n, m = rng.randint(30, 200), rng.randint(1000, 99999)
+    question = f"What is F({n}) modulo {m}, where F is the Fibonacci sequence with F(0) = 0 and F(1) = 1?"
+    return question, _fib(n) % m
+
+
+def _factorial_digits(rng: random.Random) -> tuple[str, int]:
+    k = rng.randint(20, 90)
+    return f"What is the sum of the digits of {k} factorial?", sum(map(int, str(math.factorial(k))))
+
+
+def _digit_count(rng: random.Random) -> tuple[str, int]:
+    n, d = rng.randint(100, 5000), rng.randint(1, 9)
+    count = sum(str(i).count(str(d)) for i in range(1, n + 1))
+    return f"How many times does the digit {d} appear when writing every integer from 1 to {n}?", count
+
+
+QUESTIONS: list[Callable[[random.Random], tuple[str, int]]] = [
+    _prime_sum,
+    _divisible,
+    _fibonacci,
+    _factorial_digits,
+    _digit_count,
+]
+"""Kinds of question, taken in turn; each draws its numbers from the seeded generator."""
+
+
+def generate_tasks(config) -> dict[str, list[Task]]:
+    def draw(rng: random.Random, i: int) -> tuple[str, str, dict]:
+        question, value = QUESTIONS[i % len(QUESTIONS)](rng)
+        return question, str(value), {}
+
+    return unique_seeded_tasks(config, draw, "code", [EXAMPLE_QUESTION])
+
+
+class CodeEpisode(Episode):
+    def __init__(self, task: Task, messages, sandbox: Sandbox):
+        super().__init__(task, messages, [tool_from_function(python, inject={"sandbox": sandbox})])
+        self.sandbox = sandbox
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+
+class CodeVerifier:
+    """Tool verification, batched: re-run each trajectory's last successful code in a fresh sandbox and check
+    that it prints the expected value."""
+
+    def __init__(self, limits: SandboxLimits, max_concurrency: int = 4):
+        self.limits, self.max_concurrency = limits, max_concurrency
+
+    def _verify(self, trajectory) -> float:
+        codes = [r.call.arguments.get("code") for r in trajectory.results if r.call and not r.error]
+        if not codes or not isinstance(codes[-1], str):
+            return 0.0
+        sandbox = Sandbox(self.limits)
+        try:
+            status, output = sandbox.run(codes[-1])
+        finally:
+            sandbox.close()
+        printed = re.findall(r"-?\d+(?:\.\d+)?", output) if status == 0 else []
+        return float(any(correct_value(p, trajectory.task.answer) for p in printed))
+
+    async def score_batch(self, trajectories) -> list[float]:
+        gate = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(traj) -> float:
+            async with gate:
+                return await asyncio.to_thread(self._verify, traj)
+
+        return list(await asyncio.gather(*(one(t) for t in trajectories)))
+
+
+def correct_value(printed: str, gold: str) -> bool:
+    try:
+        return abs(float(printed) - float(gold)) < 1e-6
+    except ValueError:
+        return False
+
+
+@register_env("code")
+class CodeEnv(Environment):
+    name = "code"
+
+    def __init__(self, config):
+        c = config.code
+        self.limits = SandboxLimits(c.timeout_s, c.memory_mb, c.max_output_chars, c.max_file_mb)
+        self.splits = TaskSplits(config, generate_tasks(config))
+        self.rubric = Rubric(
+            [
+                Criterion("correct", correct, 1.0),
+                Criterion("format", answer_format, 0.1),
+                Criterion("verified", CodeVerifier(self.limits), 0.0),
+                Criterion("tool_calls", tool_calls, 0.0),
+                Criterion("tool_errors", tool_errors, 0.0),
+            ]
+        )
+
+    def tools(self):
+        return [tool_from_function(python, inject={"sandbox": None})]
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.splits(split)
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        call = {"name": "python", "arguments": {"code": EXAMPLE_CODE}}
+        return [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": EXAMPLE_QUESTION},
+            {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
+            {"role": "tool", "content": "385"},
+            {"role": "assistant", "content": "<answer>385</answer>"},
+            {"role": "user", "content": task.question},
+        ]
+
+    def reset(self, task: Task) -> CodeEpisode:
+        return CodeEpisode(task, self.messages(task), Sandbox(self.limits))

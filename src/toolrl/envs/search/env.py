@@ -1,0 +1,108 @@
+"""Search environment in Search-R1's format: the model reasons, searches with `<search>query</search>`, reads
+the passages that come back inside `<information>...</information>`, and answers with `<answer>...</answer>`.
+Reward: exact match of the answer with any gold answer after SQuAD normalisation (`correct`), plus format.
+
+Parse the calls with `rollout.parser: search-r1`. The passages come back as the tool message of the chat
+template (token-exact framing) rather than spliced into the assistant's text as Search-R1 does.
+
+Retrieval: `env.search.retriever_url` (a server such as `toolrl retriever serve` or Search-R1's own), else
+BM25 in this process over `env.search.corpus`. Tasks: the offline Wikipedia QA set (`toolrl retriever build`),
+or `env.train_file` / `env.test_file`, which may be Search-R1 or FlashRAG parquet/JSONL files.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+
+from toolrl.envs.base import Environment, Task, register_env
+from toolrl.envs.search import wiki
+from toolrl.envs.search.retriever import BM25Retriever, format_docs
+from toolrl.envs.tasks import TaskSplits, load_tasks
+from toolrl.errors import DataError
+from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.rewards.rules import answer_format, exact_match_answer, tool_calls
+from toolrl.tools.function import Tool, tool_from_function
+
+INSTRUCTIONS = (
+    "Answer the question. Think step by step inside <think> and </think>. If you need knowledge, search for "
+    "it by writing <search> query </search> and stop; the top results come back between <information> and "
+    "</information>. You may search several times. When you know the answer, write it inside <answer> and "
+    "</answer> without explanation, for example <answer> Beijing </answer>."
+)
+
+
+class _Searcher:
+    """The search backend: a remote retriever over HTTP, or a BM25 index built on first use."""
+
+    def __init__(self, config):
+        self.config = config
+        self._index: BM25Retriever | None = None
+        self._lock = threading.Lock()
+        self._client = httpx.Client(timeout=30.0) if config.retriever_url else None
+
+    def index(self) -> BM25Retriever:
+        with self._lock:
+            if self._index is None:
+                corpus = self.config.corpus or wiki.ensure_built() / "corpus.jsonl"
+                self._index = BM25Retriever.from_file(corpus)
+            return self._index
+
+    def __call__(self, query: str) -> str:
+        k = self.config.topk
+        if self._client is not None:
+            reply = self._client.post(self.config.retriever_url, json={"queries": [query], "topk": k})
+            reply.raise_for_status()
+            docs = reply.json()["result"][0]
+        else:
+            docs = [doc for doc, _ in self.index().search([query], k)[0]]
+        return f"<information>{format_docs(docs, self.config.max_doc_chars)}</information>"
+
+
+@register_env("search")
+class SearchEnv(Environment):
+    name = "search"
+    show_tool_schemas = False  # the instructions describe <search>; JSON schemas would ask for <tool_call>
+
+    def __init__(self, config):
+        self.config = config.search
+        self.searcher = _Searcher(self.config)
+        self.splits = TaskSplits(config, wiki_split)
+        self.rubric = Rubric(
+            [
+                Criterion("correct", exact_match_answer, 1.0),
+                Criterion("format", answer_format, 0.1),
+                Criterion("tool_calls", tool_calls, 0.0),
+            ]
+        )
+
+    def tools(self) -> list[Tool]:
+        searcher = self.searcher
+
+        def search(query: str) -> str:
+            """Search the knowledge base and return the top passages.
+
+            Args:
+                query: What to look for.
+            """
+            if not query.strip():
+                raise ValueError("empty query; put the search terms between <search> and </search>")
+            return searcher(query)
+
+        return [tool_from_function(search)]
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.splits(split)
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"{INSTRUCTIONS}\nQuestion: {task.question}"}]
+
+
+def wiki_split(split: str) -> list[Task]:
+    """A split of the offline Wikipedia QA set, built on first use."""
+    if split not in ("train", "test"):
+        raise DataError(f"the search environment has no {split} split; use train or test")
+    path: Path = wiki.ensure_built() / f"{split}.jsonl"
+    return load_tasks(path)

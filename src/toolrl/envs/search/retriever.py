@@ -1,0 +1,130 @@
+"""A local retriever with Search-R1's interface: BM25 (`bm25s`) over a corpus in Search-R1's JSONL form.
+
+Corpus: one `{"id": ..., "contents": "\\"Title\\"\\ntext"}` per line. `toolrl retriever serve` serves
+`POST /retrieve {"queries": [...], "topk": k, "return_scores": bool}` on 127.0.0.1 and answers
+`{"result": [[doc, ...], ...]}`, one list per query, where a doc is `{"id", "contents"}`, or with
+`return_scores` `{"document": {"id", "contents"}, "score": s}`: the shape Search-R1's retrieval server uses,
+so its training code and ours can share a retriever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from toolrl.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def read_corpus(path: str | Path) -> list[dict[str, str]]:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: corpus not found; give a Search-R1 JSONL corpus or run `toolrl retriever build`")
+    docs = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("contents"), str):
+                raise DataError(f'{path}:{number}: each line needs a "contents" string (and an "id")')
+            docs.append({"id": str(record.get("id", number - 1)), "contents": record["contents"]})
+    if not docs:
+        raise DataError(f"{path}: the corpus is empty")
+    return docs
+
+
+def title_and_text(contents: str) -> tuple[str, str]:
+    """Search-R1's contents: the title (in quotes) on the first line, the text after it."""
+    title, _, text = contents.partition("\n")
+    return title.strip().strip('"'), text.strip()
+
+
+def format_docs(docs: Sequence[dict[str, str]], max_chars: int | None = None) -> str:
+    """Retrieved passages as Search-R1 shows them: `Doc 1(Title: T) text`, one per line."""
+    lines = []
+    for i, doc in enumerate(docs, 1):
+        title, text = title_and_text(doc["contents"])
+        if max_chars is not None and len(text) > max_chars:
+            text = text[:max_chars].rsplit(" ", 1)[0] + " ..."
+        lines.append(f"Doc {i}(Title: {title}) {text}")
+    return "\n".join(lines)
+
+
+class BM25Retriever:
+    def __init__(self, docs: list[dict[str, str]]):
+        import bm25s
+
+        self.bm25s = bm25s
+        self.docs = docs
+        self.index = bm25s.BM25()
+        self.index.index(self._tokens([d["contents"] for d in docs]), show_progress=False)
+        self.lock = threading.Lock()  # bm25s keeps no per-query state, but its tokenizer is not documented thread-safe
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> BM25Retriever:
+        return cls(read_corpus(path))
+
+    def _tokens(self, texts: list[str]):
+        return self.bm25s.tokenize(texts, stopwords="en", show_progress=False)
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[tuple[dict[str, str], float]]]:
+        k = max(1, min(topk, len(self.docs)))
+        with self.lock:
+            ids, scores = self.index.retrieve(self._tokens(list(queries)), k=k, show_progress=False)
+        return [
+            [(self.docs[int(i)], float(s)) for i, s in zip(row_ids, row_scores, strict=True)]
+            for row_ids, row_scores in zip(ids, scores, strict=True)
+        ]
+
+    def respond(self, request: dict[str, Any], default_topk: int = 3) -> dict[str, Any]:
+        """The reply to one /retrieve request body; raises ValueError on a malformed body."""
+        queries = request.get("queries")
+        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+            raise ValueError('"queries" must be a list of strings')
+        topk = request.get("topk") or default_topk
+        if not isinstance(topk, int) or topk < 1:
+            raise ValueError('"topk" must be a positive integer')
+        with_scores = bool(request.get("return_scores", False))
+        result = []
+        for hits in self.search(queries, topk) if queries else []:
+            result.append([{"document": d, "score": s} if with_scores else d for d, s in hits])
+        return {"result": result}
+
+
+def make_app(retriever: BM25Retriever, default_topk: int = 3):
+    """A Starlette app serving POST /retrieve (and GET /health)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def retrieve(request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            return JSONResponse(retriever.respond(body, default_topk))
+        except (ValueError, json.JSONDecodeError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=422)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "documents": len(retriever.docs)})
+
+    return Starlette(routes=[Route("/retrieve", retrieve, methods=["POST"]), Route("/health", health)])
+
+
+def serve(corpus: str | Path, host: str = "127.0.0.1", port: int = 8001, topk: int = 3) -> None:
+    import uvicorn
+
+    retriever = BM25Retriever.from_file(corpus)
+    log.info("BM25 index over %d documents; serving http://%s:%d/retrieve", len(retriever.docs), host, port)
+    uvicorn.run(make_app(retriever, topk), host=host, port=port, log_level="warning")

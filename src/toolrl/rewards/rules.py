@@ -1,0 +1,29 @@
+"""Rule rewards every environment can use: answer format, correctness by exact match, efficiency."""
+
+from __future__ import annotations
+
+from toolrl.envs.base import final_answer
+from toolrl.rewards.text import exact_match, gold_answers
+
+
+def answer_format(trajectory, task) -> float:
+    """Well-formed: the last turn gives an <answer> and no tool call of the trajectory was malformed."""
+    return float(final_answer(trajectory.final_text) is not None and trajectory.num_format_errors == 0)
+
+
+def exact_match_answer(trajectory, task) -> float:
+    """The final <answer> equals a gold answer after SQuAD normalisation."""
+    return exact_match(final_answer(trajectory.final_text), gold_answers(task))
+
+
+def tool_calls(trajectory, task) -> float:
+    return float(trajectory.num_tool_calls)
+
+
+def tool_errors(trajectory, task) -> float:
+    return float(trajectory.num_tool_errors)
+
+
+def efficiency(trajectory, task) -> float:
+    """1 for at most one tool call, then 1/(number of calls): fewer calls for the same outcome score higher."""
+    return 1.0 / max(trajectory.num_tool_calls, 1)

@@ -1,0 +1,48 @@
+"""Every recipe under recipes/ is a valid config, and two training steps of each environment's recipe run on
+the tiny model through `toolrl train` (rollouts with the environment's tools, rewards, update, checkpoint)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from toolrl.cli import app
+from toolrl.config import load_config
+
+RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
+
+
+def test_recipes_exist_and_are_valid_configs():
+    names = {r.stem for r in RECIPES}
+    assert {"calculator", "calculator-long", "nl2sql", "code", "search-r1"} <= names
+    for recipe in RECIPES:
+        load_config(recipe)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["calculator", "nl2sql", "code", "search-r1"])
+def test_two_training_steps_of_each_recipe_on_the_tiny_model(recipe, tiny_model_dir, tmp_path):
+    overrides = [
+        f"model.name={tiny_model_dir}",
+        "device=cpu",
+        f"output_dir={tmp_path}",
+        "run_name=run",
+        "train.steps=2",
+        "train.prompts_per_step=2",
+        "train.group_size=2",
+        "rollout.max_new_tokens=8",
+        "eval.at_start=false",
+        "eval.at_end=false",
+    ]
+    args = ["train", str(Path(__file__).parents[2] / "recipes" / f"{recipe}.yaml")]
+    for override in overrides:
+        args += ["--set", override]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
+    steps = [s for s in steps if "eval" not in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all("reward/correct" in s and "reward/format" in s for s in steps)
+    assert (run / "final" / "model.safetensors").is_file()
