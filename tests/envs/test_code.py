@@ -84,7 +84,7 @@ def test_episodes_get_their_own_sandbox_and_rewards_verify_by_running_again():
     lying.results = [ToolResult(ToolCall("python", {"code": "print(1)"}), task.answer)]
     lying.add_model_turn([2], [0.0], f"<answer>{task.answer}</answer>")
     asyncio.run(env.rubric.score_all([traj, lying]))
-    assert traj.rewards["correct"] == 1.0 and traj.rewards["verified"] == 1.0
+    assert traj.rewards["correct"] == 1.0 and traj.rewards["verified"] == 1.0 and traj.rewards["ran_code"] == 1.0
     assert lying.rewards["correct"] == 1.0 and lying.rewards["verified"] == 0.0
 
 

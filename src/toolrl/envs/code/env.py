@@ -2,8 +2,10 @@
 
 The `python` tool runs the model's code in a sandboxed subprocess (see `sandbox.py` for its limits), in a
 temporary directory of the trajectory's own. Rewards: the final <answer> equals the computed value
-(`correct`), format, and tool verification (`verified`, logged): the trajectory's last successful code is
-run again in a fresh sandbox and must print the expected value.
+(`correct`, 1), a program ran without error (`ran_code`, 0.1, shaping), format (logged only: paid, it taught
+the default model to answer without running anything), and tool verification
+(`verified`, logged): the trajectory's last successful code is run again in a fresh sandbox and must print
+the expected value.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ SYSTEM = (
     "You are a careful assistant. Use the python tool to compute answers: write a short program that prints "
     "the result. When you have the result, reply with the final answer as <answer>NUMBER</answer>."
 )
-EXAMPLE_QUESTION = "What is the sum of the squares of the integers from 1 to 10?"
-EXAMPLE_CODE = "print(sum(i * i for i in range(1, 11)))"
+EXAMPLES = (
+    ("What is the sum of the squares of the integers from 1 to 10?", "print(sum(i * i for i in range(1, 11)))", "385"),
+    ("How many integers from 1 to 100 are divisible by 7?", "print(sum(1 for i in range(1, 101) if i % 7 == 0))", "14"),
+)
+"""In-context exchanges (as for the calculator, the default model needs two)."""
 
 
 def python(code: str, sandbox: Sandbox) -> str:
@@ -86,14 +91,34 @@ def _digit_count(rng: random.Random) -> tuple[str, int]:
     return f"How many times does the digit {d} appear when writing every integer from 1 to {n}?", count
 
 
+def _sum_of_squares(rng: random.Random) -> tuple[str, int]:
+    n = rng.randint(20, 3000)
+    return f"What is the sum of the squares of the integers from 1 to {n}?", n * (n + 1) * (2 * n + 1) // 6
+
+
+def _multiples(rng: random.Random) -> tuple[str, int]:
+    n, k = rng.randint(200, 9000), rng.randint(3, 19)
+    return f"How many integers from 1 to {n} are divisible by {k}?", n // k
+
+
+def _sum_of_cubes(rng: random.Random) -> tuple[str, int]:
+    n = rng.randint(20, 500)
+    return f"What is the sum of the cubes of the integers from 1 to {n}?", (n * (n + 1) // 2) ** 2
+
+
 QUESTIONS: list[Callable[[random.Random], tuple[str, int]]] = [
+    _sum_of_squares,
     _prime_sum,
+    _multiples,
     _divisible,
+    _sum_of_cubes,
     _fibonacci,
     _factorial_digits,
     _digit_count,
 ]
-"""Kinds of question, taken in turn; each draws its numbers from the seeded generator."""
+"""Kinds of question, taken in turn; each draws its numbers from the seeded generator. The first of each
+pair varies an in-context example (a small model can adapt the example's program), the others need a
+program of their own."""
 
 
 def generate_tasks(config) -> dict[str, list[Task]]:
@@ -101,7 +126,7 @@ def generate_tasks(config) -> dict[str, list[Task]]:
         question, value = QUESTIONS[i % len(QUESTIONS)](rng)
         return question, str(value), {}
 
-    return unique_seeded_tasks(config, draw, "code", [EXAMPLE_QUESTION])
+    return unique_seeded_tasks(config, draw, "code", [question for question, _, _ in EXAMPLES])
 
 
 class CodeEpisode(Episode):
@@ -142,6 +167,13 @@ class CodeVerifier:
         return list(await asyncio.gather(*(one(t) for t in trajectories)))
 
 
+def ran_code(trajectory, task: Task) -> float:
+    """Shaping: 1 when some program ran without error, so that running code is explored; the correct answers
+    come from such runs. (With a format reward instead, the default model learned within 10 steps to answer
+    at once without running anything.)"""
+    return float(any(r.call is not None and r.call.name == "python" and not r.error for r in trajectory.results))
+
+
 def correct_value(printed: str, gold: str) -> bool:
     try:
         return abs(float(printed) - float(gold)) < 1e-6
@@ -160,7 +192,8 @@ class CodeEnv(Environment):
         self.rubric = Rubric(
             [
                 Criterion("correct", correct, 1.0),
-                Criterion("format", answer_format, 0.1),
+                Criterion("format", answer_format, 0.0),
+                Criterion("ran_code", ran_code, 0.1),
                 Criterion("verified", CodeVerifier(self.limits), 0.0),
                 Criterion("tool_calls", tool_calls, 0.0),
                 Criterion("tool_errors", tool_errors, 0.0),
@@ -174,15 +207,16 @@ class CodeEnv(Environment):
         return self.splits(split)
 
     def messages(self, task: Task) -> list[dict[str, str]]:
-        call = {"name": "python", "arguments": {"code": EXAMPLE_CODE}}
-        return [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": EXAMPLE_QUESTION},
-            {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-            {"role": "tool", "content": "385"},
-            {"role": "assistant", "content": "<answer>385</answer>"},
-            {"role": "user", "content": task.question},
-        ]
+        messages = [{"role": "system", "content": SYSTEM}]
+        for question, code, output in EXAMPLES:
+            call = {"name": "python", "arguments": {"code": code}}
+            messages += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
+                {"role": "tool", "content": output},
+                {"role": "assistant", "content": f"<answer>{output}</answer>"},
+            ]
+        return [*messages, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task) -> CodeEpisode:
         return CodeEpisode(task, self.messages(task), Sandbox(self.limits))

@@ -26,8 +26,11 @@ SYSTEM = (
     "You answer questions about a sqlite database by writing SQL. Use the execute_sql tool to run a query and "
     "see its rows. When the query is right, reply with it as <answer>SQL</answer>.\n\nThe database schema:\n{schema}"
 )
-EXAMPLE_QUESTION = "How many products cost more than 100?"
-EXAMPLE_SQL = "SELECT COUNT(*) FROM products WHERE price > 100"
+EXAMPLES = (
+    ("How many products cost more than 100?", "SELECT COUNT(*) FROM products WHERE price > 100"),
+    ("What is the name of the cheapest product?", "SELECT name FROM products ORDER BY price LIMIT 1"),
+)
+"""In-context exchanges on the bundled database (as for the calculator, the default model needs two)."""
 FAILED_QUERY_PENALTY = -0.1
 _FENCE = re.compile(r"^```(?:sql)?\s*|\s*```$", re.IGNORECASE)
 
@@ -104,14 +107,17 @@ class NL2SQLEnv(Environment):
         return self.splits(split)
 
     def _example(self) -> list[dict[str, str]]:
-        """One in-context exchange on the bundled database (a user's own database gets none)."""
-        call = {"name": "execute_sql", "arguments": {"query": EXAMPLE_SQL}}
-        return [
-            {"role": "user", "content": EXAMPLE_QUESTION},
-            {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-            {"role": "tool", "content": format_rows(*self._run_fresh(EXAMPLE_SQL), self.config.max_rows)},
-            {"role": "assistant", "content": f"<answer>{EXAMPLE_SQL}</answer>"},
-        ]
+        """In-context exchanges on the bundled database (a user's own database gets none)."""
+        messages = []
+        for question, sql in EXAMPLES:
+            call = {"name": "execute_sql", "arguments": {"query": sql}}
+            messages += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
+                {"role": "tool", "content": format_rows(*self._run_fresh(sql), self.config.max_rows)},
+                {"role": "assistant", "content": f"<answer>{sql}</answer>"},
+            ]
+        return messages
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         system = {"role": "system", "content": SYSTEM.format(schema=self.schema)}

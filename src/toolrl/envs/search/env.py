@@ -6,8 +6,9 @@ Parse the calls with `rollout.parser: search-r1`. The passages come back as the 
 template (token-exact framing) rather than spliced into the assistant's text as Search-R1 does.
 
 Retrieval: `env.search.retriever_url` (a server such as `toolrl retriever serve` or Search-R1's own), else
-BM25 in this process over `env.search.corpus`. Tasks: the offline Wikipedia QA set (`toolrl retriever build`),
-or `env.train_file` / `env.test_file`, which may be Search-R1 or FlashRAG parquet/JSONL files.
+`env.search.method` (bm25, or dense with the shipped all-MiniLM-L6-v2) in this process over
+`env.search.corpus`. Tasks: the offline Wikipedia QA set (`toolrl retriever build`), or `env.train_file` /
+`env.test_file`, which may be Search-R1 or FlashRAG parquet/JSONL files.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import httpx
 
 from toolrl.envs.base import Environment, Task, register_env
 from toolrl.envs.search import wiki
-from toolrl.envs.search.retriever import BM25Retriever, format_docs
+from toolrl.envs.search.retriever import Retriever, format_docs, make_retriever
 from toolrl.envs.tasks import TaskSplits, load_tasks
 from toolrl.errors import DataError
 from toolrl.rewards.rubric import Criterion, Rubric
@@ -33,21 +34,53 @@ INSTRUCTIONS = (
     "</answer> without explanation, for example <answer> Beijing </answer>."
 )
 
+EXAMPLES = (
+    (
+        'Which art museum in Paris is this about: "It houses the Mona Lisa and the Venus de Milo."',
+        "It houses the Mona Lisa and the Venus de Milo",
+        "Doc 1(Title: Louvre) The Louvre is the most-visited art museum in the world, in Paris. It houses the "
+        "Mona Lisa and the Venus de Milo.\nDoc 2(Title: Paris) Paris is the capital of France.",
+        "Louvre",
+    ),
+    (
+        'Which mountain is this about: "It lies in the Mahalangur Himal range on the border of Nepal and China."',
+        "It lies in the Mahalangur Himal range on the border of Nepal and China",
+        "Doc 1(Title: Mount Everest) Mount Everest is the highest mountain above sea level. It lies in the "
+        "Mahalangur Himal range on the border of Nepal and China.\nDoc 2(Title: Nepal) Nepal is a country in "
+        "South Asia.",
+        "Mount Everest",
+    ),
+)
+"""In-context exchanges (written for this prompt, not taken from the corpus): the default 135M model answers
+without searching when it has none."""
+
+
+def example_exchanges() -> list[dict[str, str]]:
+    messages = []
+    for question, query, passages, answer in EXAMPLES:
+        messages += [
+            {"role": "user", "content": f"Question: {question}"},
+            {"role": "assistant", "content": f"<search> {query} </search>"},
+            {"role": "tool", "content": f"<information>{passages}</information>"},
+            {"role": "assistant", "content": f"<answer> {answer} </answer>"},
+        ]
+    return messages
+
 
 class _Searcher:
-    """The search backend: a remote retriever over HTTP, or a BM25 index built on first use."""
+    """The search backend: a remote retriever over HTTP, or an index (BM25 or dense) built on first use."""
 
     def __init__(self, config):
         self.config = config
-        self._index: BM25Retriever | None = None
+        self._index: Retriever | None = None
         self._lock = threading.Lock()
         self._client = httpx.Client(timeout=30.0) if config.retriever_url else None
 
-    def index(self) -> BM25Retriever:
+    def index(self) -> Retriever:
         with self._lock:
             if self._index is None:
                 corpus = self.config.corpus or wiki.ensure_built() / "corpus.jsonl"
-                self._index = BM25Retriever.from_file(corpus)
+                self._index = make_retriever(corpus, self.config.method)
             return self._index
 
     def __call__(self, query: str) -> str:
@@ -97,7 +130,11 @@ class SearchEnv(Environment):
         return self.splits(split)
 
     def messages(self, task: Task) -> list[dict[str, str]]:
-        return [{"role": "user", "content": f"{INSTRUCTIONS}\nQuestion: {task.question}"}]
+        return [
+            {"role": "system", "content": INSTRUCTIONS},
+            *example_exchanges(),
+            {"role": "user", "content": f"Question: {task.question}"},
+        ]
 
 
 def wiki_split(split: str) -> list[Task]:

