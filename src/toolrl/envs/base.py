@@ -9,6 +9,7 @@ per-step (process) reward, whether the episode is done, and info. `episode.close
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -39,6 +40,17 @@ def final_answer(text: str) -> str | None:
     """The content of the last <answer>...</answer> in `text`, stripped, or None."""
     found = ANSWER.findall(text)
     return found[-1].strip() if found else None
+
+
+def tool_call_example(question: str, tool: str, arguments: dict[str, Any], result: str, answer: str):
+    """An in-context exchange: the question, a Hermes-style call of `tool`, its result, the <answer>."""
+    call = json.dumps({"name": tool, "arguments": arguments})
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+        {"role": "tool", "content": result},
+        {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+    ]
 
 
 @dataclass

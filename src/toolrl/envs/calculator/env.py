@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import random
 
-from toolrl.envs.base import Environment, Task, final_answer, register_env
+from toolrl.envs.base import Environment, Task, final_answer, register_env, tool_call_example
 from toolrl.envs.calculator.tool import calculator, evaluate
 from toolrl.envs.tasks import TaskSplits, unique_seeded_tasks
 from toolrl.rewards.ftrl import ftrl_criteria
@@ -20,22 +19,13 @@ SYSTEM = (
 EXAMPLE_EXPRESSIONS = ("23 * 41 + 7", "512 - 38 * 3")
 
 
-def _call_text(expression: str) -> str:
-    call = {"name": "calculator", "arguments": {"expression": expression}}
-    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
-
-
 def example_exchange() -> list[dict[str, str]]:
     """In-context exchanges. Measured on the default model: with one, greedy decoding never calls the tool;
     with two, greedy solves the test tasks and sampling at temperature 1 solves about a quarter."""
     messages = []
     for expression in EXAMPLE_EXPRESSIONS:
-        messages += [
-            {"role": "user", "content": f"What is {expression}?"},
-            {"role": "assistant", "content": _call_text(expression)},
-            {"role": "tool", "content": evaluate(expression)},
-            {"role": "assistant", "content": f"<answer>{evaluate(expression)}</answer>"},
-        ]
+        value = evaluate(expression)
+        messages += tool_call_example(f"What is {expression}?", "calculator", {"expression": expression}, value, value)
     return messages
 
 

@@ -11,13 +11,12 @@ the expected value.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import re
 from collections.abc import Callable
 
-from toolrl.envs.base import Environment, Episode, Task, register_env
+from toolrl.envs.base import Environment, Episode, Task, register_env, tool_call_example
 from toolrl.envs.calculator.env import correct
 from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, run_python
 from toolrl.envs.tasks import TaskSplits, unique_seeded_tasks
@@ -209,13 +208,7 @@ class CodeEnv(Environment):
     def messages(self, task: Task) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": SYSTEM}]
         for question, code, output in EXAMPLES:
-            call = {"name": "python", "arguments": {"code": code}}
-            messages += [
-                {"role": "user", "content": question},
-                {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-                {"role": "tool", "content": output},
-                {"role": "assistant", "content": f"<answer>{output}</answer>"},
-            ]
+            messages += tool_call_example(question, "python", {"code": code}, output, output)
         return [*messages, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task) -> CodeEpisode:

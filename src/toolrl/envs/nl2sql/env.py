@@ -14,7 +14,7 @@ import re
 import sqlite3
 from importlib import resources
 
-from toolrl.envs.base import Environment, Episode, Task, final_answer, register_env
+from toolrl.envs.base import Environment, Episode, Task, final_answer, register_env, tool_call_example
 from toolrl.envs.nl2sql.database import Database, format_rows, load_template, same_results, schema_text
 from toolrl.envs.tasks import TaskSplits, task_from_record
 from toolrl.rewards.rubric import Criterion, Rubric, process_reward
@@ -110,13 +110,8 @@ class NL2SQLEnv(Environment):
         """In-context exchanges on the bundled database (a user's own database gets none)."""
         messages = []
         for question, sql in EXAMPLES:
-            call = {"name": "execute_sql", "arguments": {"query": sql}}
-            messages += [
-                {"role": "user", "content": question},
-                {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-                {"role": "tool", "content": format_rows(*self._run_fresh(sql), self.config.max_rows)},
-                {"role": "assistant", "content": f"<answer>{sql}</answer>"},
-            ]
+            rows = format_rows(*self._run_fresh(sql), self.config.max_rows)
+            messages += tool_call_example(question, "execute_sql", {"query": sql}, rows, sql)
         return messages
 
     def messages(self, task: Task) -> list[dict[str, str]]:
