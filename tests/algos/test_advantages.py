@@ -78,3 +78,42 @@ def test_gae_does_not_bootstrap_across_trajectories():
 def test_informative_groups_drops_groups_with_equal_rewards():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
     assert informative_groups(rewards, 2).tolist() == [False, False, True, True, False, False]
+
+
+def test_invalid_trajectories_are_left_out_of_their_groups_statistics():
+    # group [1, 0, 0, x]: x was hit by a tool crash (its reward 0 says nothing about the model).
+    # Over the valid three: mean 1/3, unbiased std sqrt(1/3) = 0.57735
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    valid = torch.tensor([True, True, True, False])
+    mean, std = 1 / 3, math.sqrt(1 / 3)
+    expected = [(1 - mean) / std, -mean / std, -mean / std, 0.0]
+    assert group_advantages(rewards, 4, eps=0.0, valid=valid).tolist() == pytest.approx(expected, abs=1e-6)
+    x = AdvantageInputs(rewards, 4, [1, 2, 1, 1], eps=0.0, valid=valid)
+    assert ADVANTAGES["grpo"](x).advantages.tolist() == pytest.approx(
+        [expected[0], expected[1], expected[1], expected[2], 0.0], abs=1e-6
+    )
+    # RLOO over the valid three: 1 - mean(0, 0) = 1; 0 - mean(1, 0) = -0.5
+    assert ADVANTAGES["rloo"](x).advantages.tolist() == pytest.approx([1.0, -0.5, -0.5, -0.5, 0.0])
+    assert ADVANTAGES["dr_grpo"](x).advantages.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, -1 / 3, 0.0])
+    # all valid: the same as no mask at all
+    full = AdvantageInputs(rewards, 4, [1, 2, 1, 1], eps=0.0, valid=torch.ones(4, dtype=torch.bool))
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
+        plain = AdvantageInputs(rewards, 4, [1, 2, 1, 1], eps=0.0)
+        assert torch.allclose(ADVANTAGES[name](full).advantages, ADVANTAGES[name](plain).advantages, atol=1e-6)
+
+
+def test_a_group_with_one_valid_member_learns_nothing_and_whitening_skips_invalid_tokens():
+    valid = torch.tensor([True, False])
+    x = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [2, 1], eps=0.0, valid=valid)
+    assert ADVANTAGES["grpo"](x).advantages.tolist() == [0.0, 0.0, 0.0]
+    assert ADVANTAGES["rloo"](x).advantages.tolist() == [0.0, 0.0, 0.0]
+    y = AdvantageInputs(torch.tensor([2.0, 0.0, 1.0, 5.0]), 2, [1, 1, 1, 1], eps=0.0, valid=valid.repeat(2))
+    out = ADVANTAGES["reinforce_pp"](y).advantages
+    assert out[1] == 0 and out[3] == 0  # invalid tokens: 0, and outside the whitening statistics
+
+
+def test_informative_groups_judge_only_valid_members():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    valid = torch.tensor([True, False, True, True])
+    assert informative_groups(rewards, 2, valid).tolist() == [False, False, False, False]
+    assert informative_groups(rewards, 2).tolist() == [True, True, False, False]

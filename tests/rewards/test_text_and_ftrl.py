@@ -43,7 +43,7 @@ def test_solve_scores():
 
 
 def result(name, args, content="ok", error=False):
-    return ToolResult(ToolCall(name, args), content, error)
+    return ToolResult(ToolCall(name, args), content, "tool_error" if error else "ok")
 
 
 def test_each_subproblem_is_solved_once_and_failed_calls_never_solve():

@@ -102,3 +102,29 @@ def test_turn_cut_by_token_limit_gets_end_of_turn_in_the_masked_observation(chat
     [traj] = rollout.run(env.tasks("test")[:1])
     obs_start = len(rollout.prompt_ids(traj.task)) + len(call)
     assert traj.token_ids[obs_start] == chat.end_of_turn_id and traj.loss_mask[obs_start] == 0
+
+
+def test_tool_faults_are_counted_apart_from_the_models_mistakes(chat):
+    """A timed-out call is an infrastructure fault of the trajectory; a call with bad arguments is the model's."""
+    from toolrl.tools import tool_from_function
+
+    async def calculator(expression: str) -> str:
+        if expression == "hang":
+            await asyncio.sleep(30)
+        return "4"
+
+    env = make_env(EnvConfig(num_train=1, num_test=2))
+    task = env.tasks("test")[0]
+    answer = chat.encode("<answer>4</answer>") + [chat.end_of_turn_id]
+    bad_arguments = chat.encode('<tool_call>\n{"name": "calculator", "arguments": {"x": 1}}\n</tool_call>')
+    turns = [[call_ids(chat, "hang"), answer], [bad_arguments + [chat.end_of_turn_id], answer]]
+    engine = ScriptedEngine(turns)
+    limits = RolloutLimits(max_turns=3, max_new_tokens=64, max_response_tokens=400, max_observation_tokens=50)
+    executor = ToolExecutor([tool_from_function(calculator)], timeout_s=0.2)
+    rollout = Rollout(env, engine, chat, get_parser("hermes"), executor, limits)
+    faulted, mistaken = rollout.run([task, task])
+    assert (faulted.num_tool_errors, faulted.num_tool_faults) == (1, 1)
+    assert faulted.results[0].outcome == "timeout"
+    assert (mistaken.num_tool_errors, mistaken.num_tool_faults) == (1, 0)
+    assert mistaken.results[0].outcome == "invalid_arguments"
+    assert (executor.metrics["infra_faults"], executor.metrics["model_errors"]) == (1, 1)

@@ -5,7 +5,7 @@ import itertools
 import time
 
 from toolrl.tools import ToolCall, ToolExecutor, tool_from_function
-from toolrl.tools.limits import ToolPolicy, TransientToolError
+from toolrl.tools.limits import ServerUnavailable, ToolPolicy, TransientToolError
 
 
 def run(coro):
@@ -37,7 +37,9 @@ def test_transient_failures_are_retried_with_backoff_until_success():
             raise ConnectionError("connection reset")
         return x
 
-    ex = ToolExecutor([tool_from_function(flaky)], policies={"flaky": ToolPolicy(retries=2, backoff_s=0.02)})
+    ex = ToolExecutor(
+        [tool_from_function(flaky)], policies={"flaky": ToolPolicy(retries=2, backoff_s=0.02, retry=True)}
+    )
     assert run(ex.invoke(ToolCall("flaky", {"x": 7}))).content == "7"
     assert ex.metrics["retries"] == 2 and len(attempts) == 3
     assert attempts[2] - attempts[1] >= 0.04 - 1e-3  # the second backoff is double the first
@@ -54,14 +56,58 @@ def test_retries_run_out_and_non_transient_errors_are_not_retried():
         calls["broken"] += 1
         raise RuntimeError("bug")
 
-    policy = ToolPolicy(retries=2, backoff_s=0.001)
+    policy = ToolPolicy(retries=2, backoff_s=0.001, retry=True)
     ex = ToolExecutor(
         [tool_from_function(busy), tool_from_function(broken)], policies={"busy": policy, "broken": policy}
     )
     busy_result, broken_result = run(ex.invoke_all([ToolCall("busy", {"x": 1}), ToolCall("broken", {"x": 1})]))
     assert busy_result.content == "Error: busy failed: server busy" and calls["busy"] == 3
     assert broken_result.content == "Error: broken failed: bug" and calls["broken"] == 1
-    assert ex.metrics["errors_transient"] == 1 and ex.metrics["errors_raised"] == 1
+    assert ex.metrics["errors_transport"] == 1 and ex.metrics["errors_tool_error"] == 1
+
+
+def test_only_tools_safe_to_repeat_are_retried_but_a_call_that_never_reached_the_tool_always_is():
+    calls = {"charge": 0, "refused": 0, "lookup": 0}
+
+    def charge(amount: int) -> str:
+        """Has side effects: a dropped connection may come after the charge was made."""
+        calls["charge"] += 1
+        raise ConnectionError("connection reset by peer")
+
+    def refused(x: int) -> str:
+        calls["refused"] += 1
+        if calls["refused"] == 1:
+            raise ServerUnavailable("connection refused")
+        return "sent"
+
+    def lookup(x: int) -> str:
+        calls["lookup"] += 1
+        if calls["lookup"] == 1:
+            raise ConnectionError("connection reset by peer")
+        return "found"
+
+    tools = [tool_from_function(charge), tool_from_function(refused), tool_from_function(lookup, idempotent=True)]
+    ex = ToolExecutor(tools, policies={n: ToolPolicy(backoff_s=0.001) for n in calls})
+    charged, sent, found = run(
+        ex.invoke_all([ToolCall("charge", {"amount": 5}), ToolCall("refused", {"x": 1}), ToolCall("lookup", {"x": 1})])
+    )
+    assert charged.outcome == "transport" and calls["charge"] == 1
+    assert (sent.content, found.content) == ("sent", "found") and calls == {"charge": 1, "refused": 2, "lookup": 2}
+
+
+def test_the_deadline_covers_every_retry_and_backoff():
+    attempts = []
+
+    def flaky(x: int) -> int:
+        attempts.append(time.monotonic())
+        raise TransientToolError("busy")
+
+    policy = ToolPolicy(timeout_s=0.5, retries=50, backoff_s=0.1, retry=True)
+    ex = ToolExecutor([tool_from_function(flaky)], policies={"flaky": policy})
+    started = time.monotonic()
+    result = run(ex.invoke(ToolCall("flaky", {"x": 1})))
+    assert result.outcome == "transport" and time.monotonic() - started < 0.5 + 0.2
+    assert 2 <= len(attempts) <= 4  # backoff 0.1, 0.2: the next one would end past the deadline
 
 
 def test_global_and_per_tool_concurrency_limits():

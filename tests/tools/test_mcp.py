@@ -5,19 +5,22 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from toolrl.tools import ToolCall, ToolExecutor
+from toolrl.errors import ToolError
+from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
 from toolrl.tools.mcp import MCPStdioServer, result_text
 
 SERVER = Path(__file__).parent.parent / "fixtures" / "mcp_server.py"
+TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "crash"}
 
 
 @pytest.fixture
-def server():
-    srv = MCPStdioServer("srv", sys.executable, [str(SERVER)])
+def server(tmp_path):
+    srv = MCPStdioServer("srv", sys.executable, [str(SERVER)], log_path=tmp_path / "srv.log")
     yield srv
     srv.close()
 
@@ -28,7 +31,8 @@ def run(coro):
 
 def test_tools_are_listed_with_their_schemas_as_server_dot_tool(server):
     tools = {t.name: t for t in server.tools()}
-    assert set(tools) == {"srv.add", "srv.echo", "srv.big", "srv.fail", "srv.pid"}
+    assert set(tools) == {f"srv.{t}" for t in TOOLS}
+    assert tools["srv.add"].idempotent and not tools["srv.crash"].idempotent  # from readOnlyHint
     add = tools["srv.add"].to_openai()["function"]
     assert add["description"] == "Add two integers."
     assert set(add["parameters"]["properties"]) == {"a", "b"} and add["parameters"]["required"] == ["a", "b"]
@@ -46,8 +50,16 @@ def test_calls_and_errors_through_the_executor(server):
         )
     )
     assert (add.content, echo.content) == ("5", "héllo")
-    assert fail.error and fail.content == "Error: srv.fail failed: disk on fire"
-    assert ex.metrics["errors_raised"] == 1
+    assert fail.error and fail.content == "Error: srv.fail failed: disk on fire" and fail.outcome == "tool_error"
+    assert ex.metrics["errors_tool_error"] == 1 and ex.metrics["infra_faults"] == 0
+
+
+def test_arguments_off_the_schema_are_rejected_naming_each_field_before_sending(server):
+    ex = ToolExecutor(server.tools())
+    bad = run(ex.invoke(ToolCall("srv.add", {"a": "two", "c": 1})))
+    assert bad.outcome == "invalid_arguments" and "\n" not in bad.content
+    assert "'two' is not of type 'integer'" in bad.content and "'b' is a required property" in bad.content
+    assert ex.metrics["model_errors"] == 1
 
 
 def test_one_session_serves_several_event_loops(server):
@@ -73,13 +85,73 @@ def test_ten_megabyte_result_arrives_whole(server):
     assert not result.error and len(result.content) == 10 * 1024 * 1024
 
 
-def test_server_that_cannot_start_gives_a_short_error():
-    srv = MCPStdioServer("ghost", sys.executable, ["-c", "import sys; sys.exit(3)"], connect_timeout_s=1)
+def test_a_server_that_exits_at_start_fails_fast_with_its_exit_code_and_stderr_and_is_not_relaunched(tmp_path):
+    log = tmp_path / "ghost.log"
+    srv = MCPStdioServer("ghost", sys.executable, [str(SERVER), "--fail-start"], connect_timeout_s=30, log_path=log)
     try:
-        with pytest.raises(Exception, match="MCP server ghost is not up after 1 s"):
+        started = time.monotonic()
+        with pytest.raises(ToolError) as info:
+            srv.tools()
+        assert time.monotonic() - started < 5  # the exit is seen at once, not after the 30 s connect timeout
+        message = str(info.value)
+        assert message.startswith("MCP server ghost failed to start: the server exited before answering initialize")
+        assert "exit code 3" in message and "RuntimeError: the config of this server is broken" in message
+        time.sleep(1.5)
+        assert log.read_text().count("starting") == 1  # no relaunch in the background
+        # A call soon after is refused at once with the same cause; it never reached a server: a transport fault.
+        ex = ToolExecutor([], timeout_s=5)
+        from toolrl.tools.function import Tool
+
+        async def call(**arguments):
+            return await srv.call("add", arguments)
+
+        ex.tools["ghost.add"] = Tool("ghost.add", "", {"type": "object"}, call)
+        refused = run(ex.invoke(ToolCall("ghost.add", {})))
+        assert refused.outcome == "transport" and "exit code 3" in refused.content
+    finally:
+        srv.close()
+
+
+def test_a_command_that_does_not_exist_is_named_in_the_error(tmp_path):
+    srv = MCPStdioServer("nope", "toolrl-no-such-command", connect_timeout_s=30, log_path=tmp_path / "nope.log")
+    try:
+        with pytest.raises(ToolError, match="MCP server nope failed to start: cannot run toolrl-no-such-command"):
             srv.tools()
     finally:
         srv.close()
+
+
+def test_a_hung_call_returns_at_its_deadline_and_the_server_keeps_serving(server):
+    ex = ToolExecutor(server.tools(), policies={"srv.slow": ToolPolicy(timeout_s=1.0, retries=3)})
+    started = time.monotonic()
+    hung, added = run(ex.invoke_all([ToolCall("srv.slow", {"seconds": 60}), ToolCall("srv.add", {"a": 1, "b": 2})]))
+    assert hung.outcome == "timeout" and hung.content == "Error: srv.slow timed out after 1 s"
+    assert time.monotonic() - started < 2.5 and 1.0 <= hung.latency_s < 1.5
+    assert added.content == "3" and ex.metrics["retries"] == 0
+
+
+def test_a_crash_runs_once_and_healthy_calls_in_flight_are_rerun_on_the_restarted_server(server, tmp_path):
+    """One crashing call among 200 healthy ones to a read-only tool: the crash is reported as such and ran once
+    (its side effect is written once); every healthy call succeeds on the restarted server."""
+    marker = tmp_path / "marker"
+    ex = ToolExecutor(server.tools(), timeout_s=20, policies={"srv.slow": ToolPolicy(timeout_s=20, backoff_s=0.1)})
+
+    async def scenario():
+        healthy = [ex.invoke(ToolCall("srv.slow", {"seconds": 0.3})) for _ in range(200)]
+        crash = asyncio.sleep(0.1, result=None)
+
+        async def crash_later():
+            await crash
+            return await ex.invoke(ToolCall("srv.crash", {"marker": str(marker)}))
+
+        return await asyncio.gather(crash_later(), *healthy)
+
+    crashed, *healthy = run(scenario())
+    assert crashed.outcome == "crashed" and "crashed during the call" in crashed.content
+    assert "exit code 1" in crashed.content and "about to crash" in crashed.content
+    assert marker.read_text() == "ran\n"
+    assert [r.content for r in healthy] == ["done"] * 200
+    assert server.connections == 2 and ex.metrics["errors_crashed"] == 1 and ex.metrics["infra_faults"] == 1
 
 
 def test_result_text_for_structured_and_non_text_content():
@@ -127,7 +199,7 @@ def test_streamable_http_server_on_localhost_survives_a_restart():
     srv = MCPHttpServer("web", f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"}, connect_timeout_s=30)
     try:
         ex = ToolExecutor(srv.tools(), timeout_s=60)
-        assert {t for t in ex.tools} == {"web.add", "web.echo", "web.big", "web.fail", "web.pid"}
+        assert set(ex.tools) == {f"web.{t}" for t in TOOLS}
         assert run(ex.invoke(ToolCall("web.add", {"a": 40, "b": 2}))).content == "42"
         assert len(run(ex.invoke(ToolCall("web.big", {"megabytes": 10}))).content) == 10 * 1024 * 1024
 
@@ -173,6 +245,8 @@ def test_third_party_server_from_the_package_index():
         assert converted["target"]["datetime"].endswith("T08:30:00+05:30") and converted["time_difference"] == "-3.5h"
         bad = run(ex.invoke(ToolCall("time.get_current_time", {"timezone": "Nowhere/Atlantis"})))
         assert bad.error and "Invalid timezone" in bad.content
-        assert ex.metrics["errors_raised"] == 1
+        assert ex.metrics["errors_tool_error"] == 1
+        missing = run(ex.invoke(ToolCall("time.get_current_time", {})))
+        assert missing.outcome == "invalid_arguments" and "'timezone' is a required property" in missing.content
     finally:
         srv.close()

@@ -62,7 +62,7 @@ def test_http_endpoints_send_arguments_and_check_the_declared_schema(tmp_path, w
         assert web.requests[-1][3] == {"city": ["Oslo"]} and web.requests[-1][2]["X-Team"] == "toolrl"
         sent = len(web.requests)
         off_schema = call(ex, "weather.lookup", city=7)
-        assert off_schema.error and off_schema.content == "Error: invalid argument city: 7 is not of type 'string'"
+        assert off_schema.error and off_schema.content == "Error: invalid argument: city: 7 is not of type 'string'"
         assert len(web.requests) == sent, "a call off the schema must not reach the server"
         missing = call(ex, "weather.missing")
         assert missing.error and "HTTP 404" in missing.content and ex.metrics["retries"] == 0
@@ -72,13 +72,13 @@ def test_http_endpoints_send_arguments_and_check_the_declared_schema(tmp_path, w
         toolset.close()
 
 
-def test_http_endpoint_that_is_down_is_a_transient_error(tmp_path):
+def test_http_endpoint_that_is_down_is_a_transport_fault_retried_since_nothing_was_sent(tmp_path):
     toolset = load(tmp_path, {"api": {"http": {"get": {"url": "http://127.0.0.1:9/x"}}, "connect_timeout_s": 1}})
     try:
         ex = executor(toolset, retries=1, backoff_s=0.01)
         result = call(ex, "api.get")
-        assert result.error and "ConnectError" in result.content
-        assert (ex.metrics["retries"], ex.metrics["errors_transient"]) == (1, 1)
+        assert result.outcome == "transport" and "ConnectError" in result.content
+        assert (ex.metrics["retries"], ex.metrics["errors_transport"], ex.metrics["infra_faults"]) == (1, 1, 1)
     finally:
         toolset.close()
 

@@ -46,7 +46,7 @@ def test_executor_validates_and_runs():
     ex = ToolExecutor([tool_from_function(search)])
     assert run(ex.invoke(ToolCall("search", {"query": "a", "top_k": "2"}))).content == '["a", "a"]'
     bad = run(ex.invoke(ToolCall("search", {"top_k": 2})))
-    assert bad.error and bad.content == "Error: invalid argument query: Field required"
+    assert bad.outcome == "invalid_arguments" and bad.content == "Error: invalid argument: query: Field required"
 
 
 def test_failures_become_observations_and_metrics():
@@ -64,7 +64,9 @@ def test_failures_become_observations_and_metrics():
         "Error: slow timed out after 0.05 s",
         "Error: unknown tool 'nope'; available tools: boom, slow",
     ]
-    assert ex.metrics["errors_raised"] == ex.metrics["errors_timeout"] == ex.metrics["errors_unknown_tool"] == 1
+    assert [r.outcome for r in results] == ["tool_error", "timeout", "unknown_tool"]
+    assert ex.metrics["errors_tool_error"] == ex.metrics["errors_timeout"] == ex.metrics["errors_unknown_tool"] == 1
+    assert (ex.metrics["infra_faults"], ex.metrics["model_errors"]) == (1, 1)
 
 
 def test_calls_of_a_turn_run_concurrently_and_sync_tools_do_not_block_the_loop():

@@ -25,7 +25,11 @@ def config(tmp_path):
         tmp_path,
         {
             "mcpServers": {
-                "srv": {"command": sys.executable, "args": [str(FIXTURES / "mcp_server.py")], "deny": ["big", "pid"]},
+                "srv": {
+                    "command": sys.executable,
+                    "args": [str(FIXTURES / "mcp_server.py")],
+                    "allow": ["add", "echo", "fail"],
+                },
                 "notes": {"python": "tests.fixtures.pytools:Notes"},
                 "calc": {"python": "toolrl.envs.calculator.tool:calculator", "allow": ["calculator"]},
             }
@@ -62,7 +66,7 @@ def test_a_server_that_is_down_is_reported_and_the_others_load(tmp_path):
     toolset = Toolset.load(path)
     try:
         assert [t.name for t in toolset.tools] == ["calc.calculator"]
-        assert toolset.status["down"].startswith("error: MCP server down is not up")
+        assert toolset.status["down"].startswith("error: MCP server down failed to start: ")
     finally:
         toolset.close()
 

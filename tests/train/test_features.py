@@ -139,3 +139,31 @@ def test_an_unknown_algorithm_name_is_a_config_error(tiny_model_dir, tmp_path):
     config = tiny_config(tiny_model_dir, tmp_path, "train.advantage=nope")
     with pytest.raises(ConfigError, match=r"train\.advantage: unknown advantage estimator 'nope'"):
         Trainer(Workbench.load(config))
+
+
+def test_trajectories_hit_by_tool_faults_are_kept_out_of_the_advantages(tiny_model_dir, tmp_path):
+    """A trajectory cut short by a tool's crash or timeout says nothing about the model: with infra_faults=mask
+    its reward, whatever it is, changes neither its group's baseline nor the update; with keep, it does."""
+    config = tiny_config(tiny_model_dir, tmp_path)
+    bench = Workbench.load(config)
+    trajs = Trainer(bench).rollout.run([t for t in bench.env.tasks("train")[:2] for _ in range(4)], seed=3)
+    for i, traj in enumerate(trajs):
+        traj.reward = float(i % 3)  # rewards that differ within each group
+    faulted = [1, 6]
+    for i in faulted:
+        trajs[i].num_tool_faults = 1
+    initial = copy.deepcopy(bench.model.state_dict())
+
+    def update(mode: str, faulted_reward: float):
+        bench.model.load_state_dict(initial)
+        config.train.infra_faults = mode
+        for i in faulted:
+            trajs[i].reward = faulted_reward
+        stats = Trainer(bench).update(trajs)
+        return stats, copy.deepcopy(bench.model.state_dict())
+
+    (stats_a, low), (_, high) = update("mask", -5.0), update("mask", 5.0)
+    assert stats_a["fault_masked"] == 2 and stats_a["kept_fraction"] == pytest.approx(6 / 8)
+    assert all(torch.equal(low[k], high[k]) for k in low)
+    (stats_b, low), (_, high) = update("keep", -5.0), update("keep", 5.0)
+    assert stats_b["fault_masked"] == 0 and not all(torch.equal(low[k], high[k]) for k in low)

@@ -3,7 +3,8 @@
 Tensors are flat over the trained tokens of a step, trajectory after trajectory; `counts[i]` is how many
 belong to trajectory i. Sequence-level estimators score a trajectory by its reward plus the sum of its
 per-token rewards (a KL penalty applied as reward, process rewards) and give every token that advantage.
-Adding one is a function and `@register_advantage("name")`.
+Trajectories marked invalid (hit by a tool's infrastructure fault) are left out of every statistic (group
+means and stds, whitening) and get advantage 0. Adding one is a function and `@register_advantage("name")`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class AdvantageInputs:
     eps: float = 1e-4
     gamma: float = 1.0
     lam: float = 0.95
+    valid: torch.Tensor | None = None
+    """[trajectories] bool: False leaves a trajectory out of the statistics (advantage 0); None: all valid."""
 
 
 @dataclass
@@ -45,15 +48,43 @@ ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "train.advanta
 register_advantage = ADVANTAGES.register
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, scale: bool = True) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    eps: float = 1e-4,
+    scale: bool = True,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Each reward minus its group's mean, divided by the group's (unbiased) std when `scale`. A group whose
-    rewards are all equal gets zero advantages."""
+    rewards are all equal gets zero advantages. With `valid`, the statistics are over a group's valid members
+    only, and the others get 0."""
     grouped = rewards.view(-1, group_size)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale and group_size > 1:
-        std = grouped.std(dim=1, keepdim=True)
-        centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    if valid is None:
+        centred = grouped - grouped.mean(dim=1, keepdim=True)
+        if scale and group_size > 1:
+            std = grouped.std(dim=1, keepdim=True)
+            centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+        return centred.reshape(-1)
+    mask = valid.view(-1, group_size).to(rewards.dtype)
+    n = mask.sum(dim=1, keepdim=True)
+    mean = (grouped * mask).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centred = (grouped - mean) * mask
+    if scale:
+        std = ((centred**2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+        centred = torch.where((std > 0) & (n > 1), centred / (std + eps), torch.zeros_like(centred))
     return centred.reshape(-1)
+
+
+def valid_counts(x: AdvantageInputs) -> torch.Tensor:
+    """[trajectories] how many valid members each trajectory's group has."""
+    if x.valid is None:
+        return torch.full((len(x.rewards),), x.group_size)
+    return x.valid.view(-1, x.group_size).sum(dim=1).repeat_interleave(x.group_size)
+
+
+def token_mask(x: AdvantageInputs) -> torch.Tensor | None:
+    """[tokens] bool: the tokens of valid trajectories; None when all are."""
+    return None if x.valid is None else per_token(x.valid, x.counts)
 
 
 def sequence_scores(x: AdvantageInputs) -> torch.Tensor:
@@ -68,8 +99,14 @@ def per_token(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
     return torch.repeat_interleave(values, torch.tensor(counts, device=values.device))
 
 
-def whiten(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero mean, unit std over the whole step (left as is when it has no spread)."""
+def whiten(x: torch.Tensor, eps: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Zero mean, unit std over the whole step (left as is when it has no spread); with `mask`, statistics over
+    the masked-in entries, and 0 elsewhere."""
+    if mask is not None:
+        out = torch.zeros_like(x)
+        if mask.any():
+            out[mask] = whiten(x[mask], eps)
+        return out
     if x.numel() < 2:
         return x - x.mean()
     std = x.std()
@@ -92,34 +129,34 @@ def reverse_cumsum(x: torch.Tensor, counts: list[int], discount: float = 1.0) ->
 @register_advantage("grpo")
 def grpo(x: AdvantageInputs) -> Advantages:
     """GRPO: (score - group mean) / (group std + eps)."""
-    return Advantages(per_token(group_advantages(sequence_scores(x), x.group_size, x.eps), x.counts))
+    return Advantages(per_token(group_advantages(sequence_scores(x), x.group_size, x.eps, valid=x.valid), x.counts))
 
 
 @register_advantage("dr_grpo")
 def dr_grpo(x: AdvantageInputs) -> Advantages:
     """Dr. GRPO: score - group mean, not divided by the std (no difficulty bias)."""
-    return Advantages(per_token(group_advantages(sequence_scores(x), x.group_size, scale=False), x.counts))
+    centred = group_advantages(sequence_scores(x), x.group_size, scale=False, valid=x.valid)
+    return Advantages(per_token(centred, x.counts))
 
 
 @register_advantage("rloo")
 def rloo(x: AdvantageInputs) -> Advantages:
     """RLOO: score minus the mean of the other samples of its group = G / (G - 1) * (score - group mean)."""
-    g = x.group_size
-    if g < 2:
-        return Advantages(torch.zeros(sum(x.counts)))
-    centred = group_advantages(sequence_scores(x), g, scale=False)
-    return Advantages(per_token(centred * g / (g - 1), x.counts))
+    n = valid_counts(x).to(x.rewards.dtype)
+    centred = group_advantages(sequence_scores(x), x.group_size, scale=False, valid=x.valid)
+    factor = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
+    return Advantages(per_token(centred * factor, x.counts))
 
 
 @register_advantage("reinforce_pp")
 def reinforce_pp(x: AdvantageInputs) -> Advantages:
     """REINFORCE++ with a baseline: the final reward minus its group's mean, plus the per-token rewards still to
     come (returns, undiscounted), whitened over all tokens of the step."""
-    baseline = group_advantages(x.rewards, x.group_size, scale=False)
+    baseline = group_advantages(x.rewards, x.group_size, scale=False, valid=x.valid)
     returns = per_token(baseline, x.counts)
     if x.token_rewards is not None:
         returns = returns + reverse_cumsum(x.token_rewards, x.counts)
-    return Advantages(whiten(returns, x.eps))
+    return Advantages(whiten(returns, x.eps, token_mask(x)))
 
 
 @register_advantage("gae")
@@ -138,12 +175,18 @@ def gae(x: AdvantageInputs) -> Advantages:
     following[ends] = 0.0  # nothing after a trajectory's last token
     deltas = rewards + x.gamma * following - values
     advantages = reverse_cumsum(deltas, x.counts, x.gamma * x.lam)
-    return Advantages(whiten(advantages, x.eps), returns=advantages + values)
+    return Advantages(whiten(advantages, x.eps, token_mask(x)), returns=advantages + values)
 
 
-def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def informative_groups(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """DAPO's dynamic sampling filter: a mask over trajectories that keeps the groups whose rewards differ
-    (a group that all succeeded or all failed has no learning signal)."""
+    (a group that all succeeded or all failed has no learning signal); with `valid`, among valid members."""
     grouped = rewards.view(-1, group_size)
-    differs = (grouped != grouped[:, :1]).any(dim=1)
+    if valid is None:
+        differs = (grouped != grouped[:, :1]).any(dim=1)
+    else:
+        mask = valid.view(-1, group_size)
+        low = torch.where(mask, grouped, torch.full_like(grouped, float("inf"))).min(dim=1).values
+        high = torch.where(mask, grouped, torch.full_like(grouped, float("-inf"))).max(dim=1).values
+        differs = high > low
     return differs.repeat_interleave(group_size)

@@ -137,7 +137,7 @@ class ToolsConfig(Section):
     file: str | None = None
     """A tool config file (mcpServers style, YAML or JSON); its tools are offered besides the environment's."""
     timeout_s: float = Field(10.0, gt=0)
-    """Default per-call timeout; a tool's policy in the file may override it."""
+    """Default deadline of a call, its retries included; a tool's policy in the file may override it."""
     max_concurrency: int = Field(64, ge=1)
     """Tool calls in flight at once, over all trajectories."""
     cache_file: str | None = None
@@ -198,6 +198,10 @@ class TrainConfig(Section):
     advantage_eps: float = Field(1e-4, gt=0)
     mask_truncated: bool = False
     """Leave truncated trajectories (cut by a token limit) out of the loss, as DAPO's overlong filtering does."""
+    infra_faults: Literal["mask", "keep"] = "mask"
+    """mask: a trajectory hit by an infrastructure fault of a tool (timeout, crash, transport failure) is left out
+    of its group's advantage statistics and of the loss, so that a tool's failure is never learned as the
+    model's mistake; keep: train on it like any other."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     lora: LoRAConfig = LoRAConfig()

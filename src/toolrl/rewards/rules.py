@@ -21,7 +21,8 @@ def tool_calls(trajectory, task) -> float:
 
 
 def tool_errors(trajectory, task) -> float:
-    return float(trajectory.num_tool_errors)
+    """Failed calls the model can answer for: infrastructure faults (timeouts, crashes) are not counted."""
+    return float(trajectory.num_tool_errors - trajectory.num_tool_faults)
 
 
 def efficiency(trajectory, task) -> float:

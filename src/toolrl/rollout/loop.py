@@ -182,6 +182,7 @@ class Rollout:
         traj.step_rewards.append(step.reward)
         failed = sum(r.error for r in results)
         traj.num_tool_errors += failed
+        traj.num_tool_faults += sum(r.infra_fault for r in results)
         if failed and self.limits.stop_on_tool_error:
             traj.stop_reason = "tool_error"
             return _Turn(State.DONE)

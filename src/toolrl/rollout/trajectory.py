@@ -32,6 +32,8 @@ class Trajectory:
     num_tool_calls: int = 0
     num_format_errors: int = 0
     num_tool_errors: int = 0
+    num_tool_faults: int = 0
+    """Calls that failed for reasons of infrastructure (timeout, crash, transport), not the model's."""
     stop_reason: str = ""
     truncated: bool = False
     reward: float = 0.0
@@ -92,6 +94,7 @@ class Trajectory:
             "rewards": self.rewards,
             "stop_reason": self.stop_reason,
             "tool_calls": self.num_tool_calls,
+            "tool_faults": self.num_tool_faults,
             "turns": self.num_turns,
             "segments": [
                 {"kind": kind, "loss": kind == MODEL, "text": tokenizer.decode(self.token_ids[a:b])}

@@ -41,7 +41,8 @@ class ToolBox:
         if self._executor is None:
             from toolrl.tools.executor import ToolExecutor
 
-            self._executor = ToolExecutor(self.toolset.tools, policies=self.toolset.policies(ToolPolicy()))
+            policies = self.toolset.policies(ToolPolicy())
+            self._executor = ToolExecutor(self.toolset.tools, policies=policies, log_dir=self.toolset.log_dir)
         return self._executor
 
     async def call(self, name: str, /, **arguments: Any) -> str:

@@ -1,39 +1,45 @@
 """Run tool calls on asyncio: the calls of a turn run concurrently; every failure becomes a short observation.
 
-Each call goes through: cache (opt-in) -> rate limit -> per-tool, then global concurrency limit -> attempt
-with a timeout -> retries with exponential backoff for transient failures only. `metrics` counts calls,
-cache hits and misses, retries and every kind of failure.
+Each call goes through: cache (opt-in) -> rate limit -> per-tool, then global concurrency limit -> attempts
+under one deadline (the policy's timeout, counted from the call's start: retries, backoff and reconnects fit
+inside it) -> a retry with exponential backoff only for a transient failure of a tool that is safe to repeat,
+or one that never reached the tool. Synchronous tools run in worker processes or threads (runners.py), async
+ones on the loop; none holds a slot past its deadline. Every result carries its outcome; `metrics` counts
+calls, outcomes (`errors_<outcome>`, with the `infra_faults` and `model_errors` families), retries and the
+cache.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from toolrl.errors import ToolError
 from toolrl.tools.cache import ResultCache, cache_key
-from toolrl.tools.call import ToolCall, ToolResult, first_line, unknown_tool_error
+from toolrl.tools.call import (
+    INFRA_FAULTS,
+    MODEL_ERRORS,
+    Outcome,
+    ToolCall,
+    ToolResult,
+    clip,
+    first_line,
+    one_line,
+    unknown_tool_error,
+)
 from toolrl.tools.function import Tool
-from toolrl.tools.limits import TRANSIENT, RateLimiter, ToolPolicy
-
-
-def _to_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
+from toolrl.tools.limits import TRANSIENT, RateLimiter, ServerCrashed, ServerUnavailable, ToolPolicy
+from toolrl.tools.runners import DeadlineExceeded, ProcessRunner, ThreadRunner
+from toolrl.tools.worker import to_text
 
 
 class ToolExecutor:
-    """Owns a set of tools by name and the policy each is called with."""
+    """Owns a set of tools by name, the policy each is called with, and the workers that run them."""
 
     def __init__(
         self,
@@ -42,21 +48,36 @@ class ToolExecutor:
         max_concurrency: int = 64,
         policies: Mapping[str, ToolPolicy] | None = None,
         cache_path: str | Path | None = None,
+        log_dir: str | Path | None = None,
     ):
         self.tools = {tool.name: tool for tool in tools}
         self.default_policy = ToolPolicy(timeout_s=timeout_s)
         self.policies = dict(policies or {})
         self.max_concurrency = max_concurrency
-        # One worker thread per concurrent call: asyncio's default pool has min(32, cores + 4) threads,
-        # which would cap slow synchronous tools far below max_concurrency on a small machine.
-        self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="toolrl-tool")
+        self.threads = ThreadRunner()
+        self.processes = ProcessRunner(Path(log_dir) / "workers.log" if log_dir else None)
         self.cache = ResultCache(path=cache_path)
         self.metrics: Counter[str] = Counter()
         self._limits: dict[tuple[int, str], tuple[asyncio.Semaphore | None, RateLimiter | None]] = {}
         self._global: dict[int, asyncio.Semaphore] = {}
+        self._abandoned: set[asyncio.Task] = set()
+        for tool in self.tools.values():
+            self.isolation(tool)  # a tool that cannot run where its policy says is a config error, now
 
     def policy(self, name: str) -> ToolPolicy:
         return self.policies.get(name, self.default_policy)
+
+    def isolation(self, tool: Tool) -> str:
+        """Where `tool` runs: async (on the loop), process or thread."""
+        if tool.is_async:
+            return "async"
+        chosen = self.policy(tool.name).isolation or tool.isolation or ("process" if tool.target else "thread")
+        if chosen == "process" and tool.target is None:
+            raise ToolError(
+                f"tool {tool.name}: isolation process needs a function a worker process can import "
+                "(module-level, not a closure, bound method or partial); use isolation: thread"
+            )
+        return chosen
 
     def _gates(self, name: str) -> tuple[asyncio.Semaphore, asyncio.Semaphore | None, RateLimiter | None]:
         # asyncio primitives belong to one event loop; each `asyncio.run` of a rollout gets its own.
@@ -71,14 +92,23 @@ class ToolExecutor:
             self._limits[(loop, name)] = (per_tool, rate)
         return (self._global[loop], *self._limits[(loop, name)])
 
+    def _result(self, call: ToolCall, outcome: Outcome, content: str, started: float | None = None) -> ToolResult:
+        if outcome != "ok":
+            self.metrics[f"errors_{outcome}"] += 1
+            if outcome in INFRA_FAULTS:
+                self.metrics["infra_faults"] += 1
+            elif outcome in MODEL_ERRORS:
+                self.metrics["model_errors"] += 1
+        latency = time.monotonic() - started if started is not None else 0.0
+        return ToolResult(call, content, outcome, latency)
+
     async def invoke(self, call: ToolCall, bound: Mapping[str, Tool] | None = None) -> ToolResult:
         """Run one call. `bound` holds one trajectory's own versions of some tools (bound to its database or
         sandbox); they take the place of the shared tools of the same names, under the same policies."""
         self.metrics["calls"] += 1
         tool = (bound or {}).get(call.name) or self.tools.get(call.name)
         if tool is None:
-            self.metrics["errors_unknown_tool"] += 1
-            return ToolResult(call, unknown_tool_error(call.name, self.tools), error=True)
+            return self._result(call, "unknown_tool", unknown_tool_error(call.name, self.tools))
         policy = self.policy(call.name)
         stateful = bool(bound) and call.name in bound  # its result depends on the trajectory's state
         key = cache_key(call.name, call.arguments) if policy.cache and not stateful else None
@@ -87,47 +117,79 @@ class ToolExecutor:
             self.metrics["cache_hits" if cached is not None else "cache_misses"] += 1
             if cached is not None:
                 return ToolResult(call, cached)
-        result = await self._call_with_retries(tool, call, policy)
+        result = await self._call(tool, call, policy)
         if key is not None and not result.error:
             self.cache.put(key, result.content)
         return result
 
-    async def _call_with_retries(self, tool: Tool, call: ToolCall, policy: ToolPolicy) -> ToolResult:
+    async def _call(self, tool: Tool, call: ToolCall, policy: ToolPolicy) -> ToolResult:
         global_gate, tool_gate, rate = self._gates(call.name)
-        for attempt in range(policy.retries + 1):
-            if rate is not None:  # wait for the rate limit before taking a concurrency slot
-                await rate.acquire()
-            # The tool's own slot first: a call waiting for it must not hold a global slot other tools could use.
-            async with tool_gate or nullcontext(), global_gate:
-                started = time.monotonic()
+        if rate is not None:  # wait for the rate limit before taking a concurrency slot
+            await rate.acquire()
+        # The tool's own slot first: a call waiting for it must not hold a global slot other tools could use.
+        async with tool_gate or nullcontext(), global_gate:
+            started = time.monotonic()
+            deadline = started + policy.timeout_s
+            try:
+                arguments = tool.validate(call.arguments)
+            except ValueError as exc:
+                return self._result(call, "invalid_arguments", f"Error: {exc}", started)
+            safe_to_repeat = tool.idempotent if policy.retry is None else policy.retry
+            attempt = 0
+            while True:
                 try:
-                    value = await asyncio.wait_for(tool(call.arguments, self.pool), timeout=policy.timeout_s)
-                    return ToolResult(call, _to_text(value))
-                except (asyncio.TimeoutError, TimeoutError) as exc:  # distinct classes before 3.11
-                    if time.monotonic() - started >= policy.timeout_s:
-                        # Our own deadline: a hung tool is not retried, that would multiply the wait.
-                        self.metrics["errors_timeout"] += 1
-                        return ToolResult(
-                            call, f"Error: {call.name} timed out after {policy.timeout_s:g} s", error=True
-                        )
-                    failure, message = "errors_transient", f"{call.name} failed: {first_line(exc)}"
+                    value = await self._attempt(tool, arguments, deadline - time.monotonic())
+                    return self._result(call, "ok", value, started)
+                except DeadlineExceeded:
+                    return self._result(
+                        call, "timeout", f"Error: {call.name} timed out after {policy.timeout_s:g} s", started
+                    )
                 except ValueError as exc:  # arguments off the schema, or a value the tool rejects: final
-                    self.metrics["errors_invalid"] += 1
-                    return ToolResult(call, f"Error: {exc}", error=True)
+                    return self._result(call, "invalid_arguments", f"Error: {clip(str(exc))}", started)
+                except ServerUnavailable as exc:  # never reached the tool: safe to send again
+                    outcome, message, repeatable = "transport", one_line(str(exc)), True
+                except ServerCrashed as exc:
+                    outcome, message, repeatable = "crashed", one_line(str(exc)), safe_to_repeat
                 except TRANSIENT as exc:
-                    failure, message = "errors_transient", f"{call.name} failed: {first_line(exc)}"
+                    outcome, message, repeatable = "transport", first_line(exc), safe_to_repeat
                 except Exception as exc:  # a tool's own failure must never end the rollout
-                    self.metrics["errors_raised"] += 1
-                    return ToolResult(call, f"Error: {call.name} failed: {first_line(exc)}", error=True)
-            if attempt < policy.retries:
+                    return self._result(call, "tool_error", f"Error: {call.name} failed: {first_line(exc)}", started)
+                backoff = policy.backoff_s * 2**attempt
+                if not repeatable or attempt >= policy.retries or time.monotonic() + backoff >= deadline:
+                    return self._result(call, outcome, f"Error: {call.name} failed: {message}", started)
+                attempt += 1
                 self.metrics["retries"] += 1
-                await asyncio.sleep(policy.backoff_s * 2**attempt)
-        self.metrics[failure] += 1
-        return ToolResult(call, f"Error: {message}", error=True)
+                await asyncio.sleep(backoff)
+
+    async def _attempt(self, tool: Tool, arguments: dict[str, Any], timeout: float) -> str:
+        where = self.isolation(tool)
+        if where == "async":
+            return to_text(await self._run_async(tool.fn(**arguments), timeout))
+        if where == "process":
+            return await self.processes.run(tool.target, arguments, timeout)
+        return to_text(await self.threads.run(tool.fn, arguments, timeout))
+
+    async def _run_async(self, coro: Any, timeout: float) -> Any:
+        """Await `coro` until `timeout`; past it, cancel it and let it go (kept, so that close() can end it)
+        instead of waiting for a coroutine that might ignore the cancellation."""
+        task = asyncio.ensure_future(coro)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=max(timeout, 0.0))
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task in done:
+            return task.result()
+        task.cancel()
+        self._abandoned.add(task)  # the loop holds tasks weakly; asyncio.run's teardown awaits what is left
+        task.add_done_callback(self._abandoned.discard)
+        raise DeadlineExceeded
 
     async def invoke_all(self, calls: Sequence[ToolCall], bound: Mapping[str, Tool] | None = None) -> list[ToolResult]:
         return list(await asyncio.gather(*(self.invoke(call, bound) for call in calls)))
 
     def close(self) -> None:
+        """Kill the worker processes (hung ones too) and close the cache; hung threads are daemons and never
+        delay the process's exit."""
+        self.processes.close()
         self.cache.close()
-        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,21 +1,31 @@
-"""A tool made from a typed Python function: JSON schema from type hints and docstring, validated calls."""
+"""A tool made from a typed Python function: JSON schema from type hints and docstring, validated calls.
+
+Validation errors name every field that is wrong and why (bounded in length), so that the model can learn
+which argument to fix. Where a synchronous tool runs is its isolation: in a worker process (killed when it
+overruns its deadline; the default for functions a fresh interpreter can import), or in a thread (for tools
+known to return, and for closures and bound methods, which cannot move to another process).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from toolrl.errors import ToolError
+from toolrl.tools.call import clip
+from toolrl.tools.limits import InvalidArguments, Isolation
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+MAX_ERRORS = 5
+"""Fields listed in one validation message; more are counted."""
 
 
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -45,6 +55,49 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return " ".join(" ".join(description).split()), args
 
 
+def invalid_arguments(problems: list[tuple[str, str]]) -> InvalidArguments:
+    """One message for every (field, reason), the first MAX_ERRORS of them spelled out."""
+    shown = "; ".join(f"{where}: {reason}" for where, reason in problems[:MAX_ERRORS])
+    more = f"; and {len(problems) - MAX_ERRORS} more" if len(problems) > MAX_ERRORS else ""
+    noun = "argument" if len(problems) == 1 else "arguments"
+    return InvalidArguments(clip(f"invalid {noun}: {shown}{more}"))
+
+
+def _pydantic_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "arguments"
+        reason = err["msg"]
+        if err["type"] not in {"missing", "extra_forbidden"}:
+            reason += f" (got {clip(repr(err.get('input')), 60)})"
+        elif err["type"] == "extra_forbidden":
+            reason = "not a parameter of this tool"
+        problems.append((where, reason))
+    return problems
+
+
+def json_schema_checker(schema: Mapping[str, Any], where: str) -> Callable[[Mapping[str, Any]], None]:
+    """A function that raises InvalidArguments for arguments off `schema`, naming each field; ValueError here
+    when `schema` itself is not a valid JSON schema."""
+    import jsonschema
+
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"{where}: not a valid JSON schema ({exc.message})") from None
+    validator = validator_class(schema)
+
+    def check(arguments: Mapping[str, Any]) -> None:
+        errors = sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise invalid_arguments(
+                [(".".join(str(p) for p in e.absolute_path) or "arguments", clip(e.message, 160)) for e in errors]
+            )
+
+    return check
+
+
 @dataclass
 class Tool:
     """A callable the model can invoke; `parameters` is a JSON schema object."""
@@ -54,6 +107,17 @@ class Tool:
     parameters: dict[str, Any]
     fn: Callable[..., Any]
     arguments_model: type[BaseModel] | None = field(default=None, repr=False)
+    check: Callable[[Mapping[str, Any]], None] | None = field(default=None, repr=False)
+    """For tools without an arguments model (MCP, HTTP): raises InvalidArguments for arguments off the schema."""
+    idempotent: bool = False
+    """Safe to repeat: a failure that may have reached the tool is retried only when this (or the policy's
+    `retry`) says so."""
+    isolation: Isolation | None = None
+    """Where the function runs when it is synchronous; None: a worker process when `target` is set, else a
+    thread."""
+    target: str | None = None
+    """`module:qualname` by which a worker process imports `fn`; None when it cannot (closures, bound methods,
+    functions of __main__, partials)."""
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -61,30 +125,55 @@ class Tool:
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
-    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Check and coerce arguments against the schema; raises ValueError with a short message."""
-        if self.arguments_model is None:
-            return arguments
-        try:
-            return self.arguments_model.model_validate(arguments).model_dump()
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "arguments"
-            raise ValueError(f"invalid argument {where}: {err['msg']}") from None
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
 
-    async def __call__(self, arguments: dict[str, Any], pool: Executor | None = None) -> Any:
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check and coerce arguments against the schema; raises InvalidArguments naming each wrong field."""
+        if self.arguments_model is not None:
+            try:
+                return self.arguments_model.model_validate(arguments).model_dump()
+            except ValidationError as exc:
+                raise invalid_arguments(_pydantic_problems(exc)) from None
+        if self.check is not None:
+            self.check(arguments)
+        return arguments
+
+    async def __call__(self, arguments: dict[str, Any]) -> Any:
+        """Validate and run once, here (a synchronous function in a thread): for trying a tool by hand. Rollouts
+        go through `ToolExecutor`, which adds deadlines, isolation and retries."""
         kwargs = self.validate(arguments)
-        if inspect.iscoroutinefunction(self.fn):
+        if self.is_async:
             return await self.fn(**kwargs)
-        # Synchronous tools run in worker threads (`pool`, else asyncio's default) so they never block the loop.
-        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(self.fn, **kwargs))
+        return await asyncio.to_thread(functools.partial(self.fn, **kwargs))
+
+
+def import_target(fn: Callable[..., Any]) -> str | None:
+    """`module:qualname` if a fresh interpreter importing it gets this very function, else None."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname or not inspect.isfunction(fn):
+        return None
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{module}:{qualname}" if obj is fn else None
 
 
 def tool_from_function(
-    fn: Callable[..., Any], name: str | None = None, inject: Mapping[str, Any] | None = None
+    fn: Callable[..., Any],
+    name: str | None = None,
+    inject: Mapping[str, Any] | None = None,
+    *,
+    idempotent: bool = False,
+    isolation: Isolation | None = None,
 ) -> Tool:
     """Build a Tool from a function with type hints on every parameter. Parameters named in `inject` are
-    filled with its values on every call and left out of the schema the model sees."""
+    filled with its values on every call and left out of the schema the model sees. `idempotent` declares the
+    tool safe to repeat after a failure; `isolation` where it runs (see `Tool.isolation`)."""
     tool_name = name or fn.__name__
     description, arg_docs = parse_docstring(fn.__doc__)
     hints = get_type_hints(fn)
@@ -105,7 +194,17 @@ def tool_from_function(
         prop.pop("title", None)
     schema.setdefault("required", [])
     call = functools.partial(fn, **inject) if inject else fn
-    return Tool(tool_name, description or tool_name, schema, call, model)
+    target = None if inject else import_target(fn)
+    return Tool(
+        tool_name,
+        description or tool_name,
+        schema,
+        call,
+        model,
+        idempotent=idempotent,
+        isolation=isolation,
+        target=target,
+    )
 
 
 def _field(default: Any, description: str | None) -> Any:

@@ -13,14 +13,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-import jsonschema
 
 from toolrl.errors import ConfigError
-from toolrl.tools.function import Tool
-from toolrl.tools.limits import TransientToolError
+from toolrl.tools.function import Tool, json_schema_checker
+from toolrl.tools.limits import ServerUnavailable, TransientToolError
 
-RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-"""HTTP statuses worth retrying; any other error status is the final answer."""
+NOT_PROCESSED_STATUS = {408, 425, 429, 503}
+"""Statuses that say the server did not act on the request: retried whatever the tool."""
+RETRY_STATUS = NOT_PROCESSED_STATUS | {500, 502, 504}
+"""HTTP statuses worth retrying (those outside NOT_PROCESSED_STATUS only for tools safe to repeat); any other
+error status is the final answer."""
+IDEMPOTENT_METHODS = {"GET", "PUT", "DELETE"}
 
 
 def bearer_header(api_key_env: str | None, where: str) -> dict[str, str]:
@@ -41,7 +44,8 @@ def http_client(headers: Mapping[str, str] | None, connect_timeout_s: float, rea
 
 def request_json(client: httpx.Client, method: str, url: str, arguments: Mapping[str, Any]) -> Any:
     """Send `arguments` (query string for GET/DELETE, JSON body otherwise) and return the decoded reply:
-    JSON when the server sends JSON, else text. Connection failures and 5xx/429 raise TransientToolError."""
+    JSON when the server sends JSON, else text. A request that never reached the server (connection refused,
+    429, 503) raises ServerUnavailable; other connection failures and 5xx raise TransientToolError."""
     try:
         if method in {"GET", "DELETE"}:
             params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()}
@@ -49,35 +53,28 @@ def request_json(client: httpx.Client, method: str, url: str, arguments: Mapping
         else:
             response = client.request(method, url, json=dict(arguments))
     except httpx.TransportError as exc:
-        raise TransientToolError(f"{method} {url}: {type(exc).__name__} {exc}".strip()) from exc
+        failure = (
+            ServerUnavailable if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) else TransientToolError
+        )
+        raise failure(f"{method} {url}: {type(exc).__name__} {exc}".strip()) from exc
     if response.status_code >= 400:
         body = " ".join(response.text.split())[:200]
         message = f"{method} {url} answered HTTP {response.status_code}{': ' + body if body else ''}"
-        raise (TransientToolError if response.status_code in RETRY_STATUS else RuntimeError)(message)
+        status = response.status_code
+        failure = (
+            ServerUnavailable
+            if status in NOT_PROCESSED_STATUS
+            else TransientToolError
+            if status in RETRY_STATUS
+            else RuntimeError
+        )
+        raise failure(message)
     if "json" in response.headers.get("content-type", ""):
         try:
             return response.json()
         except ValueError:
             pass
     return response.text
-
-
-def schema_checker(schema: Mapping[str, Any], where: str):
-    """A function that raises ValueError (a final, non-retried failure) for arguments off `schema`."""
-    try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        validator_class.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise ValueError(f"{where}: not a valid JSON schema ({exc.message})") from None
-    validator = validator_class(schema)
-
-    def check(arguments: Mapping[str, Any]) -> None:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
-        if error is not None:
-            path = ".".join(str(p) for p in error.absolute_path)
-            raise ValueError(f"invalid argument{' ' + path if path else 's'}: {error.message}")
-
-    return check
 
 
 def http_tool(
@@ -88,12 +85,20 @@ def http_tool(
     description: str = "",
     parameters: Mapping[str, Any] | None = None,
 ) -> Tool:
-    """A tool that sends its arguments to `url` and answers with the reply (JSON re-serialised, or text)."""
+    """A tool that sends its arguments to `url` and answers with the reply (JSON re-serialised, or text). GET,
+    PUT and DELETE are safe to repeat by HTTP's own rules; POST is not unless the policy says `retry: true`."""
     schema = dict(parameters or {"type": "object", "properties": {}})
-    check = schema_checker(schema, name)
+    check = json_schema_checker(schema, name)
 
     def call(**arguments: Any) -> Any:
-        check(arguments)
         return request_json(client, method, url, arguments)
 
-    return Tool(name, description or f"{method} {url}", schema, call)
+    return Tool(
+        name,
+        description or f"{method} {url}",
+        schema,
+        call,
+        check=check,
+        idempotent=method in IDEMPOTENT_METHODS,
+        isolation="thread",  # bounded by the client's timeouts; the client lives in this process
+    )

@@ -1,28 +1,52 @@
-"""Per-tool call policy and the rate limiter that enforces calls per second."""
+"""Per-tool call policy, the failures a tool may signal, and the rate limiter that enforces calls per second."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Literal
+
+Isolation = Literal["process", "thread"]
 
 
 class TransientToolError(Exception):
-    """Raised by a tool for a failure worth retrying (a dropped connection, a busy server)."""
+    """Raised by a tool for a failure worth retrying (a dropped connection, a busy server). It is retried only
+    when the tool is safe to repeat (its policy's `retry`), since the failed attempt may have had effects."""
+
+
+class ServerUnavailable(TransientToolError):
+    """The call never reached the tool (its server is down or refused the connection): always safe to retry."""
+
+
+class ServerCrashed(TransientToolError):
+    """The tool's server (or worker process) died while the call was in flight: it may or may not have run."""
+
+
+class InvalidArguments(ValueError):
+    """The arguments do not fit the tool's schema; the message names each field and what is wrong with it."""
 
 
 TRANSIENT = (TransientToolError, ConnectionError, TimeoutError)
-"""Failures retried with backoff; anything else (bad arguments, a tool's own error) is answered at once."""
+"""Failures retried with backoff when the tool is safe to repeat; anything else (bad arguments, a tool's own
+error) is answered at once."""
 
 
 @dataclass(frozen=True)
 class ToolPolicy:
     timeout_s: float = 10.0
-    """Per attempt. A call that runs into it is answered at once, not retried."""
+    """The call's deadline, counted from when it starts (its concurrency slot taken): attempts, retries, backoff
+    and reconnects all fit inside it. A call that runs into it is answered at once."""
     retries: int = 2
-    """Extra attempts after a transient failure, with exponential backoff."""
+    """Extra attempts after a transient failure, with exponential backoff, for tools that are safe to repeat."""
     backoff_s: float = 0.5
     """First backoff; doubles on each retry."""
+    retry: bool | None = None
+    """Whether the tool is safe to repeat after a failure that may have reached it; None: the tool's own
+    declaration (MCP readOnlyHint/idempotentHint, the HTTP method, `tool_from_function(idempotent=...)`)."""
+    isolation: Isolation | None = None
+    """Where a synchronous tool runs: process (a worker process, killed on timeout) or thread (for tools known to
+    return); None: the tool's own setting."""
     max_concurrency: int | None = None
     """Calls of this tool in flight at once; None means only the executor's global limit applies."""
     rate_per_s: float | None = None

@@ -1,8 +1,15 @@
 """MCP servers (stdio and streamable HTTP) through the official `mcp` SDK: one session per server, kept open.
 
-Each server connection owns a background thread with its own event loop. A long-lived task there holds the
-session (the SDK's anyio contexts must be entered and left in one task) and reconnects after the server
-dies. Calls arrive from any event loop, such as a rollout's, and are handed to that thread.
+Each server connection owns a background thread with its own event loop, where one task holds the session
+(the SDK's anyio contexts must be entered and left in one task). Calls arrive from any event loop, such as a
+rollout's, and are handed to that thread; the caller's deadline (the executor's) bounds each of them.
+
+Failures are told apart, because training must not learn from them as the model's mistakes:
+- a server that cannot start fails at once with its cause (exit code, last lines of its stderr, which goes to a
+  log file), and is not relaunched in the background: the next call tries again, at most every few seconds;
+- a server that dies while up is restarted by the next call; calls that were in flight raise `ServerCrashed`
+  (the executor re-runs them when the tool is safe to repeat: `readOnlyHint` or `idempotentHint`), calls that
+  find it down raise `ServerUnavailable` (never sent, so always safe to retry).
 """
 
 from __future__ import annotations
@@ -10,16 +17,29 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
+import sys
+import time
 from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from toolrl.errors import ToolError
 from toolrl.loop_thread import LoopThread
-from toolrl.tools.call import first_line
-from toolrl.tools.function import Tool
-from toolrl.tools.limits import TransientToolError
+from toolrl.tools.call import clip, first_line, one_line
+from toolrl.tools.function import Tool, json_schema_checker
+from toolrl.tools.limits import InvalidArguments, ServerCrashed, ServerUnavailable
 
 log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_S = (1.0, 30.0)
+"""After a failed start, the next start waits this long (doubling per failure, up to the second value)."""
+STOP_GRACE_S = 0.5
+"""On close: time for a server to exit after its stdin closes, then after SIGTERM, before SIGKILL."""
+STDERR_TAIL_LINES = 5
 
 
 def result_text(result: Any) -> str:
@@ -42,6 +62,45 @@ def result_text(result: Any) -> str:
     return "\n".join(parts)
 
 
+def safe_to_repeat(spec: Any) -> bool:
+    """MCP's annotations: a read-only tool, or one whose repeated calls have no additional effect."""
+    notes = getattr(spec, "annotations", None)
+    return bool(notes and (notes.read_only_hint or notes.idempotent_hint))
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The one exception inside anyio's task-group wrappers."""
+    while isinstance(getattr(exc, "exceptions", None), tuple) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _session_fault(exc: BaseException) -> str | None:
+    """'lost' when `exc` means the connection broke (the call may have run), 'expired' when the server no longer
+    knows the session (the call was refused, not run), None for an answer from a live server."""
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import CONNECTION_CLOSED, INVALID_REQUEST
+
+    if not isinstance(exc, MCPError):
+        return "lost"  # transport errors: closed or broken streams, refused or dropped HTTP connections
+    if exc.code == CONNECTION_CLOSED:
+        return "lost"
+    # Streamable HTTP: a 404 to a request with a session id means the server restarted or dropped the session;
+    # the SDK surfaces it as this error (the HTTP status is not passed on).
+    if exc.code == INVALID_REQUEST and exc.error.message in {"Session not found", "Session terminated"}:
+        return "expired"
+    return None
+
+
+@dataclass
+class _Live:
+    """One open session and what ends it."""
+
+    session: Any
+    process: Any | None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class MCPServerConnection:
     """One MCP server; `tools()` lists its tools as `Tool`s named `server.tool`. Subclasses open a transport."""
 
@@ -49,105 +108,214 @@ class MCPServerConnection:
         self.name = name
         self.connect_timeout_s = connect_timeout_s
         self.connections = 0
-        self._session = None
-        self._ready: asyncio.Event | None = None
-        self._dead: asyncio.Event | None = None
-        self._stopping = False
+        """Sessions opened so far (1 + restarts)."""
+        self.cause: str | None = None
+        """Why the last start failed, while the server is down."""
+        self._live: _Live | None = None
+        self._starting: asyncio.Task | None = None
+        self._owners: set[asyncio.Task] = set()
+        self._failed_starts = 0
+        self._next_start = 0.0
+        self._closed = False
         self._loop = LoopThread(f"mcp-{name}")
-        self._owner = self._loop.submit(self._serve())
 
-    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
-        """Enter the transport's context on `stack`; return its (read, write) streams."""
+    # ---- transport (subclasses) ------------------------------------------------------------------------------
+
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None]:
+        """Enter the transport's context on `stack`; return its (read, write) streams and its process if any."""
         raise NotImplementedError
 
-    async def _serve(self) -> None:
+    def _describe_exit(self, process: Any | None) -> str:
+        """How a server process ended (exit code, end of its stderr), as ' (...)', or ''."""
+        return ""
+
+    # ---- the session's lifetime (all on the connection's own loop) ------------------------------------------
+
+    async def _hold(self, ready: asyncio.Future) -> None:
+        """Open a session, report on `ready`, keep it until the server ends or close() is called."""
         from mcp import ClientSession
 
-        self._ready, self._dead = asyncio.Event(), asyncio.Event()
-        failed_starts = 0
-        while not self._stopping:
-            try:
-                async with AsyncExitStack() as stack:
-                    read, write = await self._open(stack)
-                    session = await stack.enter_async_context(ClientSession(read, write))
-                    await session.initialize()
-                    self._session = session
-                    self.connections += 1
-                    failed_starts = 0
-                    self._ready.set()
-                    await self._dead.wait()
-            except Exception as exc:  # the server could not start or died; try again unless closing
-                log.warning("MCP server %s: %s", self.name, exc)
-                failed_starts += 1
-                await asyncio.sleep(min(0.2 * 2 ** (failed_starts - 1), 5.0))  # back off a server that won't start
-            finally:
-                self._session = None
-                self._ready.clear()
-                self._dead.clear()
+        process = None
+        try:
+            async with AsyncExitStack() as stack:
+                read, write, process = await self._open(stack)
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await asyncio.wait_for(self._initialize(session, process), self.connect_timeout_s)
+                live = _Live(session, process)
+                self._live = live
+                self.connections += 1
+                ready.set_result(None)
+                await _first(live.stop.wait(), *([_exited(process)] if process is not None else []))
+                if self._live is live:
+                    self._live = None
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(ServerUnavailable(self._start_failure(exc, process)))
+            else:
+                log.warning("MCP server %s ended: %s", self.name, first_line(exc))
 
-    async def _with_session(self, method: str, *args: Any) -> Any:
-        """Run a session method on the owner's loop; after a failure, reconnect once and try again."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.connect_timeout_s
-        failures = 0
+    async def _initialize(self, session: Any, process: Any | None) -> None:
+        """initialize(), unless the process exits first: then fail at once, not after the connect timeout."""
+        if process is None:
+            await session.initialize()
+            return
+        init = asyncio.ensure_future(session.initialize())
+        await _first(init, _exited(process))
+        if not init.done() or init.cancelled():
+            raise ConnectionError("the server exited before answering initialize")
+        init.result()
+
+    def _start_failure(self, exc: BaseException, process: Any | None) -> str:
+        exc = _innermost(exc)
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            reason = f"did not answer initialize within {self.connect_timeout_s:g} s"
+        elif isinstance(exc, FileNotFoundError):
+            reason = f"cannot run {exc.filename or 'the command'}: {exc.strerror or exc}"
+        elif process is not None and process.returncode is not None:
+            reason = "the server exited before answering initialize"
+        else:
+            reason = first_line(exc)
+        return clip(f"MCP server {self.name} failed to start: {reason}{self._describe_exit(process)}", 800)
+
+    async def _start(self) -> None:
+        """Start the server and wait until it is up; on failure, remember why and when to try again."""
+        ready = asyncio.get_running_loop().create_future()
+        owner = asyncio.ensure_future(self._hold(ready))
+        self._owners.add(owner)
+        owner.add_done_callback(self._owners.discard)
+        try:
+            await ready
+        except ServerUnavailable as exc:
+            self.cause = str(exc)
+            self._failed_starts += 1
+            low, high = RESTART_BACKOFF_S
+            self._next_start = time.monotonic() + min(low * 2 ** (self._failed_starts - 1), high)
+            raise
+        self._failed_starts, self.cause = 0, None
+
+    async def _ready(self) -> _Live:
+        """The live session, starting (or restarting) the server when it is down and may be tried again."""
         while True:
-            session = self._session
-            if session is None or not self._ready.is_set():  # (re)connecting
-                if loop.time() > deadline:
-                    raise TransientToolError(f"MCP server {self.name} is not up after {self.connect_timeout_s:g} s")
-                await asyncio.sleep(0.01)
-                continue
-            try:
-                return await getattr(session, method)(*args)
-            except Exception as exc:
-                failures += 1
-                reason = first_line(exc)
-                if failures == 2:
-                    raise TransientToolError(f"MCP server {self.name} failed: {reason}") from exc
-                log.warning("MCP server %s: %s; reconnecting", self.name, reason)
-                if self._session is session:  # not already replaced by another caller's reconnect
-                    self._session = None
-                    self._ready.clear()
-                    self._dead.set()
-                deadline = loop.time() + self.connect_timeout_s
+            if self._closed:
+                raise ServerUnavailable(f"MCP server {self.name} is closed")
+            live = self._live
+            if live is not None and (live.process is None or live.process.returncode is None):
+                return live
+            if live is not None:  # its process is gone; the owner is closing it
+                self._live = None
+                live.stop.set()
+            if self._starting is None:
+                if self._failed_starts and time.monotonic() < self._next_start:
+                    raise ServerUnavailable(self.cause or f"MCP server {self.name} is down")
+                self._starting = asyncio.ensure_future(self._start())
+                self._starting.add_done_callback(self._started)
+            await asyncio.shield(self._starting)
+
+    def _started(self, task: asyncio.Task) -> None:
+        self._starting = None
+        if not task.cancelled():
+            task.exception()  # retrieved here: its waiters got it
+
+    async def _request(self, method: str, *args: Any) -> Any:
+        live = await self._ready()
+        try:
+            return await getattr(live.session, method)(*args)
+        except Exception as exc:
+            fault = _session_fault(exc)
+            if fault is None:
+                raise
+            if self._live is live:  # the first to notice ends the session; the next call restarts the server
+                self._live = None
+                live.stop.set()
+            if fault == "expired":
+                raise ServerUnavailable(f"MCP server {self.name} dropped the session; reconnecting") from None
+            if live.process is not None:  # a moment for its exit code, which says what happened
+                await _first(_exited(live.process), asyncio.sleep(0.5))
+            detail = self._describe_exit(live.process) or f" ({first_line(_innermost(exc))})"
+            raise ServerCrashed(f"MCP server {self.name} crashed during the call{detail}") from None
+
+    # ---- the interface -------------------------------------------------------------------------------------
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> str:
-        result = await self._loop.run(self._with_session("call_tool", tool, arguments))
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import INVALID_PARAMS
+
+        try:
+            result = await self._loop.run(self._request("call_tool", tool, arguments))
+        except MCPError as exc:  # the server answered with a protocol error
+            if exc.code == INVALID_PARAMS:
+                raise InvalidArguments(one_line(exc.error.message)) from None
+            raise RuntimeError(one_line(exc.error.message)) from None
         text = result_text(result)
         if result.is_error:
             # The Python SDK's servers prefix every message; the observation already names the tool.
-            raise RuntimeError(text.removeprefix(f"Error executing tool {tool}: ") or f"{tool} reported an error")
+            raise RuntimeError(
+                one_line(text.removeprefix(f"Error executing tool {tool}: ")) or f"{tool} reported an error"
+            )
         return text
 
     def tools(self) -> list[Tool]:
-        listed = self._loop.submit(self._with_session("list_tools")).result(self.connect_timeout_s + 5)
+        """The server's tools; starts it, and raises ToolError with the cause when it cannot."""
+        try:
+            listed = self._loop.submit(self._request("list_tools")).result(self.connect_timeout_s + 5)
+        except ServerUnavailable as exc:
+            raise ToolError(str(exc)) from None
         return [self._as_tool(t) for t in listed.tools]
 
     def _as_tool(self, spec: Any) -> Tool:
         async def call(**arguments: Any) -> str:
             return await self.call(spec.name, arguments)
 
+        name = f"{self.name}.{spec.name}"
         schema = dict(spec.input_schema or {"type": "object", "properties": {}})
-        return Tool(f"{self.name}.{spec.name}", spec.description or spec.name, schema, call)
+        try:
+            check = json_schema_checker(schema, name)
+        except ValueError as exc:  # the server's own schema is broken: let the server judge the arguments
+            log.warning("%s; arguments are not checked before sending", exc)
+            check = None
+        return Tool(name, spec.description or spec.name, schema, call, check=check, idempotent=safe_to_repeat(spec))
 
     def close(self) -> None:
-        if self._stopping:
+        """End the session and the server (stdin closed, then SIGTERM, then SIGKILL, each after a short grace)."""
+        if self._closed:
             return
-        self._stopping = True
+        self._closed = True
 
         async def stop() -> None:
-            self._dead.set()
+            if self._live is not None:
+                self._live.stop.set()
+            if self._starting is not None:
+                self._starting.cancel()
+            if self._owners:
+                await asyncio.wait(set(self._owners), timeout=4 * STOP_GRACE_S + 1)
 
         try:
-            self._loop.submit(stop()).result(5)
-            self._owner.result(10)
+            self._loop.submit(stop()).result(4 * STOP_GRACE_S + 2)
         except Exception as exc:
-            log.warning("MCP server %s did not close cleanly: %s", self.name, exc)
+            log.warning("MCP server %s did not close cleanly: %s", self.name, first_line(exc))
         self._loop.stop()
 
 
+async def _exited(process: Any) -> None:
+    """Until `process` has exited. Polled: asyncio's wait() also waits for pipes a child of it may hold."""
+    while process.returncode is None:
+        await asyncio.sleep(0.05)
+
+
+async def _first(*aws: Any) -> None:
+    """Wait until the first of `aws` is done; cancel the others (awaitables given as coroutines are wrapped)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+
+
 class MCPStdioServer(MCPServerConnection):
-    """A server started as a subprocess and spoken to over stdin/stdout."""
+    """A server started as a subprocess and spoken to over stdin/stdout; its stderr goes to `log_path` (or is
+    discarded when None), and its last lines explain a failure."""
 
     def __init__(
         self,
@@ -157,16 +325,122 @@ class MCPStdioServer(MCPServerConnection):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         connect_timeout_s: float = 30.0,
+        log_path: str | Path | None = None,
     ):
-        from mcp import StdioServerParameters
-
-        self.params = StdioServerParameters(command=command, args=list(args), env=dict(env) if env else None, cwd=cwd)
+        self.command, self.args, self.cwd = command, list(args), cwd
+        self.env = dict(env) if env else None
+        self.log_path = Path(log_path) if log_path else None
+        self._log_start = 0
         super().__init__(name, connect_timeout_s)
 
-    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
-        from mcp.client.stdio import stdio_client
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None]:
+        from mcp.client.stdio import get_default_environment
 
-        return await stack.enter_async_context(stdio_client(self.params))
+        log_file = stack.enter_context(self._stderr_log())
+        environment = get_default_environment() | (self.env or {})
+        return await stack.enter_async_context(
+            stdio_transport([self.command, *self.args], environment, self.cwd, log_file)
+        )
+
+    def _stderr_log(self):
+        if self.log_path is None:
+            return open(os.devnull, "wb")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.log_path, "ab")  # noqa: SIM115
+        handle.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.command}\n".encode())
+        handle.flush()
+        self._log_start = handle.tell()
+        return handle
+
+    def _describe_exit(self, process: Any | None) -> str:
+        if process is None or process.returncode is None:
+            return ""
+        code = process.returncode
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        tail = self.stderr_tail()
+        return f" ({how}{'; stderr: ' + tail if tail else ''})"
+
+    def stderr_tail(self) -> str:
+        """The last lines this session's server wrote to stderr, as one bounded line ('' when not logged)."""
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()[-STDERR_TAIL_LINES:]
+        return one_line("\n".join(lines), 400)
+
+
+@asynccontextmanager
+async def stdio_transport(argv: list[str], env: dict[str, str], cwd: str | None, stderr: Any):
+    """Newline-delimited JSON-RPC over a subprocess's stdin/stdout, as the SDK's `stdio_client`, but yielding
+    the process too: its exit code explains a failure, and its process group is what close() kills."""
+    import anyio
+    from anyio.streams.text import TextReceiveStream
+    from mcp.shared.message import SessionMessage
+    from mcp.types import jsonrpc_message_adapter
+
+    process = await anyio.open_process(argv, env=env, cwd=cwd, stderr=stderr, start_new_session=True)
+    to_session, read_stream = anyio.create_memory_object_stream(0)
+    write_stream, from_session = anyio.create_memory_object_stream(0)
+
+    async def read_stdout() -> None:
+        buffer = ""
+        async with to_session:
+            try:
+                async for chunk in TextReceiveStream(process.stdout, errors="replace"):
+                    lines = (buffer + chunk).split("\n")
+                    buffer = lines.pop()
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        try:
+                            message: Any = SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
+                        except ValueError as exc:
+                            message = exc  # the session reports a malformed line
+                        await to_session.send(message)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                pass
+
+    async def write_stdin() -> None:
+        async with from_session:
+            try:
+                async for message in from_session:
+                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send((text + "\n").encode("utf-8", "surrogatepass"))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                await to_session.aclose()  # the session sees the connection end, not a hung request
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read_stdout)
+        tasks.start_soon(write_stdin)
+        try:
+            yield read_stream, write_stream, process
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop_process(process)
+            tasks.cancel_scope.cancel()
+
+
+async def _stop_process(process: Any) -> None:
+    """Close stdin; SIGTERM the process group after a grace period, SIGKILL after another. Whatever the server
+    started in its group is killed with it."""
+    import anyio
+
+    with suppress(Exception):  # already closed or broken
+        await process.stdin.aclose()
+    for sig in (signal.SIGTERM, signal.SIGKILL, None):
+        with anyio.move_on_after(STOP_GRACE_S):
+            while process.returncode is None:  # polled: wait() would also wait for pipes a child may hold
+                await anyio.sleep(0.01)
+        if process.returncode is not None or sig is None:
+            break
+        _signal_group(process.pid, sig)
+    _signal_group(process.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 class MCPHttpServer(MCPServerConnection):
@@ -176,22 +450,28 @@ class MCPHttpServer(MCPServerConnection):
         self.url, self.headers = url, dict(headers or {})
         super().__init__(name, connect_timeout_s)
 
-    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None]:
         from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
         client = await stack.enter_async_context(create_mcp_http_client(headers=self.headers))
         # No cap on one event's size: a tool may return megabytes, which the observation limit then trims.
-        return await stack.enter_async_context(
+        read, write = await stack.enter_async_context(
             streamable_http_client(self.url, http_client=client, max_sse_event_size=None)
         )
+        return read, write, None
 
 
 class MCPSseServer(MCPHttpServer):
     """A server on the legacy HTTP+SSE transport (a GET event stream at `url`, often ending in /sse)."""
 
-    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any]:
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None]:
         from mcp.client.sse import sse_client
 
-        return await stack.enter_async_context(
+        read, write = await stack.enter_async_context(
             sse_client(self.url, headers=self.headers, timeout=self.connect_timeout_s)
         )
+        return read, write, None
+
+
+if sys.platform == "win32":  # pragma: no cover
+    raise ImportError("toolrl's MCP stdio transport needs POSIX process groups")

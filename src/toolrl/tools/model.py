@@ -14,6 +14,7 @@ import httpx
 
 from toolrl.tools.function import Tool
 from toolrl.tools.http import request_json
+from toolrl.tools.limits import InvalidArguments
 
 PROMPT_SCHEMA = {
     "type": "object",
@@ -26,13 +27,22 @@ def chat_messages(system: str | None, prompt: str) -> list[dict[str, str]]:
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
 
 
+def _check_prompt(arguments) -> None:
+    prompt = arguments.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidArguments("invalid argument: prompt: a non-empty string is required")
+    if extra := sorted(set(arguments) - {"prompt"}):
+        raise InvalidArguments(f"invalid argument: {extra[0]}: not a parameter of this tool")
+
+
 def model_tool(name: str, description: str, ask: Callable[[str], str]) -> Tool:
+    """Asking a model has no side effects (safe to repeat); it runs in a thread beside the client or model it
+    holds, bounded by the client's timeout or the generation length."""
+
     def call(prompt: str) -> str:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("invalid argument prompt: a non-empty string is required")
         return ask(prompt)
 
-    return Tool(name, description, PROMPT_SCHEMA, call)
+    return Tool(name, description, PROMPT_SCHEMA, call, check=_check_prompt, idempotent=True, isolation="thread")
 
 
 class OpenAIChat:

@@ -60,8 +60,15 @@ class PolicyEntry(Entry):
     """Overrides of the executor's default `ToolPolicy`; keys left out keep the default."""
 
     timeout_s: float | None = Field(None, gt=0)
+    """The call's deadline, retries and reconnects included."""
     retries: int | None = Field(None, ge=0)
     backoff_s: float | None = Field(None, ge=0)
+    retry: bool | None = None
+    """Safe to repeat after a failure that may have reached the tool; unset: MCP's readOnlyHint/idempotentHint,
+    the HTTP method (GET, PUT, DELETE), false for Python functions."""
+    isolation: Literal["process", "thread"] | None = None
+    """Where a synchronous Python tool runs: process (killed at its deadline; the default for importable
+    functions) or thread (for tools known to return)."""
     max_concurrency: int | None = Field(None, ge=1)
     rate_per_s: float | None = Field(None, gt=0)
     cache: bool | None = None
@@ -167,7 +174,8 @@ def _renamed(server: str, tools: list[Tool]) -> list[Tool]:
 def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
     from toolrl.tools.mcp import MCPStdioServer
 
-    server = MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s)
+    log_path = toolset.log_dir / f"{name}.log"
+    server = MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s, log_path)
     toolset.servers[name] = server
     return server.tools()
 
@@ -236,12 +244,21 @@ def _agent(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
     return _renamed(name, [agent_tool(_import(where, entry.agent), toolset.toolbox, where)])
 
 
-class Toolset:
-    """The tools of a config file, their servers and policies; `close()` ends sessions and clients."""
+def default_log_dir() -> Path:
+    """Where the stderr of MCP servers and tool workers goes outside a run: $TOOLRL_HOME/logs/tools."""
+    from toolrl.models.resolve import toolrl_home
 
-    def __init__(self) -> None:
+    return toolrl_home() / "logs" / "tools"
+
+
+class Toolset:
+    """The tools of a config file, their servers and policies; `close()` ends sessions and clients. Each stdio
+    server's stderr goes to `log_dir/NAME.log` (the run directory's tools/ during training)."""
+
+    def __init__(self, log_dir: str | Path | None = None) -> None:
         from toolrl.tools.agent import ToolBox
 
+        self.log_dir = Path(log_dir) if log_dir else default_log_dir()
         self.servers: dict[str, Any] = {}
         self.clients: list[Any] = []
         self.tools: list[Tool] = []
@@ -250,8 +267,8 @@ class Toolset:
         self.toolbox = ToolBox(self)
 
     @classmethod
-    def load(cls, path: str | Path) -> Toolset:
-        toolset = cls()
+    def load(cls, path: str | Path, log_dir: str | Path | None = None) -> Toolset:
+        toolset = cls(log_dir)
         toolset.entries = _read(Path(path)).mcp_servers
         try:
             for name, entry in toolset.entries.items():
@@ -267,7 +284,9 @@ class Toolset:
         except ConfigError:
             raise
         except Exception as exc:  # a server that is down: its tools are missing, the others still load
-            self.status[name] = f"error: {first_line(exc)}"
+            reason = str(exc) if isinstance(exc, ToolError) else first_line(exc)
+            log = self.log_dir / f"{name}.log"
+            self.status[name] = f"error: {reason}" + (f" (log: {log})" if entry.command and log.is_file() else "")
             return
         shorts = {t.name.split(".", 1)[1] for t in found}
         for short in entry.policies:
@@ -302,9 +321,15 @@ class Toolset:
         raise ToolError(f"no tool {name!r}; tools: {', '.join(names) or 'none'}")
 
     def close(self) -> None:
+        """Close every server at once (each is bounded by its shutdown grace periods), then the clients."""
+        import threading
+
         self.toolbox.close()
-        for server in self.servers.values():
-            server.close()
+        closing = [threading.Thread(target=server.close, daemon=True) for server in self.servers.values()]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join(timeout=5)
         for client in self.clients:
             client.close()
 
@@ -346,12 +371,16 @@ def _known_keys(loc: tuple) -> str:
     return ", ".join(model.model_fields)
 
 
-def run_executor(env_tools: list[Tool], config: Any) -> tuple[ToolExecutor, Toolset | None]:
+def run_executor(
+    env_tools: list[Tool], config: Any, log_dir: str | Path | None = None
+) -> tuple[ToolExecutor, Toolset | None]:
     """The executor of a run: the environment's tools plus those of `config.file` (a `ToolsConfig`), with
-    the file's policies over the run's default timeout. Close the toolset, when there is one, at the end."""
+    the file's policies over the run's default timeout; servers' and workers' stderr under `log_dir`. Close
+    the toolset, when there is one, at the end."""
     from toolrl.tools.executor import ToolExecutor
 
-    toolset = Toolset.load(config.file) if config.file else None
+    log_dir = Path(log_dir) if log_dir else default_log_dir()
+    toolset = Toolset.load(config.file, log_dir) if config.file else None
     tools = list(env_tools) + (toolset.tools if toolset else [])
     default = ToolPolicy(timeout_s=config.timeout_s)
     names = [t.name for t in tools]
@@ -361,7 +390,17 @@ def run_executor(env_tools: list[Tool], config: Any) -> tuple[ToolExecutor, Tool
             toolset.close()
         raise ConfigError(f"tools.file: tool {clash[0]!r} clashes with an environment tool; rename its server")
     policies = toolset.policies(default) if toolset else {}
-    executor = ToolExecutor(
-        tools, config.timeout_s, config.max_concurrency, policies=policies, cache_path=config.cache_file
-    )
+    try:
+        executor = ToolExecutor(
+            tools,
+            config.timeout_s,
+            config.max_concurrency,
+            policies=policies,
+            cache_path=config.cache_file,
+            log_dir=log_dir,
+        )
+    except ToolError as exc:
+        if toolset:
+            toolset.close()
+        raise ConfigError(f"tools.file: {exc}") from None
     return executor, toolset

@@ -18,6 +18,9 @@ def summarize(trajs: Sequence[Trajectory], success_key: str = "correct") -> dict
         "tool_calls": sum(t.num_tool_calls for t in trajs) / n,
         "turns": sum(t.num_turns for t in trajs) / n,
         "format_errors": sum(t.num_format_errors for t in trajs) / n,
+        "tool_errors": sum(t.num_tool_errors - t.num_tool_faults for t in trajs) / n,
+        "tool_faults": sum(t.num_tool_faults for t in trajs) / n,
+        "faulted": sum(t.num_tool_faults > 0 for t in trajs) / n,
         "response_tokens": sum(t.response_length for t in trajs) / n,
     }
     for name in trajs[0].rewards if trajs else []:

@@ -283,6 +283,8 @@ class Trainer:
         flat_values = None
         if self.value_head is not None:
             flat_values = torch.cat([v if v is not None else o for v, o in zip(values, old, strict=True)])
+        # A trajectory a tool's crash or timeout cut short says nothing about the model: out of the statistics.
+        valid = [not (t.infra_faults == "mask" and traj.num_tool_faults) for traj in trajs]
         est = self.estimate(
             AdvantageInputs(
                 torch.tensor([traj.reward for traj in trajs], device=device),
@@ -293,13 +295,15 @@ class Trainer:
                 t.advantage_eps,
                 t.gamma,
                 t.lam,
+                None if all(valid) else torch.tensor(valid, device=device),
             )
         )
         adv_parts = est.advantages.split(counts)
         ret_parts = est.returns.split(counts) if est.returns is not None else [None] * len(trajs)
-        keep = [n > 0 for n in counts]
+        keep = [n > 0 and v for n, v in zip(counts, valid, strict=True)]
         if t.dynamic_sampling:
-            informative = informative_groups(torch.tensor([traj.reward for traj in trajs]), t.group_size).tolist()
+            rewards = torch.tensor([traj.reward for traj in trajs])
+            informative = informative_groups(rewards, t.group_size, torch.tensor(valid)).tolist()
             keep = [k and i for k, i in zip(keep, informative, strict=True)]
         if t.mask_truncated:  # cut by a token limit: its last turn is unfinished, leave it out of the loss
             keep = [k and not traj.truncated for k, traj in zip(keep, trajs, strict=True)]
@@ -374,6 +378,7 @@ class Trainer:
             "lr": lr,
             "trained_trajectories": len(work),
             "kept_fraction": sum(keep) / max(len(trajs), 1),
+            "fault_masked": sum(not v for v in valid),
             "advantage_abs": float(est.advantages.abs().mean()) if len(est.advantages) else 0.0,
         }
         if t.kl.coef > 0:

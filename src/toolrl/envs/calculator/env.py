@@ -77,7 +77,7 @@ class CalculatorEnv(Environment):
             )
 
     def tools(self):
-        return [tool_from_function(calculator)]
+        return [tool_from_function(calculator, idempotent=True, isolation="thread")]  # pure and bounded
 
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)

@@ -124,7 +124,7 @@ class SearchEnv(Environment):
                 raise ValueError("empty query; put the search terms between <search> and </search>")
             return searcher(query)
 
-        return [tool_from_function(search)]
+        return [tool_from_function(search, idempotent=True)]  # read-only
 
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)

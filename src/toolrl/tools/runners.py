@@ -1,0 +1,218 @@
+"""Where a synchronous tool runs, stopped or abandoned at its deadline without holding capacity.
+
+`ProcessRunner`: worker processes (tools/worker.py), one call each at a time, started as needed and reused;
+a call that overruns its deadline gets its worker's whole process group killed, and a new worker serves the
+next call. A worker that dies during a call (a crash, `os._exit`) is reported as `ServerCrashed`.
+
+`ThreadRunner`: daemon threads, one per call in flight, started as needed and reused. A thread cannot be
+stopped, so a call that overruns is abandoned: its slot is free at once and the next call gets another thread,
+but the hung one runs on until its function returns (and never delays the process's exit). Meant for tools
+known to return; anything else belongs in a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from toolrl.tools.limits import InvalidArguments, ServerCrashed, ServerUnavailable, TransientToolError
+from toolrl.tools.worker import read_frame, write_frame
+
+log = logging.getLogger(__name__)
+
+WORKER = Path(__file__).with_name("worker.py")
+ABANDONED_WARNING = 16
+"""Hung threads past which each new one is logged as a warning (their tool should run in a process)."""
+
+
+class DeadlineExceeded(Exception):
+    """A call ran past its deadline and was stopped (process) or abandoned (thread, coroutine)."""
+
+
+async def _wait(future: concurrent.futures.Future, timeout: float) -> Any:
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), max(timeout, 0.0))
+    except (asyncio.TimeoutError, TimeoutError):  # distinct classes before 3.11
+        raise DeadlineExceeded from None
+
+
+class ThreadRunner:
+    def __init__(self, name: str = "toolrl-tool"):
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+        self.abandoned = 0
+        """Calls that overran their deadline; their threads may still be running."""
+
+    def _loop(self) -> None:
+        while True:
+            fn, kwargs, future = self._queue.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(**kwargs))
+                except BaseException as exc:
+                    future.set_exception(exc)
+            with self._lock:
+                self._idle += 1
+
+    def _submit(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                self._threads += 1
+                threading.Thread(target=self._loop, name=f"{self.name}-{self._threads}", daemon=True).start()
+        self._queue.put((fn, kwargs, future))
+        return future
+
+    async def run(self, fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float) -> Any:
+        future = self._submit(fn, kwargs)
+        try:
+            return await _wait(future, timeout)
+        except DeadlineExceeded:
+            self.abandoned += 1
+            if self.abandoned >= ABANDONED_WARNING:
+                log.warning(
+                    "%d tool calls overran their deadline in threads, which cannot be stopped; run such tools "
+                    "with isolation: process",
+                    self.abandoned,
+                )
+            raise
+
+
+class _Worker:
+    """One worker process and the thread that reads its replies."""
+
+    def __init__(self, log_file: BinaryIO | int):
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            start_new_session=True,  # its own process group: a kill reaches whatever it started
+        )
+        self.pending: concurrent.futures.Future | None = None
+        self._send(pickle.dumps(sys.path))
+        threading.Thread(target=self._read, name=f"toolrl-worker-{self.process.pid}", daemon=True).start()
+
+    def _send(self, data: bytes) -> None:
+        write_frame(self.process.stdin, data)
+
+    def _read(self) -> None:
+        while (frame := read_frame(self.process.stdout)) is not None:
+            if self.pending is not None and not self.pending.done():
+                self.pending.set_result(json.loads(frame.decode("utf-8", "surrogatepass")))
+        code = self.process.wait()
+        if self.pending is not None and not self.pending.done():
+            self.pending.set_exception(ServerCrashed(f"the tool's worker process died during the call (exit {code})"))
+
+    def call(self, target: str, kwargs: dict[str, Any]) -> concurrent.futures.Future:
+        self.pending = concurrent.futures.Future()
+        try:
+            self._send(pickle.dumps((target, kwargs)))
+        except (BrokenPipeError, OSError) as exc:
+            self.kill()
+            raise ServerUnavailable(f"the tool's worker process is gone ({exc})") from None
+        return self.pending
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+_ERRORS: dict[str, type[Exception]] = {
+    "invalid": InvalidArguments,
+    "transient": TransientToolError,
+    "unavailable": ServerUnavailable,
+    "crashed": ServerCrashed,
+    "raised": RuntimeError,
+}
+
+
+class ProcessRunner:
+    def __init__(self, log_path: Path | None = None):
+        self.log_path = log_path
+        self._log_file: BinaryIO | None = None
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self.started = 0
+        self.killed = 0
+
+    def _log(self) -> BinaryIO | int:
+        if self.log_path is None:
+            return subprocess.DEVNULL
+        if self._log_file is None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (kept open for every worker's stderr)
+        return self._log_file
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.process.poll() is None:
+                    self._busy.add(worker)
+                    return worker
+            log_file = self._log()
+        worker = _Worker(log_file)
+        with self._lock:
+            self.started += 1
+            self._busy.add(worker)
+        return worker
+
+    def _put_back(self, worker: _Worker, healthy: bool) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+            if healthy:
+                self._idle.append(worker)
+                return
+            self.killed += 1
+        worker.kill()
+
+    async def run(self, target: str, kwargs: dict[str, Any], timeout: float) -> str:
+        worker = self._take()
+        healthy = False
+        try:
+            reply = await _wait(worker.call(target, kwargs), timeout)
+            healthy = True
+        finally:
+            self._put_back(worker, healthy)
+        if "ok" in reply:
+            return reply["ok"]
+        raise _ERRORS.get(reply["error"], RuntimeError)(reply["message"])
+
+    def close(self) -> None:
+        """Kill every worker, busy or idle."""
+        with self._lock:
+            workers = [*self._idle, *self._busy]
+            self._idle, self._busy = [], set()
+        for worker in workers:
+            worker.kill()
+        for worker in workers:
+            try:
+                worker.process.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                log.warning("tool worker %d did not exit after SIGKILL", worker.process.pid)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None

@@ -1,0 +1,94 @@
+"""A tool worker process: imports tool functions by `module:qualname` and runs one call at a time.
+
+Started by `ProcessRunner` as `python worker.py` (a file path, so that starting one imports only the standard
+library). Requests arrive on stdin as length-prefixed pickles from the parent; replies leave as length-prefixed
+JSON on the original stdout, so the parent never unpickles what a tool produced. What tools print goes to
+stderr, which the parent points at a log file. The worker is killed, never asked, when a call overruns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pickle
+import struct
+import sys
+from typing import Any, BinaryIO
+
+HEADER = struct.Struct("!Q")
+
+
+def to_text(value: Any) -> str:
+    """A tool's return value as observation text: strings as they are, anything else as JSON where it can be."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def write_frame(stream: BinaryIO, data: bytes) -> None:
+    stream.write(HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_frame(stream: BinaryIO) -> bytes | None:
+    """One frame, or None at the end of the stream (the other side is gone)."""
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    size = HEADER.unpack(header)[0]
+    data = stream.read(size)
+    return data if len(data) == size else None
+
+
+def _kind(exc: BaseException) -> str:
+    """How the parent should treat a failure, by class name (this process imports no toolrl module)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    for name, kind in (
+        ("ServerUnavailable", "unavailable"),
+        ("ServerCrashed", "crashed"),
+        ("TransientToolError", "transient"),
+        ("ConnectionError", "transient"),
+        ("TimeoutError", "transient"),
+        ("InvalidArguments", "invalid"),
+        ("ValueError", "invalid"),
+    ):
+        if name in names:
+            return kind
+    return "raised"
+
+
+def _resolve(target: str, cache: dict[str, Any]) -> Any:
+    if target not in cache:
+        module, _, qualname = target.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        cache[target] = obj
+    return cache[target]
+
+
+def main() -> None:
+    requests = os.fdopen(os.dup(0), "rb")
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # tools cannot read the protocol
+    os.dup2(2, 1)  # nor write into it: their prints go to the log
+    first = read_frame(requests)
+    if first is None:
+        return
+    sys.path[:] = pickle.loads(first)  # the parent's import path: its tools import here as they do there
+    functions: dict[str, Any] = {}
+    while (frame := read_frame(requests)) is not None:
+        target, arguments = pickle.loads(frame)
+        try:
+            reply = {"ok": to_text(_resolve(target, functions)(**arguments))}
+        except BaseException as exc:  # a tool's failure, even SystemExit, is an answer, not the worker's end
+            reply = {"error": _kind(exc), "message": str(exc) or type(exc).__name__}
+        write_frame(replies, json.dumps(reply, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Synchronous tools that hang, spin or crash: stopped (worker processes) or abandoned (threads) at their
+deadline, never holding capacity that healthy calls need, never keeping the process from exiting."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fixtures import faulty_tools
+from toolrl.errors import ToolError
+from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy, tool_from_function
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def tools(*names, **options):
+    return [tool_from_function(getattr(faulty_tools, name), **options) for name in names]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_importable_functions_run_in_worker_processes_and_closures_in_threads():
+    def local(x: int) -> int:
+        return x
+
+    ex = ToolExecutor([*tools("pid"), tool_from_function(local)])
+    try:
+        assert ex.isolation(ex.tools["pid"]) == "process" and ex.isolation(ex.tools["local"]) == "thread"
+        worker = int(run(ex.invoke(ToolCall("pid", {}))).content)
+        assert worker != os.getpid() and int(run(ex.invoke(ToolCall("pid", {}))).content) == worker  # reused
+    finally:
+        ex.close()
+    with pytest.raises(ToolError, match="tool local: isolation process needs a function a worker process can import"):
+        ToolExecutor([tool_from_function(local)], policies={"local": ToolPolicy(isolation="process")})
+
+
+def test_a_hung_blocking_tool_is_killed_at_its_deadline_and_healthy_calls_keep_their_capacity():
+    ex = ToolExecutor(tools("hang", "pid"), timeout_s=0.5, max_concurrency=2)
+    try:
+        started = time.monotonic()
+        calls = [ToolCall("hang", {})] * 2 + [ToolCall("pid", {})] * 6
+        results = run(ex.invoke_all(calls))
+        assert [r.outcome for r in results] == ["timeout"] * 2 + ["ok"] * 6
+        assert all(r.latency_s < 0.5 + 0.5 for r in results)
+        assert time.monotonic() - started < 5  # not 3,600 s: the slots came back at the deadline
+        assert ex.processes.killed == 2
+        assert run(ex.invoke(ToolCall("pid", {}))).outcome == "ok"
+    finally:
+        ex.close()
+
+
+def test_a_spinning_tool_is_stopped_not_left_burning_cpu():
+    ex = ToolExecutor(tools("spin"), timeout_s=0.3)
+    try:
+        assert run(ex.invoke(ToolCall("spin", {}))).outcome == "timeout"
+        worker = next(iter(ex.processes._idle), None)
+        assert worker is None  # the worker that ran it was killed, not put back
+        assert ex.processes.killed == 1
+    finally:
+        ex.close()
+
+
+def test_a_hung_thread_is_abandoned_without_holding_a_slot():
+    ex = ToolExecutor(tools("hang", "pid", isolation="thread"), timeout_s=0.3, max_concurrency=2)
+    results = run(ex.invoke_all([ToolCall("hang", {})] * 2 + [ToolCall("pid", {})] * 4))
+    assert [r.outcome for r in results] == ["timeout"] * 2 + ["ok"] * 4
+    assert all(int(r.content) == os.getpid() for r in results[2:]) and ex.threads.abandoned == 2
+    ex.close()
+
+
+def test_a_worker_that_dies_during_a_call_is_a_crash_and_the_call_runs_once(tmp_path):
+    marker = tmp_path / "marker"
+    ex = ToolExecutor(tools("die", "pid"), policies={"die": ToolPolicy(retries=3, backoff_s=0.01)})
+    try:
+        died = run(ex.invoke(ToolCall("die", {"marker": str(marker)})))
+        assert died.outcome == "crashed" and died.content == (
+            "Error: die failed: the tool's worker process died during the call (exit 7)"
+        )
+        assert marker.read_text() == "ran\n" and ex.metrics["infra_faults"] == 1
+        assert run(ex.invoke(ToolCall("pid", {}))).outcome == "ok"
+    finally:
+        ex.close()
+
+
+def test_prints_go_to_the_log_and_results_and_errors_cross_the_process_boundary(tmp_path):
+    ex = ToolExecutor(tools("chatty", "huge", "reject"), log_dir=tmp_path)
+    try:
+        assert run(ex.invoke(ToolCall("chatty", {"text": "héllo"}))).content == "HÉLLO"
+        assert len(run(ex.invoke(ToolCall("huge", {"megabytes": 5}))).content) == 5 * 2**20
+        odd = run(ex.invoke(ToolCall("reject", {"value": 3})))
+        assert odd.outcome == "invalid_arguments" and odd.content == "Error: value must be even, got 3"
+    finally:
+        ex.close()
+    assert "a line a tool prints" in (tmp_path / "workers.log").read_text()
+
+
+def test_close_kills_busy_workers_too():
+    ex = ToolExecutor(tools("pid", "hang"), timeout_s=30)
+
+    async def start_and_close():
+        pid = int((await ex.invoke(ToolCall("pid", {}))).content)
+        hung = asyncio.ensure_future(ex.invoke(ToolCall("hang", {})))
+        await asyncio.sleep(0.3)
+        busy = [w.process.pid for w in ex.processes._busy]
+        ex.close()
+        result = await hung
+        return pid, busy, result
+
+    pid, busy, result = run(start_and_close())
+    assert result.outcome == "crashed" and busy and not any(alive(p) for p in [pid, *busy])
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_the_tools_command_exits_at_once_after_a_hung_call(tmp_path, isolation):
+    config = tmp_path / "tools.json"
+    policy = {"timeout_s": 1, "isolation": isolation}
+    config.write_text(
+        json.dumps({"mcpServers": {"bad": {"python": "tests.fixtures.faulty_tools:hang", "policy": policy}}})
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "toolrl", "tools", "call", str(config), "hang", "{}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout.strip()) == (1, "Error: bad.hang timed out after 1 s")
+    assert time.monotonic() - started < 10  # start-up, a 1 s deadline, and an exit that waits for nothing
