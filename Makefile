@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format
+.PHONY: install install-test demo test lint format fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +38,7 @@ format:
 test: install-test lint
 	$(BIN)/toolrl model fetch
 	$(BIN)/pytest -q
+
+# Long checks with their own results under bench/results/ (a sample of each runs in `make test`).
+fuzz: install-test
+	$(BIN)/python bench/fuzz.py

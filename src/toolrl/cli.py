@@ -79,7 +79,7 @@ def train(config: ConfigArg = None, set_: SetOption = None, resume: ResumeOption
     run = run or RunDir.create(cfg)
     console.print(f"run directory: [bold]{run.path}[/]")
     with console.status(f"loading {cfg.model.name}"):
-        bench = Workbench.load(cfg)
+        bench = Workbench.load(cfg, log_dir=run.path / "tools")
     columns = [
         TextColumn("step"),
         MofNCompleteColumn(),
@@ -235,7 +235,7 @@ def tools_call(
         raise ToolError("arguments must be a JSON object, like '{\"a\": 1}'")
     toolset = Toolset.load(config)
     try:
-        executor = ToolExecutor(toolset.tools, policies=toolset.policies(ToolPolicy()))
+        executor = ToolExecutor(toolset.tools, policies=toolset.policies(ToolPolicy()), log_dir=toolset.log_dir)
         result = asyncio.run(executor.invoke(ToolCall(toolset.resolve(name), args)))
     finally:
         toolset.close()

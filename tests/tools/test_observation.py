@@ -37,3 +37,9 @@ def test_any_text_fits_the_budget_after_clipping(tokenizer, text, budget):
     else:
         kept = clipped.rsplit("... [truncated ", 1)[0]
         assert len(tokenizer.encode(kept)) <= budget
+
+
+def test_a_lone_surrogate_a_tool_echoes_back_is_replaced_not_a_crash(tokenizer):
+    from toolrl.tools.observation import clip_observation
+
+    assert clip_observation("a\ud800b", tokenizer, 50) == "a\ufffdb"

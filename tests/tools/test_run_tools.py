@@ -71,12 +71,15 @@ def test_a_rollout_calls_an_mcp_tool_from_the_file(chat, tools_file):
         toolset.close()
 
 
-def test_workbench_offers_the_file_tools_in_the_prompt(tiny_model_dir, tools_file, tokenizer):
+def test_workbench_offers_the_file_tools_in_the_prompt_and_logs_servers_in_the_run(
+    tiny_model_dir, tools_file, tokenizer, tmp_path
+):
     config = load_config(overrides=[f"model.name={tiny_model_dir}", "device=cpu", f"tools.file={tools_file}"])
-    bench = Workbench.load(config)
+    bench = Workbench.load(config, log_dir=tmp_path / "run" / "tools")
     try:
         rollout = bench.rollout(config.rollout.sampling, seed=0)
         prompt = tokenizer.decode(rollout.prompt_ids(bench.env.tasks("test")[0]))
         assert '"name": "srv.add"' in prompt and '"name": "calculator"' in prompt
     finally:
         bench.close()
+    assert f"starting {sys.executable}" in (tmp_path / "run" / "tools" / "srv.log").read_text()

@@ -1,6 +1,7 @@
 """The mcpServers-style tool config: every kind of entry, names, filters, errors, and the tools CLI."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,23 @@ def test_tools_cli_lists_and_calls(config):
     assert (failed.returncode, failed.stdout.strip()) == (1, "Error: division by zero")
     unknown = toolrl("tools", "call", str(config), "nope")
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: no tool 'nope'")
+
+
+def test_tools_list_shows_why_a_server_failed_with_the_tail_of_its_stderr(tmp_path):
+    servers = {
+        "broken": {"command": sys.executable, "args": [str(FIXTURES / "mcp_server.py"), "--fail-start"]},
+        "calc": {"python": "toolrl.envs.calculator.tool:calculator"},
+    }
+    listed = subprocess.run(
+        [sys.executable, "-m", "toolrl", "tools", "list", str(write(tmp_path, {"mcpServers": servers}))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TOOLRL_HOME": str(tmp_path / "home"), "COLUMNS": "400"},
+    )
+    assert listed.returncode == 0 and "calc.calculator" in listed.stdout and "server calc: ok" in listed.stdout
+    status = next(line for line in listed.stdout.splitlines() if line.startswith("server broken:"))
+    assert "failed to start: the server exited before answering initialize (exit code 3" in status
+    assert "RuntimeError: the config of this server is broken" in status
+    assert str(tmp_path / "home" / "logs" / "tools" / "broken.log") in status
+    assert "Traceback" not in listed.stderr  # the server's own stderr went to its log, not the terminal

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolrl.errors import TemplateError
+from toolrl.tools.call import well_formed_text
 
 _PROBE_TOOL = "toolrl_probe_tool_7f3a"
 _ASSISTANT_SENTINEL = "TOOLRL_ASSISTANT_SENTINEL_41"
@@ -65,7 +66,9 @@ class ChatFormat:
         )
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """Token ids of `text`; lone surrogates (which a tool may echo back from an escape) become U+FFFD, since
+        tokenizers refuse them."""
+        return self.tokenizer(well_formed_text(text), add_special_tokens=False)["input_ids"]
 
     def prompt_messages(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]):
         """Messages with the fallback tool prompt merged into the system message when the template ignores tools,

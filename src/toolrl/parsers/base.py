@@ -1,4 +1,9 @@
-"""The parser interface and registry: model text in, tool calls and format errors out, never an exception."""
+"""The parser interface and registry: model text in, tool calls and format errors out, never an exception.
+
+Every parser returns a result for any text, in time linear in its length; its error messages are one bounded
+line each. Arguments decoded from escapes (JSON's \\ud800) may hold lone surrogates, which no tokenizer or
+transport can encode: they become U+FFFD.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.registry import Registry
-from toolrl.tools.call import ToolCall, unknown_tool_error
+from toolrl.tools.call import ToolCall, clip, first_line, unknown_tool_error, well_formed_text
 
 
 @dataclass
@@ -27,19 +32,41 @@ def get_parser(name: str) -> Parser:
     return PARSERS.lookup(name)
 
 
+def well_formed(value: Any) -> Any:
+    """`value` with lone surrogates in its strings (keys too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return well_formed_text(value)
+    if isinstance(value, dict):
+        return {well_formed(k): well_formed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [well_formed(v) for v in value]
+    return value
+
+
+def decode_error(exc: BaseException, expected: str) -> str:
+    """The format error for text that json (or ast) could not decode, as one bounded line."""
+    if isinstance(exc, RecursionError):
+        return f"Error: tool call is nested too deeply; {expected}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"Error: tool call is not valid JSON ({exc.msg} at char {exc.pos}); {expected}"
+    return f"Error: tool call is not valid JSON ({clip(first_line(exc), 120)}); {expected}"  # a number too long
+
+
 def call_from_object(
     data: Any, known_tools: Collection[str] | None, expected: str
 ) -> tuple[ToolCall | None, str | None]:
     """A decoded `{"name": ..., "arguments" | "parameters": {...}}` as a call, or a one-line error."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None, f'Error: tool call needs a "name" string; {expected}'
+    name = well_formed(data["name"])
+    shown = clip(repr(name), 80)
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None, f"Error: the arguments of {data['name']} are not a JSON object; {expected}"
+        except (ValueError, RecursionError):
+            return None, f"Error: the arguments of {shown} are not a JSON object; {expected}"
     if not isinstance(arguments, dict):
-        return None, f"Error: the arguments of {data['name']} must be a JSON object; {expected}"
-    error = unknown_tool_error(data["name"], known_tools)
-    return (None, error) if error else (ToolCall(data["name"], arguments), None)
+        return None, f"Error: the arguments of {shown} must be a JSON object; {expected}"
+    error = unknown_tool_error(name, known_tools)
+    return (None, error) if error else (ToolCall(name, well_formed(arguments)), None)

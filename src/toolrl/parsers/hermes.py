@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Collection
 
-from toolrl.parsers.base import ParseResult, call_from_object, register_parser
+from toolrl.parsers.base import ParseResult, call_from_object, decode_error, register_parser
 from toolrl.tools.call import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -33,8 +33,6 @@ def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> Parse
 def _decode(body: str, known_tools: Collection[str] | None) -> tuple[ToolCall | None, str | None]:
     try:
         data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return None, f"Error: tool call is not valid JSON ({exc.msg} at char {exc.pos}); {EXPECTED}"
-    except RecursionError:
-        return None, f"Error: tool call is nested too deeply; {EXPECTED}"
+    except (ValueError, RecursionError) as exc:  # ValueError: also a number over Python's digit limit
+        return None, decode_error(exc, EXPECTED)
     return call_from_object(data, known_tools, EXPECTED)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 
 from toolrl.parsers.base import ParseResult, call_from_object, register_parser
 
 PYTHON_TAG = "<|python_tag|>"
 EXPECTED = 'write {"name": "...", "parameters": {...}}'
+MAX_FAILED_DECODES = 64
+"""Objects that fail to decode before the rest of the text is taken as prose: each failure costs up to the
+text's length, so an unbounded number of them would make hostile text (a run of `{"`) quadratic."""
 _DECODER = json.JSONDecoder()
+_OBJECT_START = re.compile(r'\{\s*["}]')
 
 
 @register_parser("llama3-json")
@@ -18,12 +23,15 @@ def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> 
     python tag) but holds no decodable object is a format error; other text is a plain answer."""
     result = ParseResult()
     body = text.replace(PYTHON_TAG, "").strip()
-    at = body.find("{")
-    while at >= 0:
+    failures = 0
+    match = _OBJECT_START.search(body)  # only a `{` followed by a key or `}` can open an object
+    while match is not None and failures < MAX_FAILED_DECODES:
+        at = match.start()
         try:
             data, end = _DECODER.raw_decode(body, at)
-        except (json.JSONDecodeError, RecursionError):
-            at = body.find("{", at + 1)
+        except (ValueError, RecursionError):  # ValueError: also a number over Python's digit limit
+            failures += 1
+            match = _OBJECT_START.search(body, at + 1)
             continue
         if isinstance(data, dict) and "name" in data:
             call, error = call_from_object(data, known_tools, EXPECTED)
@@ -31,7 +39,7 @@ def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> 
                 result.calls.append(call)
             else:
                 result.errors.append(error)
-        at = body.find("{", end)
+        match = _OBJECT_START.search(body, end)
     if not result.calls and not result.errors and (text.lstrip().startswith(PYTHON_TAG) or body.startswith("{")):
         result.errors.append(f"Error: tool call is not valid JSON; {EXPECTED}")
     return result

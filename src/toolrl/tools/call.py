@@ -79,6 +79,15 @@ def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 14] + " ...[cut]"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed_text(text: str) -> str:
+    """`text` with lone surrogates (from escapes such as JSON's \\ud800) replaced by U+FFFD: tokenizers and
+    transports refuse them."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 _NOISE = re.compile(r"^\s*(For further information visit|Traceback \(most recent call last\))")
 
 

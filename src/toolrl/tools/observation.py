@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from toolrl.tools.call import well_formed_text
+
 CHARS_PER_TOKEN_BOUND = 32
 """Text beyond max_tokens x this many characters is cut before tokenizing: a 10 MB result would otherwise take
 seconds to tokenize only to be thrown away. Real tokenizers average 3 to 5 characters per token."""
@@ -10,6 +12,7 @@ seconds to tokenize only to be thrown away. Real tokenizers average 3 to 5 chara
 def clip_observation(text: str, tokenizer, max_tokens: int) -> str:
     """`text` if it fits in `max_tokens` tokens, else its first `max_tokens` tokens and a marker such as
     `... [truncated 10485632 characters]` (the marker's own tokens come on top of the budget)."""
+    text = well_formed_text(text)
     head = text[: max_tokens * CHARS_PER_TOKEN_BOUND]
     ids = tokenizer.encode(head, add_special_tokens=False)
     if len(ids) <= max_tokens and len(head) == len(text):

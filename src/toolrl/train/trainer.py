@@ -74,13 +74,15 @@ class Workbench:
     engines: dict[str, Engine] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, config: RunConfig, model_name: str | None = None) -> Workbench:
+    def load(cls, config: RunConfig, model_name: str | None = None, log_dir: Path | None = None) -> Workbench:
+        """`log_dir`: where tool servers and workers write their stderr (a run's tools/ folder; by default
+        $TOOLRL_HOME/logs/tools)."""
         device = pick_device(config.device)
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
         model = load_model(name, device, config.model.dtype)
         env = make_env(config.env, name)
-        executor, toolset = run_executor(env.tools(), config.tools)
+        executor, toolset = run_executor(env.tools(), config.tools, log_dir)
         return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor, toolset)
 
     def close(self) -> None:
