@@ -53,3 +53,57 @@ def test_missing_required_key_is_named(tmp_path):
     path.write_text("train:\n  betas: [0.9]\n")
     with pytest.raises(ConfigError, match=r"train\.betas"):
         load_config(path)
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """The 'billion laughs' in YAML: each level lists the previous one ten times (10^levels values)."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + f"\ntrain:\n  lr: *a{levels - 1}\n"
+
+
+@pytest.mark.parametrize("where", ["run", "tools"])
+def test_files_that_are_not_configs_get_one_bounded_line(tmp_path, where):
+    """Non-UTF-8 bytes, a YAML alias bomb (700 bytes that expand to 10^9 values), a self-referencing alias and a
+    folder: each is one line of bounded length naming the file, never a traceback or a 72 MB message."""
+    from toolrl.tools.toolset import Toolset
+
+    load = load_config if where == "run" else Toolset.load
+    cases = {
+        "latin1.yaml": ("train:\n  lr: 0.1  # caf\xe9\n".encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset"),
+        "bomb.yaml": (alias_bomb().encode(), "expands to more than 100,000 values through its aliases"),
+        "loop.yaml": (b"train: &t\n  lr: *t\n", "expands to more than 100,000 values"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(ConfigError) as err:
+            load(path)
+        text = str(err.value)
+        assert message in text and str(path) in text and "\n" not in text and len(text) < 400, text
+    assert len(alias_bomb()) < 800
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=r"a-folder is a folder, not a .*; pass the file itself"):
+        load(folder)
+
+
+def test_anchors_and_aliases_within_bounds_still_work(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout:\n  sampling: &s {temperature: 0.7, top_p: 0.9}\neval:\n  sampling: *s\n")
+    config = load_config(path)
+    assert (config.eval.sampling.temperature, config.eval.sampling.top_p) == (0.7, 0.9)
+
+
+def test_an_override_that_is_an_alias_bomb_is_refused():
+    levels = ["&a0 [" + ", ".join(["x"] * 10) + "]"]
+    levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 7)]
+    with pytest.raises(ConfigError, match=r"override train\.lr: expands to more than 100,000 values"):
+        load_config(overrides=["train.lr=[" + ", ".join(levels) + "]"])
+
+
+def test_bad_values_are_quoted_briefly(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["train.lr=" + "x" * 10_000])
+    assert len(str(err.value)) < 400 and "train.lr must be a number" in str(err.value)

@@ -78,3 +78,16 @@ def test_env_files_replace_an_environments_own_splits(tmp_path):
     env = make_env(EnvConfig(num_train=5, num_test=4, train_file=str(train)))
     assert [t.question for t in env.tasks("train")] == ["What is 1 + 2?"]
     assert len(env.tasks("test")) == 4  # still the generated test split
+
+
+def test_a_task_file_that_is_not_utf8_or_not_json_is_one_line_naming_the_line(tmp_path):
+    from toolrl.envs.tasks import load_tasks
+
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes('{"question": "caf\xe9?", "answer": "x"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin\.jsonl: not UTF-8 text \(byte 0xe9"):
+        load_tasks(latin)
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"question": "q", "answer": ' + "9" * 5000 + "}\n")
+    with pytest.raises(DataError, match=r"huge\.jsonl:1: not valid JSON \(Exceeds the limit"):
+        load_tasks(huge)

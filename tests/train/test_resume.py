@@ -95,3 +95,64 @@ def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path):
     result = run([sys.executable, str(SCRIPT), "train", "--resume", str(tmp_path)])
     assert result.returncode == 2
     assert "no checkpoint to resume from" in result.stderr + result.stdout
+
+
+def test_resume_removes_interrupted_writes_and_skips_a_torn_last_line(tiny_model_dir, tmp_path, caplog):
+    """What a kill in the middle of a write leaves (a temporary checkpoint folder, a link being replaced, half a
+    JSON line) is cleaned up on resume; the report reads a torn file with a warning."""
+    from typer.testing import CliRunner
+
+    from tests.train.test_features import tiny_config
+    from toolrl.cli import app
+    from toolrl.train import RunDir, Trainer, Workbench
+
+    config = tiny_config(tiny_model_dir, tmp_path, "train.steps=2", "train.save_every=1")
+    bench = Workbench.load(config)
+    Trainer(bench, RunDir.create(config)).train()
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / ".step-000003-x1y2").mkdir()
+    (run_dir / "checkpoints" / ".step-000003-x1y2" / "trainable.safetensors").write_bytes(b"\0" * 10)
+    (run_dir / ".last.tmp").symlink_to("checkpoints/step-000002")
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        with (run_dir / name).open("a") as f:
+            f.write('{"step": 3, "reward": 0.')  # the kill came mid-line
+
+    report = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert report.exit_code == 0 and "run: 2 steps" in report.output
+    assert "skipped its last line" in caplog.text
+
+    config.train.steps = 3
+    trainer = Trainer(Workbench.load(config), RunDir.existing(run_dir))
+    assert trainer.resume() == 2
+    assert not list((run_dir / "checkpoints").glob(".*")) and not (run_dir / ".last.tmp").exists()
+    trainer.train()
+    assert [m["step"] for m in steps_of(run_dir) if "eval" not in m] == [1, 2, 3]
+    assert [json.loads(line)["step"] for line in (run_dir / "samples.jsonl").read_text().splitlines()] == [
+        1, 1, 2, 2, 3, 3
+    ]  # fmt: skip
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_checkpoint_cannot_run_code_on_resume(tiny_model_dir, tmp_path):
+    """Checkpoints hold safetensors and JSON; an old-style optimizer.pt is read with weights_only=True, so a
+    pickle that would run a command is refused with a one-line error."""
+    from tests.train.test_features import tiny_config
+    from toolrl.errors import ConfigError
+    from toolrl.train import RunDir, Trainer, Workbench
+
+    config = tiny_config(tiny_model_dir, tmp_path, "train.steps=1", "train.save_every=1")
+    Trainer(Workbench.load(config), RunDir.create(config)).train()
+    last = (tmp_path / "run" / "last").resolve()
+    assert {p.name for p in last.iterdir()} >= {"optimizer.safetensors", "optimizer.json", "trainable.safetensors"}
+    exploit, marker = _Exploit(), tmp_path / "pwned"
+    exploit.marker = marker
+    torch.save({"optimizer": exploit}, last / "optimizer.pt")
+    config.train.steps = 2
+    trainer = Trainer(Workbench.load(config), RunDir.existing(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="refused, it is not plain training state"):
+        trainer.resume()
+    assert not marker.exists()

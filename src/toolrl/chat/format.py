@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolrl.errors import TemplateError
-from toolrl.tools.call import well_formed_text
+from toolrl.text import well_formed_text
 
 _PROBE_TOOL = "toolrl_probe_tool_7f3a"
 _ASSISTANT_SENTINEL = "TOOLRL_ASSISTANT_SENTINEL_41"

@@ -11,6 +11,8 @@ from pydantic import ValidationError
 
 from toolrl.config.schema import RunConfig
 from toolrl.errors import ConfigError
+from toolrl.files import YAMLSyntaxError, load_yaml, read_text
+from toolrl.text import clip
 
 DEFAULT_CONFIG = "default.yaml"
 
@@ -23,15 +25,10 @@ def _read_yaml(path: Path | None) -> dict[str, Any]:
     if path is None:
         text, where = default_config_text(), "the default config"
     else:
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"config file {path} does not exist; pass a YAML file or omit it for the default")
-        text, where = path.read_text(), str(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{where}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        text, where = read_text(path, "config file"), str(path)
+    data = load_yaml(text, where)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -52,8 +49,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
             raise ConfigError(f"override {override!r}: {part} is a value, not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+        node[parts[-1]] = load_yaml(raw, f"override {key.strip()}") if raw.strip() else None
+    except YAMLSyntaxError:
         node[parts[-1]] = raw
 
 
@@ -92,11 +89,11 @@ def format_validation_error(exc: ValidationError, where: str) -> str:
             field = section.model_fields.get(str(part))
             section = field.annotation if field else section
         known = ", ".join(getattr(section, "model_fields", {}))
-        return f"{where}: unknown key '{key}'; known keys here: {known}{more}"
+        return f"{where}: unknown key '{clip(key, 120)}'; known keys here: {known}{more}"
     if error["type"] == "missing":
-        return f"{where}: {key} is required{more}"
-    got = error.get("input")
-    return f"{where}: {key} must be {_expected(error)}, got {got!r}{more}"
+        return f"{where}: {clip(key, 120)} is required{more}"
+    got = clip(repr(error.get("input")), 80)
+    return clip(f"{where}: {clip(key, 120)} must be {_expected(error)}, got {got}{more}", 400)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -19,6 +19,8 @@ from typing import Any
 
 from toolrl.envs.base import Task
 from toolrl.errors import DataError
+from toolrl.files import read_text
+from toolrl.text import clip, first_line
 
 QUESTION_FIELDS = ("question", "query", "problem", "prompt")
 ANSWER_FIELDS = ("answer", "answers", "golden_answers", "reward_model.ground_truth.target", "reward_model.ground_truth")
@@ -79,18 +81,20 @@ def _records(path: Path) -> Iterator[Mapping[str, Any]]:
     if path.is_dir() or suffix in (".parquet", ".arrow"):
         yield from _dataset_records(path)
     elif suffix == ".jsonl":
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{path}:{number}: not valid JSON ({exc.msg}); one object per line") from None
+        for number, line in enumerate(read_text(path, "task file", DataError, max_bytes=None).splitlines(), 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except (ValueError, RecursionError) as exc:
+                    reason = exc.msg if isinstance(exc, json.JSONDecodeError) else clip(first_line(exc), 100)
+                    raise DataError(f"{path}:{number}: not valid JSON ({reason}); one object per line") from None
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text(path, "task file", DataError, max_bytes=None))
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except (ValueError, RecursionError) as exc:
+            raise DataError(f"{path}: cannot be read as JSON ({clip(first_line(exc), 100)})") from None
         if not isinstance(data, list):
             raise DataError(f"{path}: expected a JSON list of task objects")
         yield from data

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.registry import Registry
-from toolrl.tools.call import ToolCall, clip, first_line, unknown_tool_error, well_formed_text
+from toolrl.text import clip, first_line, well_formed_text
+from toolrl.tools.call import ToolCall, unknown_tool_error
 
 
 @dataclass

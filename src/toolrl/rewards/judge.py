@@ -18,7 +18,7 @@ from typing import Any
 
 from toolrl.envs.base import final_answer
 from toolrl.errors import ConfigError
-from toolrl.tools.call import first_line
+from toolrl.text import first_line
 
 log = logging.getLogger(__name__)
 

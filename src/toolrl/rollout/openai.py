@@ -20,7 +20,7 @@ from typing import Any
 from toolrl.errors import EngineError
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams, request_seed
-from toolrl.tools.call import first_line
+from toolrl.text import first_line
 from toolrl.tools.http import bearer_header, http_client, request_json
 from toolrl.tools.limits import TransientToolError
 

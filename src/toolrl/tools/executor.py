@@ -20,18 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.errors import ToolError
+from toolrl.text import clip, first_line, one_line
 from toolrl.tools.cache import ResultCache, cache_key
-from toolrl.tools.call import (
-    INFRA_FAULTS,
-    MODEL_ERRORS,
-    Outcome,
-    ToolCall,
-    ToolResult,
-    clip,
-    first_line,
-    one_line,
-    unknown_tool_error,
-)
+from toolrl.tools.call import INFRA_FAULTS, MODEL_ERRORS, Outcome, ToolCall, ToolResult, unknown_tool_error
 from toolrl.tools.function import Tool
 from toolrl.tools.limits import TRANSIENT, RateLimiter, ServerCrashed, ServerUnavailable, ToolPolicy
 from toolrl.tools.runners import DeadlineExceeded, ProcessRunner, ThreadRunner

@@ -20,7 +20,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from toolrl.errors import ToolError
-from toolrl.tools.call import clip
+from toolrl.text import clip
 from toolrl.tools.limits import InvalidArguments, Isolation
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")

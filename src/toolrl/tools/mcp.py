@@ -29,7 +29,7 @@ from typing import Any
 
 from toolrl.errors import ToolError
 from toolrl.loop_thread import LoopThread
-from toolrl.tools.call import clip, first_line, one_line
+from toolrl.text import clip, first_line, one_line
 from toolrl.tools.function import Tool, json_schema_checker
 from toolrl.tools.limits import InvalidArguments, ServerCrashed, ServerUnavailable
 

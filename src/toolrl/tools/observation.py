@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolrl.tools.call import well_formed_text
+from toolrl.text import well_formed_text
 
 CHARS_PER_TOKEN_BOUND = 32
 """Text beyond max_tokens x this many characters is cut before tokenizing: a 10 MB result would otherwise take

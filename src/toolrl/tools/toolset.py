@@ -33,18 +33,17 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from toolrl.config.loader import format_validation_error
 from toolrl.errors import ConfigError, ToolError
+from toolrl.files import load_structured
 from toolrl.registry import Registry
-from toolrl.tools.call import first_line
+from toolrl.text import clip, first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
 
@@ -335,12 +334,7 @@ class Toolset:
 
 
 def _read(path: Path) -> ToolsFile:
-    if not path.is_file():
-        raise ConfigError(f"tool config {path} does not exist")
-    try:
-        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({exc})") from None
+    data = load_structured(path, "tool config")
     try:
         return ToolsFile.model_validate(data or {})
     except ValidationError as exc:
@@ -350,7 +344,9 @@ def _read(path: Path) -> ToolsFile:
         if error["type"] == "value_error":
             raise ConfigError(f"{path}: {key} {error['msg'].removeprefix('Value error, ')}") from None
         if error["type"] == "extra_forbidden":
-            raise ConfigError(f"{path}: unknown key '{key}'; known keys here: {_known_keys(error['loc'])}") from None
+            raise ConfigError(
+                f"{path}: unknown key '{clip(key, 120)}'; known keys here: {_known_keys(error['loc'])}"
+            ) from None
         raise ConfigError(format_validation_error(exc, str(path))) from None
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from toolrl.config import RunConfig, config_to_yaml
 from toolrl.errors import ConfigError
+from toolrl.files import read_jsonl
 
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
@@ -49,25 +50,19 @@ class RunDir:
         self._append(SAMPLES, [{"step": step, **r} for r in records])
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        path = self.path / METRICS
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """The records of metrics.jsonl (a last line cut short by a kill is skipped with a warning)."""
+        return read_jsonl(self.path / METRICS)
 
     def truncate_logs(self, step: int) -> None:
-        """Drop records of steps after `step` (written after the checkpoint a resumed run starts from), so
-        that no step appears twice."""
+        """Drop records of steps after `step` (written after the checkpoint a resumed run starts from), and a
+        last line cut short by a kill, so that no step appears twice and every line parses."""
         for filename in (METRICS, SAMPLES):
             path = self.path / filename
             if not path.is_file():
                 continue
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step
-            ]
+            kept = [record for record in read_jsonl(path) if record.get("step", 0) <= step]
             tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
             os.replace(tmp, path)
 
     @contextmanager
@@ -97,10 +92,23 @@ class RunDir:
         return path.resolve() if path.is_symlink() else None
 
     def prune(self, folder: str, keep: set[Path]) -> None:
-        """Delete the folders under run/folder that no link points to."""
+        """Delete the folders under run/folder that no link points to, and what interrupted writes left."""
+        self.remove_leftovers()
         for child in (self.path / folder).iterdir():
             if child.is_dir() and not child.name.startswith(".") and child.resolve() not in keep:
                 shutil.rmtree(child, ignore_errors=True)
+
+    def remove_leftovers(self) -> list[Path]:
+        """Remove what a kill in the middle of a write leaves: `.NAME-*` folders of `atomic_dir`, `.LINK.tmp`
+        links of `point` and `*.tmp` files of `truncate_logs` (nothing else writes them). Returns them."""
+        patterns = (".*-*", "checkpoints/.*-*", "*.tmp")  # pathlib's * also matches names starting with a dot
+        found = sorted({path for pattern in patterns for path in self.path.glob(pattern)})
+        for path in found:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return found
 
     def save(self, name: str, write: Callable[[Path], None]) -> Path:
         """`write` fills a folder that becomes run/name atomically."""

@@ -39,8 +39,10 @@ from toolrl.models import load_model, load_tokenizer, pick_device
 from toolrl.parsers import get_parser
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import common_prefix_length
+from toolrl.text import first_line
 from toolrl.tools import ToolExecutor
 from toolrl.tools.toolset import Toolset, run_executor
+from toolrl.train.checkpoint import load_state, save_state
 from toolrl.train.evaluate import evaluate, summarize
 from toolrl.train.loggers import open_loggers
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens
@@ -127,7 +129,10 @@ class Workbench:
 
 STATE = "trainer_state.json"
 TRAINABLE = "trainable.safetensors"
-OPTIMIZER = "optimizer.pt"
+OPTIMIZER = "optimizer"
+"""optimizer.safetensors + optimizer.json: optimizer, scheduler and torch RNG state (train/checkpoint.py)."""
+LEGACY_OPTIMIZER = "optimizer.pt"
+"""What checkpoints of earlier versions hold instead; loaded with weights_only=True."""
 BEST = "best.json"
 
 
@@ -452,13 +457,13 @@ class Trainer:
 
     def _write_state(self, folder: Path) -> None:
         save_trainable(folder / TRAINABLE, self.model, self.value_head)
-        torch.save(
+        save_state(
+            folder / OPTIMIZER,
             {
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "torch_rng": torch.get_rng_state(),
             },
-            folder / OPTIMIZER,
         )
         state = {"step": self.step_done, "order": self.order, "rng": self.rng.getstate(), "best": self.best}
         (folder / STATE).write_text(json.dumps(state))
@@ -482,8 +487,17 @@ class Trainer:
         last = self.run.pointed("last") if self.run else None
         if last is None or not (last / STATE).is_file():
             raise ConfigError(f"{self.run.path if self.run else '?'}: no checkpoint to resume from (no last/)")
+        self.run.remove_leftovers()
         load_trainable(last / TRAINABLE, self.model, self.value_head)
-        saved = torch.load(last / OPTIMIZER, weights_only=False)
+        if (last / LEGACY_OPTIMIZER).is_file():
+            try:  # tensors and containers only: a pickle that would run code is refused
+                saved = torch.load(last / LEGACY_OPTIMIZER, weights_only=True)
+            except Exception as exc:
+                raise ConfigError(
+                    f"{last / LEGACY_OPTIMIZER}: refused, it is not plain training state ({first_line(exc)})"
+                ) from None
+        else:
+            saved = load_state(last / OPTIMIZER)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["torch_rng"])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.errors import DataError
+from toolrl.files import read_text
 
 
 def bundled_script() -> str:
@@ -28,7 +29,7 @@ def load_template(path: str | None) -> sqlite3.Connection:
         raise DataError(f"env.sql.database: {file} not found; give a sqlite file or a .sql script")
     try:
         if file.suffix == ".sql":
-            template.executescript(file.read_text(encoding="utf-8"))
+            template.executescript(read_text(file, "SQL script", DataError, max_bytes=None))
         else:
             source = sqlite3.connect(f"file:{file}?mode=ro", uri=True)
             source.backup(template)

@@ -28,14 +28,22 @@ def read_corpus(path: str | Path) -> list[dict[str, str]]:
     if not path.is_file():
         raise DataError(f"{path}: corpus not found; give a Search-R1 JSONL corpus or run `toolrl retriever build`")
     docs = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with path.open("rb") as lines:  # streamed: a corpus can be many GB
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            except (ValueError, RecursionError):
+                raise DataError(f"{path}:{number}: cannot be read as JSON (too deep, or a number too long)") from None
             if not isinstance(record, dict) or not isinstance(record.get("contents"), str):
                 raise DataError(f'{path}:{number}: each line needs a "contents" string (and an "id")')
             docs.append({"id": str(record.get("id", number - 1)), "contents": record["contents"]})
