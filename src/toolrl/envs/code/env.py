@@ -1,7 +1,7 @@
 """Code environment: numeric questions a small model cannot do in its head, answered by running Python.
 
-The `python` tool runs the model's code in a sandboxed subprocess (see `sandbox.py` for its limits), in a
-temporary directory of the trajectory's own. Rewards: the final <answer> equals the computed value
+The `python` tool runs the model's code in a sandbox (`sandbox.py`: Linux namespaces through bubblewrap or
+unshare, and limits), in a directory of the trajectory's own. Rewards: the final <answer> equals the computed value
 (`correct`, 1), a program ran without error (`ran_code`, 0.1, shaping), format (logged only: paid, it taught
 the default model to answer without running anything), and tool verification
 (`verified`, logged): the trajectory's last successful code is run again in a fresh sandbox and must print
@@ -11,6 +11,7 @@ the expected value.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import re
@@ -18,11 +19,13 @@ from collections.abc import Callable
 
 from toolrl.envs.base import Environment, Episode, Task, register_env, tool_call_example
 from toolrl.envs.calculator.env import correct
-from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, run_python
+from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, resolve_isolation, run_python
 from toolrl.envs.tasks import TaskSplits, unique_seeded_tasks
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import answer_format, tool_calls, tool_errors
 from toolrl.tools.function import tool_from_function
+
+log = logging.getLogger(__name__)
 
 SYSTEM = (
     "You are a careful assistant. Use the python tool to compute answers: write a short program that prints "
@@ -186,7 +189,12 @@ class CodeEnv(Environment):
 
     def __init__(self, config):
         c = config.code
-        self.limits = SandboxLimits(c.timeout_s, c.memory_mb, c.max_output_chars, c.max_file_mb)
+        isolation = resolve_isolation(c.isolation)  # no sandbox, no code environment (unless asked for none)
+        if isolation == "none":
+            log.warning("env.code.isolation is none: model code runs unisolated, with limits only (unsafe)")
+        self.limits = SandboxLimits(
+            c.timeout_s, c.memory_mb, c.max_output_chars, c.max_file_mb, c.max_processes, isolation
+        )
         self.splits = TaskSplits(config, generate_tasks(config))
         self.rubric = Rubric(
             [

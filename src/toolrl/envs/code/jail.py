@@ -1,0 +1,96 @@
+"""The `unshare` fallback of the code sandbox, for machines without bubblewrap: run inside fresh mount, PID,
+network, IPC and UTS namespaces (made by util-linux `unshare`), build a root of read-only binds on a tmpfs,
+pivot into it, detach the old root, then exec the command.
+
+    unshare [--user --map-root-user] --mount --pid --fork --net --ipc --uts --kill-child -- \
+        python -I jail.py SPEC_JSON -- COMMAND...
+
+SPEC_JSON: {"ro": [paths bound read-only], "rw": [paths bound writable], "links": {"/bin": "usr/bin"},
+"files": ["/etc/ld.so.cache"]}. Only the standard library: it runs before anything else is visible.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MS_PRIVATE = 1 << 18
+LOCKED = MS_NOSUID | MS_NODEV | MS_NOEXEC
+"""Flags a bind mount in a user namespace must keep from its source (statvfs reports them with the same bits)."""
+MNT_DETACH = 2
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    _check(_libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {target}")
+
+
+def bind(root: str, path: str, writable: bool) -> None:
+    target = root + path
+    if os.path.isdir(path):
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        open(target, "a").close()  # a mount point for a file
+    mount(path, target, None, MS_BIND | MS_REC)
+    kept = os.statvfs(path).f_flag & LOCKED
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | kept | (0 if writable else MS_RDONLY)
+    mount(None, target, None, flags)
+
+
+def build(root: str, spec: dict) -> None:
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates to the host
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for path in spec.get("ro", []) + spec.get("files", []):
+        if os.path.exists(path):
+            bind(root, path, writable=False)
+    for path in spec.get("rw", []):
+        bind(root, path, writable=True)
+    for link, target in spec.get("links", {}).items():
+        os.symlink(target, root + link)
+    os.makedirs(root + "/dev", mode=0o755, exist_ok=True)
+    for name in DEVICES:
+        bind(root, f"/dev/{name}", writable=True)
+    os.makedirs(root + "/proc", mode=0o555, exist_ok=True)
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV)  # this PID namespace's processes only
+    os.makedirs(root + "/.old", mode=0o700)
+    number = PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(f"the unshare sandbox does not know pivot_root on {platform.machine()}; install bubblewrap")
+    os.chdir(root)
+    _check(_libc.syscall(number, b".", b".old"), "pivot_root")
+    os.chdir("/")
+    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount the old root")
+    os.rmdir("/.old")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    command = sys.argv[sys.argv.index("--") + 1 :]
+    root = spec["root"]
+    try:
+        build(root, spec)
+    except OSError as exc:
+        sys.stderr.write(f"toolrl sandbox: cannot build the jail: {exc}\n")
+        os._exit(125)
+    os.chdir(spec["cwd"])
+    os.execvpe(command[0], command, spec["env"])  # PATH from the given environment
+
+
+if __name__ == "__main__":
+    main()
