@@ -2,20 +2,22 @@
 
 Workload: `--calls` calls to a tool with `--latency` seconds of latency, issued by `--trajectories` concurrent
 trajectories (each makes its calls one after another, as a rollout does), for an async tool and for a
-synchronous one (run in the executor's threads). Sequential: the same calls one at a time. Ideal:
-latency x calls / trajectories. Cache: `--calls` calls over 50 distinct arguments, cache on vs off. MCP:
-the extra time per call of a stdio MCP server written with the SDK over an in-process async tool.
-Prints a table and writes bench/results/tools.json.
+synchronous one run in threads (a closure) and in worker processes (an importable function). Sequential: the
+same calls one at a time. Ideal: latency x calls / trajectories. Cache: `--calls` calls over 50 distinct
+arguments, cache on vs off. MCP: the extra time per call of a stdio MCP server written with the SDK over an
+in-process async tool. Prints a table and writes bench/results/tools.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from pathlib import Path
 
 from common import machine, write_results
+from fault_tools import lookup_in_process
 
 from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy, tool_from_function
 
@@ -31,7 +33,8 @@ def make_tools(latency: float):
         time.sleep(latency)
         return f"value-{key}"
 
-    return [tool_from_function(lookup), tool_from_function(lookup_sync)]
+    os.environ["TOOLRL_BENCH_LATENCY"] = str(latency)  # read by fault_tools.lookup_in_process in the workers
+    return [tool_from_function(lookup), tool_from_function(lookup_sync), tool_from_function(lookup_in_process)]
 
 
 async def concurrent(executor: ToolExecutor, tool: str, calls: int, trajectories: int, distinct: int) -> float:
@@ -90,12 +93,14 @@ def main() -> None:
     ideal = lat * n / traj
     tools = make_tools(lat)
     rows = {}
-    for name in ("lookup", "lookup_sync"):
+    for name in ("lookup", "lookup_sync", "lookup_in_process"):
         ex = ToolExecutor(tools, max_concurrency=traj)
-        conc = asyncio.run(concurrent(ex, name, n, traj, distinct=n))
+        cold = asyncio.run(concurrent(ex, name, n, traj, distinct=n))  # first use: threads or workers start
+        conc = asyncio.run(concurrent(ex, name, n, traj, distinct=n))  # as in every later rollout step
         seq = asyncio.run(sequential(ex, name, n))
         ex.close()
         rows[name] = {
+            "first_use_concurrent_s": round(cold, 3),
             "concurrent_s": round(conc, 3),
             "sequential_s": round(seq, 3),
             "ideal_s": round(ideal, 3),
@@ -112,6 +117,7 @@ def main() -> None:
         "workload": {"calls": n, "latency_s": lat, "trajectories": traj},
         "async_tool": rows["lookup"],
         "sync_tool": rows["lookup_sync"],
+        "sync_tool_in_worker_processes": rows["lookup_in_process"],
         "cache": {
             "distinct_arguments": 50,
             "uncached_s": round(cached[False], 3),
@@ -121,10 +127,11 @@ def main() -> None:
         "mcp_stdio_overhead_ms": round(asyncio.run(mcp_overhead_ms()), 3),
     }
     print(f"{n} calls x {lat * 1000:.0f} ms from {traj} trajectories (ideal {ideal:.2f} s)")
-    print(f"{'tool':<14}{'concurrent s':>14}{'sequential s':>14}{'conc/seq':>10}{'conc/ideal':>12}")
-    for label, row in (("async", rows["lookup"]), ("sync (threads)", rows["lookup_sync"])):
+    print(f"{'tool':<18}{'first use s':>13}{'concurrent s':>14}{'sequential s':>14}{'conc/seq':>10}{'conc/ideal':>12}")
+    labels = (("async", "lookup"), ("sync (threads)", "lookup_sync"), ("sync (processes)", "lookup_in_process"))
+    for label, row in ((label, rows[name]) for label, name in labels):
         print(
-            f"{label:<14}{row['concurrent_s']:>14.2f}{row['sequential_s']:>14.2f}"
+            f"{label:<18}{row['first_use_concurrent_s']:>13.2f}{row['concurrent_s']:>14.2f}{row['sequential_s']:>14.2f}"
             f"{row['concurrent_vs_sequential']:>9.1f}x{row['concurrent_vs_ideal']:>12.3f}"
         )
     print(f"MCP stdio overhead per call: {result['mcp_stdio_overhead_ms']:.2f} ms")

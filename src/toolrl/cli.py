@@ -95,6 +95,8 @@ def train(config: ConfigArg = None, set_: SetOption = None, resume: ResumeOption
                 f"reward {m['reward']:.2f}  success {m['success']:.0%}  calls/traj {m['tool_calls']:.2f}  "
                 f"{m['gen_tokens_per_s']:.0f} tok/s"
             )
+            if m.get("tools/infra_faults"):  # a tool's timeouts or crashes: not the model's doing
+                stats += f"  tool faults {m['tools/infra_faults']} ({m['fault_masked']} masked)"
             progress.update(task, advance=1, stats=stats)
 
         try:
@@ -240,6 +242,7 @@ def tools_call(
     finally:
         toolset.close()
     typer.echo(result.content)
+    typer.echo(f"({result.outcome}, {result.latency_s:.3f} s)", err=True)
     if result.error:
         raise typer.Exit(1)
 

@@ -145,7 +145,8 @@ class ToolExecutor:
                     outcome, message, repeatable = "transport", first_line(exc), safe_to_repeat
                 except Exception as exc:  # a tool's own failure must never end the rollout
                     return self._result(call, "tool_error", f"Error: {call.name} failed: {first_line(exc)}", started)
-                backoff = policy.backoff_s * 2**attempt
+                # After a crash the restart is the wait (the next attempt waits for it within the deadline).
+                backoff = 0.0 if outcome == "crashed" else policy.backoff_s * 2**attempt
                 if not repeatable or attempt >= policy.retries or time.monotonic() + backoff >= deadline:
                     return self._result(call, outcome, f"Error: {call.name} failed: {message}", started)
                 attempt += 1
@@ -161,8 +162,8 @@ class ToolExecutor:
         return to_text(await self.threads.run(tool.fn, arguments, timeout))
 
     async def _run_async(self, coro: Any, timeout: float) -> Any:
-        """Await `coro` until `timeout`; past it, cancel it and let it go (kept, so that close() can end it)
-        instead of waiting for a coroutine that might ignore the cancellation."""
+        """Await `coro` until `timeout`; past it, cancel it and go on without waiting for it (a coroutine may
+        ignore the cancellation): it is kept referenced until it ends, or until asyncio.run's teardown."""
         task = asyncio.ensure_future(coro)
         try:
             done, _ = await asyncio.wait({task}, timeout=max(timeout, 0.0))
@@ -172,7 +173,7 @@ class ToolExecutor:
         if task in done:
             return task.result()
         task.cancel()
-        self._abandoned.add(task)  # the loop holds tasks weakly; asyncio.run's teardown awaits what is left
+        self._abandoned.add(task)  # the loop holds tasks weakly
         task.add_done_callback(self._abandoned.discard)
         raise DeadlineExceeded
 

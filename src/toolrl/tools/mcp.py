@@ -282,10 +282,10 @@ class MCPServerConnection:
         self._closed = True
 
         async def stop() -> None:
-            if self._live is not None:
-                self._live.stop.set()
-            if self._starting is not None:
-                self._starting.cancel()
+            # Owners end through their transport's shutdown (stdin closed, SIGTERM, SIGKILL), starting ones too.
+            for task in (self._starting, *self._owners):
+                if task is not None:
+                    task.cancel()
             if self._owners:
                 await asyncio.wait(set(self._owners), timeout=4 * STOP_GRACE_S + 1)
 

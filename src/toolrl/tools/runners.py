@@ -87,7 +87,7 @@ class ThreadRunner:
             return await _wait(future, timeout)
         except DeadlineExceeded:
             self.abandoned += 1
-            if self.abandoned >= ABANDONED_WARNING:
+            if self.abandoned >= ABANDONED_WARNING and self.abandoned & (self.abandoned - 1) == 0:  # 16, 32, 64...
                 log.warning(
                     "%d tool calls overran their deadline in threads, which cannot be stopped; run such tools "
                     "with isolation: process",

@@ -1,0 +1,247 @@
+"""Benchmark: tool faults under rollout-like concurrency. 64 trajectories make >= 10,000 calls, one after
+another each, to healthy tools and, for 20% of the calls, to faulty ones: Python tools that hang blocking (in
+a worker process, and declared thread), hang async, raise, return 5 MB or are slow; an MCP server's tools that
+hang, crash the server, return 5 MB or are slow. Deadline 3 s per call.
+
+Keys (goal): calls, hung (calls past their deadline + 0.5 s: 0), uncounted (calls whose outcome the metrics
+miss: 0), healthy_failed (calls to healthy tools that did not succeed: 0), leaked_processes (left after close:
+0), crash_executions_per_call (how often a call that crashes its server ran, over those that ran: 1.0; with
+crash_max_executions and crash_calls_never_run beside it), exit_s (from the end of the work to the process's
+exit, hung tools and all: <= 5). The work runs in a child process so that its exit can
+be timed. Prints a table and writes bench/results/faults.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+MCP_SERVER = ROOT / "tests" / "fixtures" / "mcp_server.py"
+TIMEOUT_S = 3.0
+TRAJECTORIES = 64
+
+# (tool, arguments, share of all calls, outcome expected)
+MIX = [
+    ("py.lookup", {}, 0.30, "ok"),
+    ("py.fetch", {}, 0.20, "ok"),
+    ("mcp.add", {"a": 1, "b": 2}, 0.15, "ok"),
+    ("mcp.echo", {"text": "hi"}, 0.15, "ok"),
+    ("py.block_hang", {}, 0.02, "timeout"),
+    ("pythread.block_hang_thread", {}, 0.01, "timeout"),
+    ("py.async_hang", {}, 0.02, "timeout"),
+    ("py.broken", {}, 0.04, "tool_error"),
+    ("py.big", {}, 0.015, "ok"),
+    ("py.slow", {}, 0.03, "ok"),
+    ("mcp.slow", {"seconds": 3600}, 0.02, "timeout"),
+    ("mcp.crash", {}, 0.002, "crashed"),
+    ("mcp.big", {"megabytes": 5}, 0.013, "ok"),
+    ("mcp.slow", {"seconds": 0.8}, 0.03, "ok"),
+]
+HEALTHY = {"py.lookup", "py.fetch", "mcp.add", "mcp.echo"}
+
+
+def tool_config(folder: Path) -> Path:
+    py = [
+        ("lookup", None),
+        ("fetch", None),
+        ("block_hang", None),
+        ("async_hang", None),
+        ("broken", None),
+        ("big", None),
+        ("slow", None),
+    ]
+    servers = {
+        "mcp": {"command": sys.executable, "args": [str(MCP_SERVER)]},
+        "pythread": {"python": "fault_tools:block_hang_thread", "policy": {"isolation": "thread"}},
+    }
+    for name, _ in py:
+        servers[f"py_{name}"] = {"python": f"fault_tools:{name}"}
+    path = folder / "tools.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+def run_child(calls: int, seed: int, folder: Path) -> None:
+    """The workload; prints one JSON line of results, then 'DONE <time>' when the work is over."""
+    from toolrl.config.schema import ToolsConfig
+    from toolrl.tools import ToolCall
+    from toolrl.tools.toolset import run_executor
+
+    executor, toolset = run_executor(
+        [], ToolsConfig(file=str(tool_config(folder)), timeout_s=TIMEOUT_S, max_concurrency=TRAJECTORIES), folder
+    )
+    rng = random.Random(seed)
+    names, weights = list(range(len(MIX))), [m[2] for m in MIX]
+    plan = [rng.choices(names, weights)[0] for _ in range(calls)]
+
+    def full_name(tool: str) -> str:
+        server, short = tool.split(".")
+        return f"py_{short}.{short}" if server == "py" else tool
+
+    async def trajectory(index: int) -> list[tuple[int, float, str, str]]:
+        done = []
+        for i in range(index, calls, TRAJECTORIES):
+            tool, arguments, _, _ = MIX[plan[i]]
+            if tool == "mcp.crash":  # each call its own marker file: one line per execution
+                arguments = {"marker": str(folder / f"crash-{i}")}
+            elif tool.startswith("py"):
+                arguments = {"key": i}
+            result = await executor.invoke(ToolCall(full_name(tool), arguments))
+            done.append((plan[i], result.latency_s, result.outcome, result.content[:120]))
+        return done
+
+    async def everything():
+        return [r for part in await asyncio.gather(*(trajectory(t) for t in range(TRAJECTORIES))) for r in part]
+
+    started = time.monotonic()
+    results = asyncio.run(everything())
+    wall = time.monotonic() - started
+    outcomes = collections.Counter(outcome for _, _, outcome, _ in results)
+    counted = executor.metrics["calls"]
+    metric_outcomes = {k.removeprefix("errors_"): v for k, v in executor.metrics.items() if k.startswith("errors_")}
+    mismatched = sum(abs(outcomes[k] - metric_outcomes.get(k, 0)) for k in outcomes if k != "ok")
+    by_kind = collections.defaultdict(collections.Counter)
+    failures = collections.Counter()
+    for kind, _, outcome, content in results:
+        tool, arguments, _, _ = MIX[kind]
+        by_kind[f"{tool}{'(hang)' if arguments.get('seconds') == 3600 else ''}"][outcome] += 1
+        if tool in HEALTHY and outcome != "ok":
+            failures[content] += 1
+    crash_calls = [i for i, kind in enumerate(plan) if MIX[kind][0] == "mcp.crash"]
+    runs = [
+        len((folder / f"crash-{i}").read_text().splitlines()) if (folder / f"crash-{i}").is_file() else 0
+        for i in crash_calls
+    ]
+    ran = [n for n in runs if n]
+    latencies = [latency for _, latency, _, _ in results]
+    summary = {
+        "calls": len(results),
+        "faulty_share": round(sum(1 for k in plan if MIX[k][0] not in HEALTHY) / len(plan), 3),
+        "hung": sum(1 for latency in latencies if latency > TIMEOUT_S + 0.5),
+        "max_latency_s": round(max(latencies), 3),
+        "uncounted": abs(counted - len(results)) + mismatched,
+        "healthy_failed": sum(failures.values()),
+        "healthy_failures": dict(failures.most_common(5)),
+        "unexpected": sum(
+            1 for kind, _, outcome, _ in results if outcome != MIX[kind][3] and MIX[kind][0] not in HEALTHY
+        ),
+        "crash_calls": len(crash_calls),
+        "crash_executions_per_call": round(sum(ran) / len(ran), 3) if ran else None,
+        "crash_max_executions": max(runs, default=0),
+        "crash_calls_never_run": runs.count(0),
+        "crash_calls_never_run_note": "sent as the server was dying; reported as crashed (it may have run)",
+        "server_restarts": toolset.servers["mcp"].connections - 1,
+        "workers_started": executor.processes.started,
+        "workers_killed": executor.processes.killed,
+        "threads_abandoned": executor.threads.abandoned,
+        "outcomes": dict(outcomes),
+        "by_tool": {k: dict(v) for k, v in sorted(by_kind.items())},
+        "wall_s": round(wall, 1),
+        "calls_per_s": round(len(results) / wall, 1),
+    }
+    print(json.dumps(summary), flush=True)
+    print(f"DONE {time.time()}", flush=True)
+    executor.close()
+    toolset.close()
+
+
+def leaked(folder: Path) -> list[str]:
+    """Processes left of the child's work: tool workers and MCP servers, by their command lines."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if "State:\tZ" in status:
+            continue
+        if "toolrl/tools/worker.py" in command or str(MCP_SERVER) in command:
+            found.append(f"{entry.name}: {command[:100]}")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench/results/faults.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        run_child(args.calls, args.seed, Path(args.child))
+        return
+    with tempfile.TemporaryDirectory(prefix="toolrl-faults-") as tmp:
+        before = set(leaked(Path(tmp)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)])}
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--calls", str(args.calls), "--seed", str(args.seed), "--child", tmp],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        summary, done_at = None, None
+        for line in child.stdout:
+            if line.startswith("{"):
+                summary = json.loads(line)
+            elif line.startswith("DONE "):
+                done_at = float(line.split()[1])
+        child.wait()
+        exited = time.time()
+        time.sleep(1.0)
+        left = [p for p in leaked(Path(tmp)) if p not in before]
+    if summary is None:
+        raise SystemExit(f"the workload failed (exit {child.returncode})")
+    summary["exit_s"] = round(exited - done_at, 2)
+    summary["leaked_processes"] = len(left)
+    summary["leaked"] = left[:5]
+    goals = {
+        "hung": 0,
+        "uncounted": 0,
+        "healthy_failed": 0,
+        "leaked_processes": 0,
+        "crash_executions_per_call": 1.0,
+    }
+    met = all(summary[k] == v for k, v in goals.items()) and summary["exit_s"] <= 5
+    print(
+        f"{summary['calls']} calls ({summary['faulty_share']:.0%} to faulty tools), deadline {TIMEOUT_S:g} s, "
+        f"{TRAJECTORIES} trajectories, {summary['wall_s']} s"
+    )
+    extra = ("exit_s", "crash_max_executions", "crash_calls_never_run", "max_latency_s", "unexpected")
+    for key in (*goals, *extra, "server_restarts", "workers_killed"):
+        goal = goals.get(key, "<= 5" if key == "exit_s" else "")
+        print(f"  {key:<28}{summary[key]!s:>10}   {goal}")
+    print(f"goals {'met' if met else 'NOT met'}")
+    write_results(
+        args.out,
+        {
+            "machine": machine(),
+            "workload": {
+                "calls": args.calls,
+                "trajectories": TRAJECTORIES,
+                "timeout_s": TIMEOUT_S,
+                "seed": args.seed,
+                "mix": [{"tool": t, "arguments": a, "share": s, "expected": e} for t, a, s, e in MIX],
+            },
+            "goals_met": met,
+            **summary,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

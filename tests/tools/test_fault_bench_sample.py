@@ -1,0 +1,28 @@
+"""A small sample of bench/faults.py (which makes 10,000 calls): the same mix of hanging, crashing, raising,
+huge and slow Python and MCP tools, 64 trajectories at once, every goal checked."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[2] / "bench" / "faults.py"
+
+
+@pytest.mark.slow
+def test_fault_bench_sample_meets_every_goal(tmp_path):
+    out = tmp_path / "faults.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--calls", "600", "--seed", "3", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["calls"] == 600 and 0.1 < result["faulty_share"] < 0.3
+    assert (result["hung"], result["uncounted"], result["healthy_failed"], result["leaked_processes"]) == (0, 0, 0, 0)
+    assert result["crash_max_executions"] <= 1 and result["exit_s"] <= 5
+    assert result["goals_met"], result
