@@ -156,3 +156,21 @@ def test_a_crafted_checkpoint_cannot_run_code_on_resume(tiny_model_dir, tmp_path
     with pytest.raises(ConfigError, match="refused, it is not plain training state"):
         trainer.resume()
     assert not marker.exists()
+
+
+def test_training_state_round_trips_exactly_without_pickle(tmp_path):
+    from toolrl.train.checkpoint import load_state, save_state
+
+    shared = torch.arange(6.0)
+    tree = {
+        "state": {0: {"step": torch.tensor(3.0), "exp_avg": shared}, 1: {"view": shared[:3]}},
+        "param_groups": [{"betas": (0.9, 0.99), "lr": 1e-5, "params": [0, 1], "fused": None}],
+        "rng": torch.ByteTensor([1, 2, 3]),
+        "__odd": "key",
+    }
+    save_state(tmp_path / "state", tree)
+    back = load_state(tmp_path / "state")
+    assert back["param_groups"] == tree["param_groups"] and back["__odd"] == "key"
+    assert set(back["state"]) == {0, 1} and isinstance(back["param_groups"][0]["betas"], tuple)
+    assert torch.equal(back["state"][0]["exp_avg"], shared) and torch.equal(back["state"][1]["view"], shared[:3])
+    assert torch.equal(back["rng"], tree["rng"]) and back["state"][0]["step"].item() == 3.0

@@ -18,19 +18,25 @@ from safetensors.torch import load_file, save_file
 from toolrl.errors import ConfigError
 
 
-def _flatten(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _flatten(value: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:
     if isinstance(value, torch.Tensor):
         key = str(len(tensors))
-        tensors[key] = value.detach().cpu().contiguous().clone()  # clone: safetensors refuses shared storage
+        tensor = value.detach().cpu().contiguous()
+        if tensor.untyped_storage().data_ptr() in storages:  # safetensors refuses tensors that share storage
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        tensors[key] = tensor
         return {"__tensor__": key}
     if isinstance(value, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in value):
-            return {k: _flatten(v, tensors) for k, v in value.items()}
-        return {"__items__": [[_flatten(k, tensors), _flatten(v, tensors)] for k, v in value.items()]}
+            return {k: _flatten(v, tensors, storages) for k, v in value.items()}
+        return {
+            "__items__": [[_flatten(k, tensors, storages), _flatten(v, tensors, storages)] for k, v in value.items()]
+        }
     if isinstance(value, tuple):
-        return {"__tuple__": [_flatten(v, tensors) for v in value]}
+        return {"__tuple__": [_flatten(v, tensors, storages) for v in value]}
     if isinstance(value, list):
-        return [_flatten(v, tensors) for v in value]
+        return [_flatten(v, tensors, storages) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"cannot store a {type(value).__name__} in a checkpoint")
@@ -53,7 +59,7 @@ def _unflatten(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 def save_state(path: Path, tree: Any) -> None:
     """Write `tree` as path.safetensors (its tensors) and path.json (the rest, tensors by reference)."""
     tensors: dict[str, torch.Tensor] = {}
-    structure = _flatten(tree, tensors)
+    structure = _flatten(tree, tensors, set())
     save_file(tensors, str(path.with_suffix(".safetensors")))
     path.with_suffix(".json").write_text(json.dumps(structure))
 
