@@ -175,7 +175,7 @@ def main() -> None:
     tokenizer = load_tokenizer(MODEL)
     model = load_model(MODEL, torch.device("cpu")).eval()
     chat = ChatFormat(tokenizer)
-    env = make_env(EnvConfig(num_train=args.trajectories, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": args.trajectories, "num_test": 1}))
     tasks = env.tasks("train")[: args.trajectories]
     engine = HFEngine(model, stop_ids=[], pad_id=tokenizer.pad_token_id, device=torch.device("cpu"))
     # The same engine reading the shared prefix per slot instead of once per step (cascade attention off).

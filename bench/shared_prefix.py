@@ -25,7 +25,7 @@ from toolrl.train.logprobs import trained_token_logprobs
 
 
 def workload(tokenizer, rows: int, group: int, response: int, seed: int = 0) -> list[Trajectory]:
-    env = make_env(EnvConfig(num_train=1, num_test=rows))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": rows}))
     chat = ChatFormat(tokenizer)
     tools = [t.to_openai() for t in env.tools()]
     gen = torch.Generator().manual_seed(seed)

@@ -47,7 +47,7 @@ class DigitsEnv(CalculatorEnv):
 
 
 def prompts(tokenizer, count: int) -> list[list[int]]:
-    env = make_env(EnvConfig(num_train=count, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": count, "num_test": 1}))
     chat = ChatFormat(tokenizer)
     tools = [t.to_openai() for t in env.tools()]
     return [chat.prompt_ids(env.messages(task), tools) for task in env.tasks("train")[:count]]
@@ -59,7 +59,7 @@ def run_toolrl(args) -> dict:
     config = load_config(
         overrides=[
             "env.name=bench-digits",
-            f"env.num_train={args.prompts * (args.steps + 1)}",
+            f"env.options.num_train={args.prompts * (args.steps + 1)}",
             "device=cpu",
             "rollout.max_turns=1",
             f"rollout.max_new_tokens={args.tokens}",

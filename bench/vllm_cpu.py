@@ -46,7 +46,7 @@ def main() -> None:
     tokenizer = load_tokenizer(MODEL)
     model = load_model(MODEL, torch.device("cpu")).eval()
     chat = ChatFormat(tokenizer)
-    env = make_env(EnvConfig(num_train=32, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": 32, "num_test": 1}))
     tools = [t.to_openai() for t in env.tools()]
     prompts = [chat.prompt_ids(env.messages(t), tools) for t in env.tasks("train")[:32]]
     # HF first, then vLLM: vLLM's engine process keeps its OpenMP threads spinning on the cores while it lives.

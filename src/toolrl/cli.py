@@ -43,13 +43,19 @@ def _quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
 
 
+def _cell(value: float | None, percent: bool = False) -> str:
+    if value is None:
+        return "n/a"  # an environment that declares no success criterion
+    return f"{value:.1%}" if percent else f"{value:.2f}"
+
+
 def _eval_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
     table = Table(title=title)
     table.add_column("metric")
     for name in columns:
         table.add_column(name, justify="right")
     for key, label in [("success", "success rate"), ("tool_calls", "tool calls / task"), ("turns", "turns / task")]:
-        table.add_row(label, *(f"{c[key]:.1%}" if key == "success" else f"{c[key]:.2f}" for c in columns.values()))
+        table.add_row(label, *(_cell(c.get(key), percent=key == "success") for c in columns.values()))
     return table
 
 
@@ -92,7 +98,7 @@ def train(config: ConfigArg = None, set_: SetOption = None, resume: ResumeOption
 
         def on_step(m: dict[str, Any]) -> None:
             stats = (
-                f"reward {m['reward']:.2f}  success {m['success']:.0%}  calls/traj {m['tool_calls']:.2f}  "
+                f"reward {m['reward']:.2f}  success {_cell(m.get('success'), True)}  calls/traj {m['tool_calls']:.2f}  "
                 f"{m['gen_tokens_per_s']:.0f} tok/s"
             )
             if m.get("tools/infra_faults"):  # a tool's timeouts or crashes: not the model's doing
@@ -164,7 +170,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory made by
             ev.add_row(
                 str(r["eval"]),
                 str(r.get("step", "")),
-                f"{r['success']:.1%}",
+                _cell(r.get("success"), percent=True),
                 f"{r['reward']:.3f}",
                 f"{r['tool_calls']:.2f}",
             )

@@ -168,3 +168,38 @@ def test_two_turns_with_two_results_are_token_exact_across_template_families(tok
             "\n<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\n9\n</tool_response>"
             "<|im_end|>\n<|im_start|>assistant\n"
         )
+
+
+@pytest.mark.parametrize("family", list(TEMPLATES))
+def test_a_user_turn_after_an_answer_is_token_exact_across_template_families(tokenizer, family):
+    """A multi-turn conversation: the model answers, the user speaks again (the next request), the model
+    answers again. prompt + answer + user ids + answer equal the template's rendering of the conversation,
+    and the user's tokens are framed in the template's own user role."""
+    tok = TEMPLATES[family](tokenizer)
+    chat = ChatFormat(tok)
+    messages = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "Make a folder docs."}]
+    prompt = chat.prompt_ids(messages, [])
+    first, request, second = "<answer>done</answer>", "Now move notes.txt into docs.", "<answer>moved</answer>"
+    user = chat.user_ids(request, model_ended_turn=True)
+    ours = prompt + chat.encode(first) + [chat.end_of_turn_id] + user + chat.encode(second) + [chat.end_of_turn_id]
+    full = [
+        *chat.prompt_messages(messages, []),
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": request},
+        {"role": "assistant", "content": second},
+    ]
+    text = tok.apply_chat_template(full, tokenize=False)
+    assert tok.decode(ours) == text.rstrip("\n")
+    if family != "llama3-style":  # see the test above: that layout re-tokenises "\n\n" differently
+        rendered = chat.encode(text)
+        assert rendered[: len(ours)] == ours
+    cut = chat.user_ids(request, model_ended_turn=False)
+    assert cut[0] == chat.end_of_turn_id and cut[1:] == user
+    header = {
+        "smollm2-chatml": "\n<|im_start|>user\n",
+        "qwen-style-chatml": "\n<|im_start|>user\n",
+        "llama3-style": "<|start_header_id|>user<|end_header_id|>\n\n",
+        "no-tool-role": None,
+    }[family]
+    if header:
+        assert tok.decode(user).startswith(header + request)

@@ -4,8 +4,13 @@ from toolrl.config import RunConfig, load_config
 from toolrl.errors import ConfigError
 
 
-def test_packaged_default_equals_schema_defaults():
-    assert load_config() == RunConfig()
+def test_packaged_default_equals_schema_defaults_with_the_environments_options_filled_in():
+    from toolrl.envs.calculator.env import CalculatorOptions
+
+    config = load_config()
+    assert config.env.options == CalculatorOptions().model_dump()
+    config.env.options = {}
+    assert config == RunConfig()
 
 
 def test_overrides_are_typed():

@@ -43,8 +43,8 @@ def test_unsafe_or_unbounded_input_is_refused(expression, reason):
 
 
 def test_tasks_are_seeded_disjoint_and_need_a_tool():
-    env = make_env(EnvConfig(num_train=50, num_test=20))
-    again = make_env(EnvConfig(num_train=50, num_test=20))
+    env = make_env(EnvConfig(options={"num_train": 50, "num_test": 20}))
+    again = make_env(EnvConfig(options={"num_train": 50, "num_test": 20}))
     train, test = env.tasks("train"), env.tasks("test")
     assert (len(train), len(test)) == (50, 20)
     assert [t.question for t in train] == [t.question for t in again.tasks("train")]
@@ -55,14 +55,14 @@ def test_tasks_are_seeded_disjoint_and_need_a_tool():
 
 
 def test_rubric_components(tokenizer):
-    env = make_env(EnvConfig(num_train=1, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 1}))
     task = env.tasks("test")[0]
     traj = Trajectory.start(task, [1, 2])
     traj.add_model_turn([3], [-0.1], f"<answer>{task.answer}</answer>")
     traj.num_tool_calls = 1
     total, parts = env.rubric.score(traj, task)
-    assert parts == {"correct": 1.0, "format": 1.0, "tool_calls": 1.0}
+    assert parts == {"correct": 1.0, "format": 1.0, "tool_calls": 1.0, "tool_errors": 0.0}
     assert total == pytest.approx(1.1)
     traj.num_format_errors = 1
     traj.texts[-1] = "<answer>-1</answer>"
-    assert env.rubric.score(traj, task) == (0.0, {"correct": 0.0, "format": 0.0, "tool_calls": 1.0})
+    assert env.rubric.score(traj, task) == (0.0, {"correct": 0.0, "format": 0.0, "tool_calls": 1.0, "tool_errors": 0.0})

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from toolrl.config.schema import CodeConfig, EnvConfig
+from toolrl.config.schema import EnvConfig
 from toolrl.envs import make_env
 from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, run_python
 from toolrl.rollout.trajectory import Trajectory
@@ -68,7 +68,7 @@ def test_output_is_cut_and_network_is_blocked(sandbox):
 
 
 def test_episodes_get_their_own_sandbox_and_rewards_verify_by_running_again():
-    env = make_env(EnvConfig(name="code", num_train=5, num_test=5, code=CodeConfig(timeout_s=2)))
+    env = make_env(EnvConfig(name="code", options={"num_train": 5, "num_test": 5, "timeout_s": 2}))
     task = env.tasks("test")[0]
     executor = ToolExecutor(env.tools())
     one, two = env.reset(task), env.reset(task)
@@ -91,7 +91,7 @@ def test_episodes_get_their_own_sandbox_and_rewards_verify_by_running_again():
 
 
 def test_generated_questions_have_the_right_answers():
-    env = make_env(EnvConfig(name="code", seed=3, num_train=10, num_test=10))
+    env = make_env(EnvConfig(name="code", seed=3, options={"num_train": 10, "num_test": 10}))
     box = Sandbox(SandboxLimits())
     try:
         for task in env.tasks("test"):
@@ -122,9 +122,9 @@ def test_without_isolation_the_code_environment_refuses_to_start_unless_told_non
     monkeypatch.setattr(sandbox, "_probes", {})
     monkeypatch.setenv("PATH", str(tmp_path))  # neither bwrap nor unshare to be found
     with pytest.raises(ConfigError) as err:
-        make_env(EnvConfig(name="code", num_train=2, num_test=2))
+        make_env(EnvConfig(name="code", options={"num_train": 2, "num_test": 2}))
     message = str(err.value)
-    assert message.startswith("env.code.isolation: no sandbox for model code on this machine (bwrap is not")
-    assert "apt install bubblewrap" in message and "env.code.isolation: none (unsafe)" in message
-    env = make_env(EnvConfig(name="code", num_train=2, num_test=2, code=CodeConfig(isolation="none")))
+    assert message.startswith("env.options.isolation: no sandbox for model code on this machine (bwrap is not")
+    assert "apt install bubblewrap" in message and "env.options.isolation: none (unsafe)" in message
+    env = make_env(EnvConfig(name="code", options={"num_train": 2, "num_test": 2, "isolation": "none"}))
     assert env.limits.isolation == "none" and "model code runs unisolated" in caplog.text

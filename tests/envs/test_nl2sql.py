@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from toolrl.config.schema import EnvConfig, SQLConfig
+from toolrl.config.schema import EnvConfig
 from toolrl.envs import make_env
 from toolrl.envs.nl2sql.database import same_results
 from toolrl.errors import DataError
@@ -20,7 +20,7 @@ def sql(query):
 
 @pytest.fixture(scope="module")
 def env():
-    return make_env(EnvConfig(name="nl2sql", sql=SQLConfig(timeout_s=0.5)))
+    return make_env(EnvConfig(name="nl2sql", options={"timeout_s": 0.5}))
 
 
 def test_bundled_tasks_have_gold_sql_that_runs(env):
@@ -65,7 +65,7 @@ def test_errors_timeouts_and_process_reward(env):
 
 
 def test_rows_are_capped():
-    env = make_env(EnvConfig(name="nl2sql", sql=SQLConfig(max_rows=3)))
+    env = make_env(EnvConfig(name="nl2sql", options={"max_rows": 3}))
     episode = env.reset(env.tasks("test")[0])
     out = asyncio.run(episode.step([sql("SELECT product_id FROM order_items")], ToolExecutor(env.tools())))  # 28 rows
     assert out.observations[0].content.splitlines()[-1] == "... 25 more rows"
@@ -109,12 +109,12 @@ def test_user_database_script_and_bad_database(tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"question": "Sum of x?", "answer": "SELECT SUM(x) FROM t"}\n')
     env = make_env(
-        EnvConfig(name="nl2sql", sql=SQLConfig(database=str(script)), train_file=str(tasks), test_file=str(tasks))
+        EnvConfig(name="nl2sql", train_file=str(tasks), test_file=str(tasks), options={"database": str(script)})
     )
     assert env.tasks("test")[0].answer == "SELECT SUM(x) FROM t"
     assert len(env.messages(env.tasks("test")[0])) == 2  # no in-context example on a user's database
-    with pytest.raises(DataError, match=r"env\.sql\.database: .*missing\.db not found"):
-        make_env(EnvConfig(name="nl2sql", sql=SQLConfig(database=str(tmp_path / "missing.db"))))
+    with pytest.raises(DataError, match=r"env\.options\.database: .*missing\.db not found"):
+        make_env(EnvConfig(name="nl2sql", options={"database": str(tmp_path / "missing.db")}))
     (tmp_path / "bad.sql").write_text("CREATE TABLE (;")
     with pytest.raises(DataError, match="is not a usable sqlite database or script"):
-        make_env(EnvConfig(name="nl2sql", sql=SQLConfig(database=str(tmp_path / "bad.sql"))))
+        make_env(EnvConfig(name="nl2sql", options={"database": str(tmp_path / "bad.sql")}))

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from toolrl.config.schema import EnvConfig, SearchConfig
+from toolrl.config.schema import EnvConfig
 from toolrl.envs import make_env
 from toolrl.envs.search import wiki
 from toolrl.envs.search.retriever import format_docs, make_retriever, read_corpus
@@ -86,7 +86,7 @@ def test_retriever_server_and_the_environment_through_it(corpus, tmp_path):
             + "\n"
         )
         config = EnvConfig(
-            name="search", train_file=str(tasks), test_file=str(tasks), search=SearchConfig(retriever_url=url, topk=1)
+            name="search", train_file=str(tasks), test_file=str(tasks), options={"retriever_url": url, "topk": 1}
         )
         env = make_env(config)
         [tool] = env.tools()
@@ -106,7 +106,7 @@ def test_retriever_server_and_the_environment_through_it(corpus, tmp_path):
     assert messages[-1] == {"role": "user", "content": "Question: Where is the Mona Lisa?"}
     traj = Trajectory.start(task, [1])
     traj.add_model_turn([2], [0.0], "<think>it is in paris</think>\n<answer> The Louvre! </answer>")
-    assert env.rubric.score(traj, task)[1] == {"correct": 1.0, "format": 1.0, "tool_calls": 0.0}
+    assert env.rubric.score(traj, task)[1] == {"correct": 1.0, "format": 1.0, "tool_calls": 0.0, "tool_errors": 0.0}
 
 
 def test_offline_wikipedia_questions(tmp_path):

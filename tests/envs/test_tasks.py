@@ -75,7 +75,7 @@ def test_bad_task_files_say_where_and_what_to_do(tmp_path, name, content, messag
 
 def test_env_files_replace_an_environments_own_splits(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", [{"question": "What is 1 + 2?", "answer": "3"}])
-    env = make_env(EnvConfig(num_train=5, num_test=4, train_file=str(train)))
+    env = make_env(EnvConfig(train_file=str(train), options={"num_train": 5, "num_test": 4}))
     assert [t.question for t in env.tasks("train")] == ["What is 1 + 2?"]
     assert len(env.tasks("test")) == 4  # still the generated test split
 

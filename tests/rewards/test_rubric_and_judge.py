@@ -46,9 +46,11 @@ def test_weights_zero_weight_is_logged_only_and_batched_criteria():
 
 
 def test_env_reward_weights_from_config():
-    env = make_env(EnvConfig(num_train=1, num_test=1, reward_weights={"tool_calls": -0.1, "format": 0.0}))
+    env = make_env(
+        EnvConfig(reward_weights={"tool_calls": -0.1, "format": 0.0}, options={"num_train": 1, "num_test": 1})
+    )
     weights = {c.name: c.weight for c in env.rubric.criteria}
-    assert weights == {"correct": 1.0, "format": 0.0, "tool_calls": -0.1}
+    assert weights == {"correct": 1.0, "format": 0.0, "tool_calls": -0.1, "tool_errors": 0.0}
 
 
 @pytest.mark.parametrize(
@@ -91,7 +93,7 @@ def test_judge_through_an_openai_compatible_endpoint_and_in_the_rubric():
     with LocalHTTPServer() as server:
         # the test server's chat endpoint answers with the prompt upper-cased: "SCORE: 6"
         config = JudgeConfig(weight=1.0, base_url=server.url + "/v1", model="judge", template="Score: 6 for {response}")
-        env = make_env(EnvConfig(num_train=1, num_test=1, judge=config))
+        env = make_env(EnvConfig(judge=config, options={"num_train": 1, "num_test": 1}))
         t = traj("4")
         asyncio.run(env.rubric.score_all([t]))
         assert t.rewards["judge"] == pytest.approx(0.6)

@@ -59,7 +59,7 @@ def test_each_subproblem_is_solved_once_and_failed_calls_never_solve():
 
 
 def test_calculator_with_ftrl_reward(chat):
-    env = make_env(EnvConfig(num_train=1, num_test=1, reward="ftrl"))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 1, "reward": "ftrl"}))
     task = env.tasks("test")[0]
     traj = Trajectory.start(task, [1, 2])
     traj.add_model_turn([5], [0.0], "<tool_call>...</tool_call>")

@@ -26,8 +26,8 @@ class CounterEpisode(Episode):
         super().__init__(task, messages, [tool_from_function(tick, inject={"counter": counter})])
         self.counter = counter
 
-    async def step(self, calls, executor, sequential=False):
-        result = await super().step(calls, executor, sequential)
+    async def step(self, calls, executor):
+        result = await super().step(calls, executor)
         return StepResult(result.observations, reward=0.5, done=len(self.counter) >= 2)
 
     def close(self):
@@ -38,6 +38,7 @@ class CounterEnv(Environment):
     name = "counter"
 
     def __init__(self):
+        super().__init__(None, None)
         self.rubric = Rubric([Criterion("process", process_reward, 1.0)])
 
     def tools(self):
@@ -65,5 +66,5 @@ def test_episodes_keep_their_own_state_and_end_when_the_environment_says(chat):
     for traj in trajs:
         assert [r.content for r in traj.results] == ["1", "2"]  # each trajectory counts on its own
         assert traj.stop_reason == "env_done" and traj.num_turns == 2
-        assert traj.step_rewards == [0.5, 0.5] and traj.rewards == {"process": 1.0} and traj.reward == 1.0
+        assert traj.turn_rewards == [0.5, 0.5] and traj.rewards == {"process": 1.0} and traj.reward == 1.0
     assert CounterEpisode.closed == 2

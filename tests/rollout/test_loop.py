@@ -34,7 +34,7 @@ class ScriptedEngine(Engine):
 
 
 def make_rollout(chat, turns, **limits):
-    env = make_env(EnvConfig(num_train=1, num_test=2))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 2}))
     engine = ScriptedEngine(turns)
     defaults = {"max_turns": 3, "max_new_tokens": 64, "max_response_tokens": 400, "max_observation_tokens": 50}
     limits = RolloutLimits(**{**defaults, **limits})
@@ -49,7 +49,7 @@ def call_ids(chat, expression):
 
 
 def test_two_turn_trajectory_ids_mask_and_logprobs(chat):
-    env = make_env(EnvConfig(num_train=1, num_test=2))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 2}))
     task = env.tasks("test")[0]
     first = call_ids(chat, task.meta["expression"])
     second = chat.encode(f"<answer>{task.answer}</answer>") + [chat.end_of_turn_id]
@@ -65,7 +65,7 @@ def test_two_turn_trajectory_ids_mask_and_logprobs(chat):
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if not m)
     assert [kind for kind, _, _ in traj.spans] == ["prompt", "model", "observation", "model"]
     assert (traj.stop_reason, traj.num_tool_calls, traj.num_turns) == ("answer", 1, 2)
-    assert traj.rewards == {"correct": 1.0, "format": 1.0, "tool_calls": 1.0}
+    assert traj.rewards == {"correct": 1.0, "format": 1.0, "tool_calls": 1.0, "tool_errors": 0.0}
 
 
 def test_malformed_call_gets_a_format_error_observation_and_the_rollout_goes_on(chat, tokenizer):
@@ -80,7 +80,7 @@ def test_malformed_call_gets_a_format_error_observation_and_the_rollout_goes_on(
 
 
 def test_stop_reasons_no_tool_call_max_turns_and_length(chat):
-    env = make_env(EnvConfig(num_train=1, num_test=3))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 3}))
     tasks = env.tasks("test")
     chatter = chat.encode("I think it is big.") + [chat.end_of_turn_id]
     call = call_ids(chat, "1 + 1")
@@ -113,7 +113,7 @@ def test_tool_faults_are_counted_apart_from_the_models_mistakes(chat):
             await asyncio.sleep(30)
         return "4"
 
-    env = make_env(EnvConfig(num_train=1, num_test=2))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 2}))
     task = env.tasks("test")[0]
     answer = chat.encode("<answer>4</answer>") + [chat.end_of_turn_id]
     bad_arguments = chat.encode('<tool_call>\n{"name": "calculator", "arguments": {"x": 1}}\n</tool_call>')

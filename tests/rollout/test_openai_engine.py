@@ -58,7 +58,7 @@ def test_a_server_without_token_ids_is_encoded_and_flagged(tokenizer):
 
 
 def test_a_multi_turn_rollout_through_the_server(chat, tokenizer):
-    env = make_env(EnvConfig(num_train=1, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 1}))
     task = env.tasks("test")[0]
     call = {"name": "calculator", "arguments": {"expression": task.meta["expression"]}}
     turns = [

@@ -31,7 +31,7 @@ def tools_file(tmp_path):
 
 
 def test_file_tools_join_the_environment_tools_with_their_policies(tools_file):
-    env = make_env(EnvConfig(num_train=1, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 1}))
     executor, toolset = run_executor(env.tools(), ToolsConfig(file=str(tools_file), timeout_s=4))
     try:
         assert list(executor.tools) == ["calculator", "srv.add", "notes.add_note", "notes.echo"]
@@ -45,7 +45,7 @@ def test_file_tools_join_the_environment_tools_with_their_policies(tools_file):
 def test_a_file_tool_clashing_with_an_environment_tool_is_refused(tmp_path):
     path = tmp_path / "tools.json"
     path.write_text(json.dumps({"mcpServers": {"x": {"python": "toolrl.envs.calculator.tool:calculator"}}}))
-    env = make_env(EnvConfig(num_train=1, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 1}))
     env_tool = env.tools()[0]
     env_tool.name = "x.calculator"
     with pytest.raises(ConfigError, match=r"tools.file: tool 'x.calculator' clashes"):
@@ -53,7 +53,7 @@ def test_a_file_tool_clashing_with_an_environment_tool_is_refused(tmp_path):
 
 
 def test_a_rollout_calls_an_mcp_tool_from_the_file(chat, tools_file):
-    env = make_env(EnvConfig(num_train=1, num_test=1))
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 1}))
     executor, toolset = run_executor(env.tools(), ToolsConfig(file=str(tools_file)))
     try:
         call = {"name": "srv.add", "arguments": {"a": 40, "b": 2}}

@@ -109,7 +109,9 @@ def test_eval_every_keeps_best_and_last_and_loggers_write(tiny_model_dir, tmp_pa
     assert [r["step"] for r in evals] == [1, 2, 3]
     best = run.pointed("best")
     assert best is not None and (best / "model.safetensors").is_file()
-    assert json.loads((best / "best.json").read_text())["success"] == max(r["success"] for r in evals)
+    kept = json.loads((best / "best.json").read_text())  # even-tokens declares no success criterion: the reward
+    assert kept["metric"] == "reward" and kept["score"] == max(r["reward"] for r in evals)
+    assert "success" not in evals[0]
     assert run.pointed("last").name == "step-000003"
     assert {p.name for p in (run.path / "checkpoints").iterdir()} == {"step-000003", best.name}
     assert list((run.path / "tensorboard").glob("events.out.tfevents.*"))

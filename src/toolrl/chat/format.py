@@ -89,14 +89,24 @@ class ChatFormat:
         return self.encode(text)
 
     def observation_ids(self, contents: Sequence[str], model_ended_turn: bool) -> list[int]:
-        """Tokens fed after a model turn: the end of its turn if it did not emit one, the tool messages in the
-        template's tool role, and the header of the next assistant turn."""
-        messages = [
+        """Tokens fed after a model turn with tool calls: the end of its turn if it did not emit one, the tool
+        messages in the template's tool role, and the header of the next assistant turn."""
+        return self._continuation_ids(self.tool_messages(contents), model_ended_turn)
+
+    def user_ids(self, content: str, model_ended_turn: bool) -> list[int]:
+        """Tokens fed after a model turn the user answers: the end of its turn if it did not emit one, the user
+        message in the template's user role, and the header of the next assistant turn."""
+        return self._continuation_ids([{"role": "user", "content": content}], model_ended_turn)
+
+    def _continuation_ids(self, messages: Sequence[dict[str, str]], model_ended_turn: bool) -> list[int]:
+        """What the template renders after an assistant turn for `messages`, up to the next assistant turn's
+        header, found by rendering the turn as a sentinel and tokenizing only what follows it."""
+        conversation = [
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": _ASSISTANT_SENTINEL},
-            *self.tool_messages(contents),
+            *messages,
         ]
-        text = self._render(messages, add_generation_prompt=True)
+        text = self._render(conversation, add_generation_prompt=True)
         at = text.rfind(_ASSISTANT_SENTINEL)
         if at < 0:
             raise TemplateError("the chat template drops assistant content; toolrl cannot frame tool results")

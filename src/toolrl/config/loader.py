@@ -79,17 +79,19 @@ def _expected(error: dict[str, Any]) -> str:
     return names.get(kind, error["msg"])
 
 
-def format_validation_error(exc: ValidationError, where: str) -> str:
+def format_validation_error(exc: ValidationError, where: str, model: type = RunConfig, prefix: str = "") -> str:
+    """The first error of `exc` (validating `model`) as one line naming the key (`prefix` + its path)."""
     error = exc.errors()[0]
-    key = ".".join(str(p) for p in error["loc"])
+    key = prefix + ".".join(str(p) for p in error["loc"])
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     if error["type"] == "extra_forbidden":
-        section = RunConfig
+        section = model
         for part in error["loc"][:-1]:
             field = section.model_fields.get(str(part))
             section = field.annotation if field else section
-        known = ", ".join(getattr(section, "model_fields", {}))
-        return f"{where}: unknown key '{clip(key, 120)}'; known keys here: {known}{more}"
+        known = ", ".join(getattr(section, "model_fields", {})) or "none"
+        hint = "; environment settings go under env.options" if key.startswith("env.") and model is RunConfig else ""
+        return f"{where}: unknown key '{clip(key, 120)}'; known keys here: {known}{hint}{more}"
     if error["type"] == "missing":
         return f"{where}: {clip(key, 120)} is required{more}"
     got = clip(repr(error.get("input")), 80)
@@ -104,9 +106,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         apply_override(data, override)
     where = str(file) if file else "config"
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, where)) from None
+    # The environment's own options: checked now (before a model loads) and written out in full.
+    from toolrl.envs.base import environment_options
+
+    config.env.options = environment_options(config.env).model_dump(mode="json")
+    return config
 
 
 def config_to_yaml(config: RunConfig) -> str:

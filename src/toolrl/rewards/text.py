@@ -7,8 +7,15 @@ import string
 from collections import Counter
 from collections.abc import Iterable
 
+ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
+
+
+def final_answer(text: str) -> str | None:
+    """The content of the last <answer>...</answer> in `text`, stripped, or None."""
+    found = ANSWER.findall(text)
+    return found[-1].strip() if found else None
 
 
 def normalize_answer(text: str) -> str:

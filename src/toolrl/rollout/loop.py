@@ -1,9 +1,10 @@
 """Generate -> parse -> invoke -> update, each trajectory on its own.
 
 Every trajectory is a small state machine driven by asyncio: GENERATING (waiting for the engine to sample a
-turn) -> RUNNING_TOOLS (its calls in flight) -> GENERATING ... -> DONE. A trajectory whose tools have returned
-asks the engine for its next turn at once; the engine batches whichever trajectories are asking. Nothing waits
-for the slowest tool call of the batch.
+turn) -> RUNNING_TOOLS (its calls in flight) or REPLYING (a turn without calls: the episode answers, with the
+user's next message or the end) -> GENERATING ... -> DONE. A trajectory whose tools or user have answered asks
+the engine for its next turn at once; the engine batches whichever trajectories are asking. Nothing waits for
+the slowest tool call of the batch. Why a trajectory stops is decided by the small named rules below.
 
 `schedule="lockstep"` runs turns in lock-step instead (every trajectory generates, then every trajectory's
 tools run, then the next turn), as RL-Factory and Search-R1 do: reproducible scheduling, and the baseline of
@@ -14,36 +15,47 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from toolrl.chat.format import ChatFormat
-from toolrl.envs.base import Environment, Episode, Task, final_answer
+from toolrl.envs.base import Environment, Episode, StepResult, Task, final_answer
+from toolrl.errors import ConfigError
 from toolrl.parsers.base import Parser, ParseResult
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.text import first_line
 from toolrl.tools.executor import ToolExecutor
+from toolrl.tools.function import Tool
 from toolrl.tools.observation import clip_observation
 
-STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done")
+log = logging.getLogger(__name__)
+
+STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done", "user_failed")
+SEED_STRIDE = 1_000_003
+"""Trajectory i of a rollout seeded s samples with seed s * SEED_STRIDE + i (a prime stride: no two
+(rollout, trajectory) pairs share a seed for rollouts of fewer than a million trajectories)."""
 
 
 class State(enum.Enum):
     GENERATING = "generating"
     RUNNING_TOOLS = "running_tools"
+    REPLYING = "replying"
     DONE = "done"
 
 
 @dataclass
 class RolloutLimits:
     max_turns: int
+    """Model turns per trajectory, over all of its user requests."""
     max_new_tokens: int
-    """Per turn."""
+    """Per model turn."""
     max_response_tokens: int
-    """Per trajectory after its prompt: generated plus observation tokens."""
+    """Per trajectory after its prompt: generated, observation and user tokens."""
     max_observation_tokens: int
     """Per tool result."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -54,13 +66,42 @@ class RolloutLimits:
     for rewards that look at the final tool result, such as the rows a final SQL query returns."""
 
 
+# ---- stop rules: each says whether (and why) a trajectory ends at this point -------------------------------
+
+
+def over_token_budget(traj: Trajectory, limits: RolloutLimits, extra: int = 0) -> bool:
+    """The trajectory's response (plus `extra` tokens about to be fed) reached max_response_tokens."""
+    return traj.response_length + extra >= limits.max_response_tokens
+
+
+def out_of_turns(traj: Trajectory, limits: RolloutLimits) -> bool:
+    """The trajectory has had its max_turns model turns."""
+    return traj.num_turns >= limits.max_turns
+
+
+def answer_reason(text: str) -> str:
+    """Why a turn without tool calls ended the trajectory: a final <answer>, or none."""
+    return "answer" if final_answer(text) is not None else "no_tool_call"
+
+
 @dataclass
 class _Turn:
-    """What one generated turn leads to: the next state, and the calls to run if any."""
+    """What one generated turn leads to: the next state, and what it needs."""
 
     state: State
     parsed: ParseResult | None = None
     sampled: Sampled | None = None
+    text: str = ""
+
+
+@dataclass
+class _Run:
+    """One trajectory in flight: its engine key, its record, its episode and the tools that episode offers."""
+
+    seq: object
+    traj: Trajectory
+    episode: Episode
+    tools: dict[str, Tool]
 
 
 class Rollout:
@@ -82,117 +123,179 @@ class Rollout:
         self.schedule = schedule
         self.sequential_tools = sequential_tools
         """Run a turn's calls one after another (lock-step only): the naive baseline of the benchmark."""
-        self.tool_schemas = [tool.to_openai() for tool in executor.tools.values()] if env.show_tool_schemas else []
         self.tokenizer = chat.tokenizer
 
-    def prompt_ids(self, task: Task, messages: list[dict[str, str]] | None = None) -> list[int]:
-        return self.chat.prompt_ids(messages or self.env.messages(task), self.tool_schemas)
+    @property
+    def tool_schemas(self) -> list[dict]:
+        """The run's tools as the prompt shows them (episodes may offer others)."""
+        return self._schemas(self.executor.tools)
+
+    def _schemas(self, tools: dict[str, Tool]) -> list[dict]:
+        return [tool.to_openai() for tool in tools.values()] if self.env.show_tool_schemas else []
+
+    def prompt_ids(self, task: Task, messages: list[dict[str, str]] | None = None, tools=None) -> list[int]:
+        schemas = self.tool_schemas if tools is None else self._schemas(tools)
+        return self.chat.prompt_ids(messages or self.env.messages(task), schemas)
 
     def run(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
         return asyncio.run(self.arun(tasks, seed))
+
+    def _start(self, episode: Episode, seq: object) -> _Run:
+        tools = episode.available(self.executor.tools)
+        if not isinstance(episode.messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in episode.messages
+        ):
+            raise ConfigError(
+                f"env {self.env.name}: reset({episode.task.id!r}).messages must be a list of "
+                "{'role': str, 'content': str} messages"
+            )
+        if self.sequential_tools:
+            episode.ordered = True
+        traj = Trajectory.start(episode.task, self.prompt_ids(episode.task, episode.messages, tools))
+        traj.episode = episode
+        return _Run(seq, traj, episode, tools)
 
     async def arun(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
         """Roll out one trajectory per task. With `seed`, trajectory i samples with its own seed derived from
         (seed, i): its tokens do not depend on what else shares a batch or on timing."""
         episodes: list[Episode] = []
         seqs = [object() for _ in tasks]  # engine sequence keys, unique even across concurrent rollouts
+        runs: list[_Run] = []
         try:
             for task in tasks:
                 episodes.append(self.env.reset(task))
-            trajs = [Trajectory.start(e.task, self.prompt_ids(e.task, e.messages)) for e in episodes]
+            runs = [self._start(episode, seq) for episode, seq in zip(episodes, seqs, strict=True)]
             if seed is not None:
-                for i, traj in enumerate(trajs):
-                    traj.seed = seed * 1_000_003 + i
-            runs = list(zip(seqs, trajs, episodes, strict=True))
+                for i, run in enumerate(runs):
+                    run.traj.seed = seed * SEED_STRIDE + i
             if self.schedule == "lockstep":
                 await self._lockstep(runs)
             else:
-                await asyncio.gather(*(self._run_one(*run) for run in runs))
-            await self.env.rubric.score_all(trajs)  # before close: verifiers may use the episode's state
+                await asyncio.gather(*(self._run_one(run) for run in runs))
+            trajs = [run.traj for run in runs]
+            await self.env.rubric.score_all(trajs)  # before close: criteria may read the episode's final state
         finally:
             for seq in seqs:
                 self.engine.release(seq)
             for episode in episodes:
                 episode.close()
+            for run in runs:
+                run.traj.episode = None  # closed: its state is no longer there to read
         return trajs
 
     # ---- the state machine -------------------------------------------------------------------------------
 
-    async def _run_one(self, seq: object, traj: Trajectory, episode: Episode) -> None:
+    async def _run_one(self, run: _Run) -> None:
         turn = _Turn(State.GENERATING)
         while turn.state is not State.DONE:
             if turn.state is State.GENERATING:
-                turn = self._after_generation(traj, await self._generate(seq, traj))
+                turn = self._after_generation(run, await self._generate(run))
+            elif turn.state is State.RUNNING_TOOLS:
+                turn = await self._run_tools(run, turn)
             else:
-                turn = await self._run_tools(traj, episode, turn)
+                turn = await self._reply(run, turn)
 
-    async def _lockstep(self, runs: list[tuple[object, Trajectory, Episode]]) -> None:
+    async def _lockstep(self, runs: list[_Run]) -> None:
         active = list(range(len(runs)))
         while active:
-            sampled = await asyncio.gather(*(self._generate(runs[i][0], runs[i][1]) for i in active))
-            turns = {i: self._after_generation(runs[i][1], s) for i, s in zip(active, sampled, strict=True)}
+            sampled = await asyncio.gather(*(self._generate(runs[i]) for i in active))
+            turns = {i: self._after_generation(runs[i], s) for i, s in zip(active, sampled, strict=True)}
             calling = [i for i in active if turns[i].state is State.RUNNING_TOOLS]
+            replying = [i for i in active if turns[i].state is State.REPLYING]
             if self.sequential_tools:
                 for i in calling:
-                    turns[i] = await self._run_tools(*runs[i][1:], turns[i])
+                    turns[i] = await self._run_tools(runs[i], turns[i])
             else:
-                after = await asyncio.gather(*(self._run_tools(*runs[i][1:], turns[i]) for i in calling))
+                after = await asyncio.gather(*(self._run_tools(runs[i], turns[i]) for i in calling))
                 turns.update(zip(calling, after, strict=True))
-            active = [i for i in calling if turns[i].state is State.GENERATING]
+            replies = await asyncio.gather(*(self._reply(runs[i], turns[i]) for i in replying))
+            turns.update(zip(replying, replies, strict=True))
+            active = [i for i in active if turns[i].state is State.GENERATING]
 
-    async def _generate(self, seq: object, traj: Trajectory) -> Sampled:
-        limits = self.limits
+    async def _generate(self, run: _Run) -> Sampled:
+        limits, traj = self.limits, run.traj
         budget = min(limits.max_new_tokens, limits.max_response_tokens - traj.response_length)
         s = limits.sampling
         params = SamplingParams(s.temperature, s.top_p, s.top_k, budget, traj.seed)
         started = time.perf_counter()
-        sampled = await self.engine.generate(seq, traj.token_ids, params)
+        sampled = await self.engine.generate(run.seq, traj.token_ids, params)
         traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + time.perf_counter() - started
         return sampled
 
-    def _after_generation(self, traj: Trajectory, sampled: Sampled) -> _Turn:
-        """Record the turn and decide: done (with why) or run its tool calls."""
+    def _after_generation(self, run: _Run, sampled: Sampled) -> _Turn:
+        """Record the turn and decide: the episode replies (no tool call), done, or run its tool calls."""
+        traj = run.traj
         text = self.tokenizer.decode(sampled.ids, skip_special_tokens=True)
         traj.add_model_turn(sampled.ids, sampled.logprobs, text)
-        parsed = self.parser(text, self.executor.tools.keys())
+        run.tools = run.episode.available(self.executor.tools)  # an episode may offer more at a later turn
+        known = {name: list(tool.parameters.get("properties", {})) for name, tool in run.tools.items()}
+        parsed = self.parser(text, known)
         traj.num_format_errors += len(parsed.errors)
         if not parsed.calls and not parsed.errors:
-            traj.stop_reason = "answer" if final_answer(text) is not None else "no_tool_call"
             traj.truncated = not sampled.ended
-            return _Turn(State.DONE)
-        if traj.response_length >= self.limits.max_response_tokens:
-            traj.stop_reason, traj.truncated = "length", True
-            return _Turn(State.DONE)
-        if traj.num_turns >= self.limits.max_turns:
+            return _Turn(State.REPLYING, sampled=sampled, text=text)
+        if over_token_budget(traj, self.limits):
+            return self._stop(traj, "length", truncated=True)
+        if out_of_turns(traj, self.limits):
             traj.stop_reason = "max_turns"
             if not self.limits.last_turn_tools:
                 return _Turn(State.DONE)
         return _Turn(State.RUNNING_TOOLS, parsed, sampled)
 
-    async def _run_tools(self, traj: Trajectory, episode: Episode, turn: _Turn) -> _Turn:
+    @staticmethod
+    def _stop(traj: Trajectory, reason: str, truncated: bool = False) -> _Turn:
+        traj.stop_reason = reason
+        traj.truncated = traj.truncated or truncated
+        return _Turn(State.DONE)
+
+    async def _run_tools(self, run: _Run, turn: _Turn) -> _Turn:
         """Run the turn's calls in the trajectory's episode and append the observation; decide: generate again
         or done."""
-        started = time.perf_counter()
+        traj, started = run.traj, time.perf_counter()
         calls = turn.parsed.calls
-        step = await episode.step(calls, self.executor, sequential=self.sequential_tools)
+        step = await run.episode.step(calls, self.executor)
         results = step.observations
         traj.timings["tools_s"] = traj.timings.get("tools_s", 0.0) + time.perf_counter() - started
         traj.num_tool_calls += len(calls)
         traj.results.extend(results)
-        traj.step_rewards.append(step.reward)
+        traj.record_step(step.reward, step.info)
         failed = sum(r.error for r in results)
         traj.num_tool_errors += failed
         traj.num_tool_faults += sum(r.infra_fault for r in results)
         if failed and self.limits.stop_on_tool_error:
-            traj.stop_reason = "tool_error"
-            return _Turn(State.DONE)
+            return self._stop(traj, "tool_error")
         clip = self.limits.max_observation_tokens
         contents = [clip_observation(r.content, self.tokenizer, clip) for r in results] + turn.parsed.errors
         obs = self.chat.observation_ids(contents, model_ended_turn=turn.sampled.ended)
-        if traj.response_length + len(obs) >= self.limits.max_response_tokens:
-            traj.stop_reason, traj.truncated = "length", True
-            return _Turn(State.DONE)
+        if over_token_budget(traj, self.limits, len(obs)):
+            return self._stop(traj, "length", truncated=True)
         traj.add_observation(obs)
-        if step.done and traj.stop_reason != "max_turns":
-            traj.stop_reason = "env_done"
-        return _Turn(State.DONE if traj.stop_reason in ("max_turns", "env_done") else State.GENERATING)
+        if traj.stop_reason == "max_turns":  # the last allowed turn's calls ran (last_turn_tools)
+            return _Turn(State.DONE)
+        if step.done:
+            return self._stop(traj, "env_done")
+        return _Turn(State.GENERATING)
+
+    async def _reply(self, run: _Run, turn: _Turn) -> _Turn:
+        """A turn without tool calls: the episode answers with the user's next message, or ends it."""
+        traj = run.traj
+        try:
+            step = await run.episode.reply(turn.text)
+        except Exception as exc:  # a simulated user that failed (its model down, say): this trajectory ends
+            log.warning("env %s: the user of task %s failed: %s", self.env.name, traj.task.id, first_line(exc))
+            traj.record_step(0.0, {"user_error": first_line(exc)})
+            return self._stop(traj, "user_failed")
+        if not isinstance(step, StepResult) or not (step.user_message is None or isinstance(step.user_message, str)):
+            raise ConfigError(f"env {self.env.name}: episode.reply must return a StepResult with a str user_message")
+        traj.record_step(step.reward, step.info)
+        if step.done or step.user_message is None:
+            return self._stop(traj, answer_reason(turn.text))
+        if out_of_turns(traj, self.limits):
+            return self._stop(traj, "max_turns")
+        user = self.chat.user_ids(step.user_message, model_ended_turn=turn.sampled.ended)
+        if over_token_budget(traj, self.limits, len(user)):
+            return self._stop(traj, "length", truncated=True)
+        traj.truncated = False  # the user goes on: the turn's being cut (if it was) ends nothing
+        traj.add_user_message(user, step.user_message)
+        return _Turn(State.GENERATING)

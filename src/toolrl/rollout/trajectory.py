@@ -8,7 +8,7 @@ from typing import Any
 from toolrl.envs.base import Task
 from toolrl.tools.call import ToolResult
 
-PROMPT, MODEL, OBSERVATION = "prompt", "model", "observation"
+PROMPT, MODEL, OBSERVATION, USER = "prompt", "model", "observation", "user"
 
 
 @dataclass
@@ -17,18 +17,26 @@ class Trajectory:
     token_ids: list[int]
     """Prompt, generated and observation ids, exactly as they were fed to the model."""
     loss_mask: list[int]
-    """1 on model-generated tokens, 0 on prompt and observation tokens."""
+    """1 on model-generated tokens, 0 on prompt, observation and user tokens."""
     logprobs: list[float]
     """Sampling log-prob of each generated token; 0.0 where loss_mask is 0."""
     spans: list[tuple[str, int, int]] = field(default_factory=list)
-    """(kind, start, end) over token_ids: kind is prompt, model or observation."""
+    """(kind, start, end) over token_ids: kind is prompt, model, observation (tool results) or user."""
     texts: list[str] = field(default_factory=list)
     """Decoded text of each model turn, for parsing and logs only (never re-encoded)."""
     results: list[ToolResult] = field(default_factory=list)
     """Every tool call the trajectory made and what came back (before clipping), in order: for rewards that
     look at the calls (FTRL's solved sub-problems, tool verification)."""
-    step_rewards: list[float] = field(default_factory=list)
-    """The environment's per-step (process) reward for each turn with tool calls."""
+    turn_rewards: list[float] = field(default_factory=list)
+    """The environment's reward for each model turn, in order (StepResult.reward of the step that followed it:
+    a process reward after tool calls, a request's reward when the user spoke next); the last turn has none
+    when a limit ended the trajectory. Its tokens are the turn's model span (`model_spans()[k]`)."""
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    """StepResult.info of each step, in order."""
+    user_messages: list[str] = field(default_factory=list)
+    """The user's messages after the prompt (the requests of a multi-turn task), in order."""
+    episode: Any = field(default=None, repr=False, compare=False)
+    """The trajectory's episode while it is scored (rewards read its final state); None once closed."""
     num_tool_calls: int = 0
     num_format_errors: int = 0
     num_tool_errors: int = 0
@@ -84,6 +92,19 @@ class Trajectory:
     def add_observation(self, ids: list[int]) -> None:
         self._append(OBSERVATION, ids, None)
 
+    def add_user_message(self, ids: list[int], text: str) -> None:
+        self._append(USER, ids, None)
+        self.user_messages.append(text)
+
+    def record_step(self, reward: float, info: dict[str, Any]) -> None:
+        """The reward and info of the step that followed the last model turn."""
+        self.turn_rewards.append(float(reward))
+        self.infos.append(dict(info))
+
+    def model_spans(self) -> list[tuple[int, int]]:
+        """(start, end) of each model turn over token_ids."""
+        return [(a, b) for kind, a, b in self.spans if kind == MODEL]
+
     def to_record(self, tokenizer) -> dict[str, Any]:
         """A JSON-ready view with the mask visible: each span's text and whether it is trained on."""
         return {
@@ -96,6 +117,7 @@ class Trajectory:
             "tool_calls": self.num_tool_calls,
             "tool_faults": self.num_tool_faults,
             "turns": self.num_turns,
+            "turn_rewards": self.turn_rewards,
             "segments": [
                 {"kind": kind, "loss": kind == MODEL, "text": tokenizer.decode(self.token_ids[a:b])}
                 for kind, a, b in self.spans

@@ -93,15 +93,17 @@ class ToolExecutor:
         latency = time.monotonic() - started if started is not None else 0.0
         return ToolResult(call, content, outcome, latency)
 
-    async def invoke(self, call: ToolCall, bound: Mapping[str, Tool] | None = None) -> ToolResult:
-        """Run one call. `bound` holds one trajectory's own versions of some tools (bound to its database or
-        sandbox); they take the place of the shared tools of the same names, under the same policies."""
+    async def invoke(self, call: ToolCall, offered: Mapping[str, Tool] | None = None) -> ToolResult:
+        """Run one call. `offered` is the whole set of tools the caller may use, by name (an episode's: its own,
+        bound to its state, and some of the run's); a name outside it is an unknown tool, whatever the run has.
+        None: the run's tools. Policies apply by name."""
         self.metrics["calls"] += 1
-        tool = (bound or {}).get(call.name) or self.tools.get(call.name)
+        available = self.tools if offered is None else offered
+        tool = available.get(call.name)
         if tool is None:
-            return self._result(call, "unknown_tool", unknown_tool_error(call.name, self.tools))
+            return self._result(call, "unknown_tool", unknown_tool_error(call.name, available))
         policy = self.policy(call.name)
-        stateful = bool(bound) and call.name in bound  # its result depends on the trajectory's state
+        stateful = tool is not self.tools.get(call.name)  # an episode's own: its result depends on its state
         key = cache_key(call.name, call.arguments) if policy.cache and not stateful else None
         if key is not None:
             cached = self.cache.get(key)
@@ -177,8 +179,10 @@ class ToolExecutor:
         task.add_done_callback(self._abandoned.discard)
         raise DeadlineExceeded
 
-    async def invoke_all(self, calls: Sequence[ToolCall], bound: Mapping[str, Tool] | None = None) -> list[ToolResult]:
-        return list(await asyncio.gather(*(self.invoke(call, bound) for call in calls)))
+    async def invoke_all(
+        self, calls: Sequence[ToolCall], offered: Mapping[str, Tool] | None = None
+    ) -> list[ToolResult]:
+        return list(await asyncio.gather(*(self.invoke(call, offered) for call in calls)))
 
     def close(self) -> None:
         """Kill the worker processes (hung ones too) and close the cache; hung threads are daemons and never

@@ -245,7 +245,7 @@ def _agent(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
 
 def default_log_dir() -> Path:
     """Where the stderr of MCP servers and tool workers goes outside a run: $TOOLRL_HOME/logs/tools."""
-    from toolrl.models.resolve import toolrl_home
+    from toolrl.home import toolrl_home
 
     return toolrl_home() / "logs" / "tools"
 

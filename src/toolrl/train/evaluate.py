@@ -10,10 +10,10 @@ from toolrl.rollout.loop import STOP_REASONS, Rollout
 from toolrl.rollout.trajectory import Trajectory
 
 
-def summarize(trajs: Sequence[Trajectory], success_key: str = "correct") -> dict[str, float]:
+def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, float]:
+    """Means over `trajs`; `success` is the rubric's success criterion (None: no success rate)."""
     n = max(len(trajs), 1)
     stats = {
-        "success": sum(t.rewards.get(success_key, 0.0) for t in trajs) / n,
         "reward": sum(t.reward for t in trajs) / n,
         "tool_calls": sum(t.num_tool_calls for t in trajs) / n,
         "turns": sum(t.num_turns for t in trajs) / n,
@@ -23,6 +23,8 @@ def summarize(trajs: Sequence[Trajectory], success_key: str = "correct") -> dict
         "faulted": sum(t.num_tool_faults > 0 for t in trajs) / n,
         "response_tokens": sum(t.response_length for t in trajs) / n,
     }
+    if success is not None:
+        stats = {"success": sum(t.rewards.get(success, 0.0) for t in trajs) / n, **stats}
     for name in trajs[0].rewards if trajs else []:
         stats[f"reward/{name}"] = sum(t.rewards[name] for t in trajs) / n
     reasons = Counter(t.stop_reason for t in trajs)
@@ -37,4 +39,4 @@ def evaluate(rollout: Rollout, tasks: Sequence[Task], batch_size: int, seed: int
     trajs: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
         trajs += rollout.run(tasks[start : start + batch_size], None if seed is None else seed + start)
-    return summarize(trajs)
+    return summarize(trajs, rollout.env.rubric.success)

@@ -117,7 +117,8 @@ class Workbench:
             r.last_turn_tools,
         )
         engine = self.engine(purpose, seed)
-        return Rollout(self.env, engine, self.chat, get_parser(r.parser), self.executor, limits, r.schedule)
+        parser = get_parser(r.parser or self.env.parser or "hermes")
+        return Rollout(self.env, engine, self.chat, parser, self.executor, limits, r.schedule)
 
     def evaluate(self, num_tasks: int | None = None, temperature: float | None = None) -> dict[str, float]:
         e = self.config.eval
@@ -218,7 +219,7 @@ class Trainer:
         stats = self.update(trajs)
         metrics = {
             "step": step,
-            **summarize(trajs),
+            **summarize(trajs, self.bench.env.rubric.success),
             **stats,
             **{f"tools/{k}": v for k, v in tool_counts.items()},
             **reward_counts,
@@ -439,12 +440,14 @@ class Trainer:
 
     def _eval_and_keep_best(self, step: int) -> dict[str, float]:
         stats = self._eval("end" if step == self.config.train.steps else f"step {step}", step)
-        if self.run and (self.best is None or stats["success"] > self.best):
-            self.best = stats["success"]
+        metric = "success" if "success" in stats else "reward"  # an environment without a success criterion
+        score = stats[metric]
+        if self.run and (self.best is None or score > self.best):
+            self.best = score
 
             def write(folder: Path) -> None:
                 self._write_model(folder)
-                (folder / BEST).write_text(json.dumps({"step": step, "success": self.best}))
+                (folder / BEST).write_text(json.dumps({"step": step, "metric": metric, "score": self.best}))
 
             self.run.point("best", self.run.save(f"checkpoints/best-step-{step:06d}", write))
             self._prune()
@@ -505,7 +508,8 @@ class Trainer:
         self.step_done, self.order, self.best = state["step"], state["order"], state["best"]
         best = self.run.pointed("best")
         if best is not None and (best / BEST).is_file():  # an evaluation after the last checkpoint may have won
-            self.best = max(self.best or 0.0, json.loads((best / BEST).read_text())["success"])
+            kept = json.loads((best / BEST).read_text())
+            self.best = max(self.best or 0.0, kept.get("score", kept.get("success", 0.0)))  # "success": older runs
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.run.truncate_logs(self.step_done)

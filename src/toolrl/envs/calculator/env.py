@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+from typing import Literal
+
+from pydantic import Field
 
 from toolrl.envs.base import Environment, Task, final_answer, register_env, tool_call_example
 from toolrl.envs.calculator.tool import calculator, evaluate
-from toolrl.envs.tasks import TaskSplits, unique_seeded_tasks
+from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
 from toolrl.rewards.ftrl import ftrl_criteria
 from toolrl.rewards.rubric import Criterion, Rubric
-from toolrl.rewards.rules import answer_format, tool_calls
+from toolrl.rewards.rules import common_criteria
 from toolrl.tools.function import tool_from_function
 
 SYSTEM = (
@@ -29,12 +32,21 @@ def example_exchange() -> list[dict[str, str]]:
     return messages
 
 
-def generate_tasks(config) -> dict[str, list[Task]]:
+class CalculatorOptions(GeneratedTasks):
+    min_operands: int = Field(3, ge=2)
+    max_operands: int = Field(3, ge=2)
+    min_value: int = Field(11, ge=0)
+    max_value: int = Field(999, ge=1)
+    reward: Literal["rules", "ftrl"] = "rules"
+    """rules: correct answer plus format; ftrl: FTRL's 2q/(p+1) reward over the tasks' sub-problems."""
+
+
+def generate_tasks(seed: int, options: CalculatorOptions) -> dict[str, list[Task]]:
     """Unique expressions from one seeded stream; the first `num_test` are the test split."""
 
     def draw(rng: random.Random, _: int) -> tuple[str, str, dict]:
-        count = rng.randint(config.min_operands, config.max_operands)
-        numbers = [rng.randint(config.min_value, config.max_value) for _ in range(count)]
+        count = rng.randint(options.min_operands, options.max_operands)
+        numbers = [rng.randint(options.min_value, options.max_value) for _ in range(count)]
         ops = [rng.choice("+-*") for _ in range(count - 1)]
         expression = str(numbers[0]) + "".join(f" {op} {n}" for op, n in zip(ops, numbers[1:], strict=True))
         value = evaluate(expression)
@@ -42,7 +54,7 @@ def generate_tasks(config) -> dict[str, list[Task]]:
         return f"What is {expression}?", value, {"expression": expression, "subproblems": [sub]}
 
     examples = [f"What is {e}?" for e in EXAMPLE_EXPRESSIONS]
-    return unique_seeded_tasks(config, draw, "calc", examples)
+    return unique_seeded_tasks(seed, options, draw, "calc", examples)
 
 
 def _numbers_equal(predicted: str | None, gold: str) -> bool:
@@ -61,20 +73,15 @@ def correct(trajectory, task: Task) -> float:
 @register_env("calculator")
 class CalculatorEnv(Environment):
     name = "calculator"
+    Options = CalculatorOptions
 
-    def __init__(self, config):
-        self.config = config
-        self.splits = TaskSplits(config, generate_tasks(config))
-        if config.reward == "ftrl":
-            self.rubric = Rubric([*ftrl_criteria(correct), Criterion("correct", correct, 0.0)])
+    def __init__(self, config, options: CalculatorOptions):
+        super().__init__(config, options)
+        self.splits = TaskSplits(config, generate_tasks(config.seed, options))
+        if options.reward == "ftrl":
+            self.rubric = Rubric([*ftrl_criteria(correct), Criterion("correct", correct, 0.0)], success="correct")
         else:
-            self.rubric = Rubric(
-                [
-                    Criterion("correct", correct, 1.0),
-                    Criterion("format", answer_format, 0.1),
-                    Criterion("tool_calls", tool_calls, 0.0),
-                ]
-            )
+            self.rubric = Rubric([Criterion("correct", correct, 1.0), *common_criteria()], success="correct")
 
     def tools(self):
         return [tool_from_function(calculator, idempotent=True, isolation="thread")]  # pure and bounded

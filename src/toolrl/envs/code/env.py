@@ -16,13 +16,16 @@ import math
 import random
 import re
 from collections.abc import Callable
+from typing import Literal
+
+from pydantic import Field
 
 from toolrl.envs.base import Environment, Episode, Task, register_env, tool_call_example
 from toolrl.envs.calculator.env import correct
 from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, resolve_isolation, run_python
-from toolrl.envs.tasks import TaskSplits, unique_seeded_tasks
+from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
 from toolrl.rewards.rubric import Criterion, Rubric
-from toolrl.rewards.rules import answer_format, tool_calls, tool_errors
+from toolrl.rewards.rules import common_criteria
 from toolrl.tools.function import tool_from_function
 
 log = logging.getLogger(__name__)
@@ -123,12 +126,26 @@ pair varies an in-context example (a small model can adapt the example's program
 program of their own."""
 
 
-def generate_tasks(config) -> dict[str, list[Task]]:
+class CodeOptions(GeneratedTasks):
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit of one run; CPU time is limited to the same."""
+    memory_mb: int = Field(512, ge=16)
+    max_output_chars: int = Field(2000, ge=10)
+    max_file_mb: int = Field(10, ge=1)
+    """Largest file the code may write in its directory."""
+    max_processes: int = Field(64, ge=2)
+    """Processes and threads the code may have at once."""
+    isolation: Literal["auto", "bubblewrap", "unshare", "none"] = "auto"
+    """How model code is isolated (sandbox.py): auto takes bubblewrap, else unshare, and refuses to start
+    without either; none runs it with limits only, which code written to escape gets around (unsafe)."""
+
+
+def generate_tasks(seed: int, options: CodeOptions) -> dict[str, list[Task]]:
     def draw(rng: random.Random, i: int) -> tuple[str, str, dict]:
         question, value = QUESTIONS[i % len(QUESTIONS)](rng)
         return question, str(value), {}
 
-    return unique_seeded_tasks(config, draw, "code", [question for question, _, _ in EXAMPLES])
+    return unique_seeded_tasks(seed, options, draw, "code", [question for question, _, _ in EXAMPLES])
 
 
 class CodeEpisode(Episode):
@@ -187,24 +204,26 @@ def correct_value(printed: str, gold: str) -> bool:
 class CodeEnv(Environment):
     name = "code"
 
-    def __init__(self, config):
-        c = config.code
-        isolation = resolve_isolation(c.isolation)  # no sandbox, no code environment (unless asked for none)
+    Options = CodeOptions
+
+    def __init__(self, config, options: CodeOptions):
+        super().__init__(config, options)
+        o = options
+        isolation = resolve_isolation(o.isolation)  # no sandbox, no code environment (unless asked for none)
         if isolation == "none":
-            log.warning("env.code.isolation is none: model code runs unisolated, with limits only (unsafe)")
+            log.warning("env.options.isolation is none: model code runs unisolated, with limits only (unsafe)")
         self.limits = SandboxLimits(
-            c.timeout_s, c.memory_mb, c.max_output_chars, c.max_file_mb, c.max_processes, isolation
+            o.timeout_s, o.memory_mb, o.max_output_chars, o.max_file_mb, o.max_processes, isolation
         )
-        self.splits = TaskSplits(config, generate_tasks(config))
+        self.splits = TaskSplits(config, generate_tasks(config.seed, options))
         self.rubric = Rubric(
             [
                 Criterion("correct", correct, 1.0),
-                Criterion("format", answer_format, 0.0),
                 Criterion("ran_code", ran_code, 0.1),
                 Criterion("verified", CodeVerifier(self.limits), 0.0),
-                Criterion("tool_calls", tool_calls, 0.0),
-                Criterion("tool_errors", tool_errors, 0.0),
-            ]
+                *common_criteria(format_weight=0.0),
+            ],
+            success="correct",
         )
 
     def tools(self):

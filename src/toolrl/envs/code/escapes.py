@@ -248,7 +248,8 @@ def probe(isolation: str, timeout_s: float = 5.0) -> list[Attempt]:
                 sandbox.close()
             results.append(Attempt(name, escaped, detail))
             for pid in host.leftovers():  # a leak must not count against the next attempt
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     finally:
         host.close()
     return results

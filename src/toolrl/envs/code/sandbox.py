@@ -1,6 +1,6 @@
 """Run model-written Python in a sandbox that is a boundary, not a guard against accidents.
 
-Isolation (`env.code.isolation`), in order of preference for `auto`:
+Isolation (`env.options.isolation`), in order of preference for `auto`:
 - bubblewrap (`bwrap`, installed by `make install-test` where the system's package manager allows);
 - unshare: util-linux `unshare` and jail.py, the same namespaces and mounts built by hand;
 - none: only the limits below, for machines with neither; it must be chosen explicitly (unsafe), and `auto`
@@ -184,7 +184,7 @@ def resolve_isolation(wanted: str) -> str:
     if wanted == "none":
         return "none"
     if wanted not in (*ISOLATIONS, "auto"):
-        raise ConfigError(f"env.code.isolation: unknown {wanted!r}; known: auto, bubblewrap, unshare, none")
+        raise ConfigError(f"env.options.isolation: unknown {wanted!r}; known: auto, bubblewrap, unshare, none")
     reasons = []
     for name in ISOLATIONS if wanted == "auto" else (wanted,):
         reason = _why_unusable(name)
@@ -192,8 +192,8 @@ def resolve_isolation(wanted: str) -> str:
             return name
         reasons.append(reason)
     raise ConfigError(
-        f"env.code.isolation: no sandbox for model code on this machine ({'; '.join(reasons)}); install "
-        "bubblewrap (apt install bubblewrap) or, to run model code unisolated, set env.code.isolation: none (unsafe)"
+        f"env.options.isolation: no sandbox for model code on this machine ({'; '.join(reasons)}); install "
+        "bubblewrap (apt install bubblewrap) or, to run model code unisolated, set env.options.isolation: none (unsafe)"
     )
 
 

