@@ -25,7 +25,9 @@ config_app = typer.Typer(no_args_is_help=True, help="Inspect configs.")
 model_app = typer.Typer(no_args_is_help=True, help="Manage models.")
 tools_app = typer.Typer(no_args_is_help=True, help="Inspect and try the tools of a tool config file.")
 retriever_app = typer.Typer(no_args_is_help=True, help="A local retriever with Search-R1's /retrieve interface.")
+env_app = typer.Typer(no_args_is_help=True, help="Environments: list them, write a new one.")
 app.add_typer(retriever_app, name="retriever")
+app.add_typer(env_app, name="env")
 app.add_typer(tools_app, name="tools")
 app.add_typer(config_app, name="config")
 app.add_typer(model_app, name="model")
@@ -251,6 +253,39 @@ def tools_call(
     typer.echo(f"({result.outcome}, {result.latency_s:.3f} s)", err=True)
     if result.error:
         raise typer.Exit(1)
+
+
+@env_app.command("list")
+def env_list(
+    module: Annotated[list[str] | None, typer.Option(help="Also import this module (env.module).")] = None,
+) -> None:
+    """The registered environments with their options (env.options) and defaults."""
+    from toolrl.config.schema import EnvConfig
+    from toolrl.envs.base import ENVIRONMENTS, EnvOptions, environment_class
+
+    environment_class(EnvConfig(module=module or None))
+    table = Table(title="environments")
+    for column in ("env.name", "env.options (default)", "parser"):
+        table.add_column(column)
+    for name in sorted(ENVIRONMENTS):
+        cls = ENVIRONMENTS[name]
+        options = getattr(cls, "Options", EnvOptions)
+        fields = ", ".join(f"{k} ({f.default!r})" for k, f in options.model_fields.items()) or "-"
+        table.add_row(name, fields, getattr(cls, "parser", None) or "")
+    console.print(table)
+
+
+@env_app.command("new")
+def env_new(
+    name: Annotated[str, typer.Argument(help="Package name of the new environment (lower case, digits, _).")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where to write NAME/.")] = Path("."),
+) -> None:
+    """Write NAME/: a minimal working environment (tasks, a tool, a prompt, a rubric), its test, a run config."""
+    from toolrl.envs.scaffold import write_package
+
+    folder = write_package(name, directory)
+    typer.echo(f"wrote {folder}/ (__init__.py, env.py, test_env.py, config.yaml)")
+    typer.echo(f"test it: pytest {folder}    train on it: toolrl train {folder}/config.yaml")
 
 
 @retriever_app.command("build")

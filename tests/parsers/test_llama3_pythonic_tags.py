@@ -36,7 +36,7 @@ def test_pythonic_calls_with_literal_keyword_arguments():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[search("positional")]', "keyword arguments only"),
+        ('[search("positional")]', "search needs keyword arguments here"),  # no parameter names to bind with
         ("[search(q=__import__('os').getcwd())]", "literal values"),
         ("[search(**opts)]", "**kwargs"),
         ('[search(q="x"', "not a valid Python list"),
@@ -65,3 +65,29 @@ def test_pythonic_brackets_and_quotes_inside_strings():
     text = "x [search(q=\"a]b\"), calculator(e='[1] \\' ]')] y"
     result = get_parser("pythonic")(text, TOOLS)
     assert result.calls == [ToolCall("search", {"q": "a]b"}), ToolCall("calculator", {"e": "[1] ' ]"})]
+
+
+SIGNATURES = {"cd": ["folder"], "mv": ["source", "destination"], "sort": ["file_name"]}
+
+
+def test_pythonic_bare_calls_and_positional_arguments_bound_by_the_signature():
+    parse = get_parser("pythonic")
+    bare = parse('cd(folder="docs")\nmv("a.txt", destination="docs")', SIGNATURES)
+    moved = ToolCall("mv", {"source": "a.txt", "destination": "docs"})
+    assert bare.calls == [ToolCall("cd", {"folder": "docs"}), moved]
+    assert parse('[sort("a.pdf")]', SIGNATURES).calls == [ToolCall("sort", {"file_name": "a.pdf"})]
+    assert parse("I would print(x) here.\nprint(y)", SIGNATURES).calls == []  # not a tool: prose or code
+    assert "not valid Python" in parse('cd(folder="docs"', SIGNATURES).errors[0]  # a tool's call: never silence
+    assert "at most 2 arguments, got 3" in parse('mv("a", "b", "c")', SIGNATURES).errors[0]
+    assert "both by position and by name" in parse('cd("a", folder="b")', SIGNATURES).errors[0]
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3-json", "pythonic", "search-r1"])
+def test_each_syntax_parses_what_it_renders(name):
+    syntax = get_parser(name)
+    calls = [ToolCall("search", {"query": "mona lisa"})]
+    if name != "search-r1":
+        calls.append(ToolCall("calculator", {"expression": "2 + 3", "digits": [1, None, True]}))
+    text = syntax.render(calls)
+    assert syntax(text, {"search": ["query"], "calculator": ["expression", "digits"]}).calls == calls
+    assert syntax.instructions and "\n" not in syntax.name

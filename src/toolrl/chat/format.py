@@ -19,12 +19,10 @@ _ASSISTANT_SENTINEL = "TOOLRL_ASSISTANT_SENTINEL_41"
 FALLBACK_TOOL_PROMPT = """You can call tools. The tools, as JSON schemas:
 {tools}
 
-To call a tool, reply with exactly:
-<tool_call>
-{{"name": "<tool name>", "arguments": {{<arguments as a JSON object>}}}}
-</tool_call>
+{instructions}
 The result comes back in a message from the tool."""
-"""Put into the system message when the chat template ignores `tools=` (SmolLM2's does)."""
+"""Put into the system message when the chat template ignores `tools=` (SmolLM2's does); `instructions` are
+the parser's own (`CallSyntax.instructions`: how to write a call in the syntax the run parses)."""
 
 TOOL_RESPONSE_FALLBACK = "<tool_response>\n{content}\n</tool_response>"
 """How a tool result is wrapped in a user message when the chat template has no `tool` role."""
@@ -70,21 +68,29 @@ class ChatFormat:
         tokenizers refuse them."""
         return self.tokenizer(well_formed_text(text), add_special_tokens=False)["input_ids"]
 
-    def prompt_messages(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]):
-        """Messages with the fallback tool prompt merged into the system message when the template ignores tools,
-        and tool results (as in in-context examples) in the form `tool_messages` gives."""
+    def prompt_messages(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], instructions: str | None = None
+    ):
+        """Messages with the fallback tool prompt merged into the system message when the template ignores tools
+        (`instructions`: how to call, in the run's syntax; Hermes by default), and tool results (as in
+        in-context examples) in the form `tool_messages` gives."""
         messages = [self.tool_messages([m["content"]])[0] if m["role"] == "tool" else dict(m) for m in messages]
         if self.template_shows_tools or not tools:
             return messages
-        block = FALLBACK_TOOL_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+        from toolrl.parsers.hermes import INSTRUCTIONS as HERMES
+
+        listed = "\n".join(json.dumps(t) for t in tools)
+        block = FALLBACK_TOOL_PROMPT.format(tools=listed, instructions=instructions or HERMES)
         if messages and messages[0]["role"] == "system":
             messages[0]["content"] = messages[0]["content"] + "\n\n" + block
         else:
             messages.insert(0, {"role": "system", "content": block})
         return messages
 
-    def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[int]:
-        messages = self.prompt_messages(messages, tools)
+    def prompt_ids(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], instructions: str | None = None
+    ) -> list[int]:
+        messages = self.prompt_messages(messages, tools, instructions)
         text = self._render(messages, tools=list(tools) or None, add_generation_prompt=True)
         return self.encode(text)
 

@@ -18,7 +18,6 @@ names (or that the `toolrl.environments` entry-point group lists); `toolrl env n
 from __future__ import annotations
 
 import importlib
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolrl.errors import ConfigError
+from toolrl.parsers import CallSyntax, get_parser
 from toolrl.registry import Registry
 from toolrl.rewards.rubric import Rubric
 from toolrl.rewards.text import final_answer
@@ -56,12 +56,15 @@ class EnvOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def tool_call_example(question: str, tool: str, arguments: dict[str, Any], result: str, answer: str):
-    """An in-context exchange: the question, a Hermes-style call of `tool`, its result, the <answer>."""
-    call = json.dumps({"name": tool, "arguments": arguments})
+def tool_call_example(
+    question: str, tool: str, arguments: dict[str, Any], result: str, answer: str, syntax: CallSyntax | None = None
+):
+    """An in-context exchange: the question, a call of `tool` written in `syntax` (the run's parser; Hermes by
+    default), its result, the <answer>."""
+    syntax = syntax or get_parser("hermes")
     return [
         {"role": "user", "content": question},
-        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+        {"role": "assistant", "content": syntax.render([ToolCall(tool, arguments)])},
         {"role": "tool", "content": result},
         {"role": "assistant", "content": f"<answer>{answer}</answer>"},
     ]
@@ -167,6 +170,8 @@ class Environment(ABC):
 
     def __init__(self, config, options: EnvOptions):
         self.config, self.options = config, options
+        self.syntax: CallSyntax = get_parser("hermes")
+        """How the run writes tool calls (set by make_env from rollout.parser): for in-context examples."""
 
     @abstractmethod
     def tools(self) -> list[Tool]:
@@ -191,7 +196,14 @@ ENTRY_POINTS = "toolrl.environments"
 
 
 def _import_modules(config) -> None:
+    """Import `env.module` (one or a list), from the current folder too: a package next to the config is found
+    whichever way toolrl was started."""
+    import os
+    import sys
+
     modules = config.module if isinstance(config.module, list) else [config.module] if config.module else []
+    if modules and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     for module in modules:
         try:
             importlib.import_module(module)
@@ -231,10 +243,17 @@ def environment_options(config) -> EnvOptions:
         raise ConfigError(message) from None
 
 
-def make_env(config, model_name: str | None = None) -> Environment:
-    """The environment `config` (an EnvConfig) names, its rubric adjusted by `reward_weights` and joined by
-    the model judge when `judge` is set (a local judge defaults to `model_name`, the run's model)."""
+def parser_name(config, rollout_parser: str | None = None) -> str:
+    """The run's parser: rollout.parser, else the environment's own, else hermes."""
+    return rollout_parser or getattr(environment_class(config), "parser", None) or "hermes"
+
+
+def make_env(config, model_name: str | None = None, parser: str | None = None) -> Environment:
+    """The environment `config` (an EnvConfig) names, writing its in-context calls in the syntax of `parser`
+    (rollout.parser; None: its own, else hermes), its rubric adjusted by `reward_weights` and joined by the
+    model judge when `judge` is set (a local judge defaults to `model_name`, the run's model)."""
     env = environment_class(config)(config, environment_options(config))
+    env.syntax = get_parser(parser_name(config, parser))
     weights = config.reward_weights or {}
     judge = config.judge
     if judge is not None or weights:

@@ -1,4 +1,6 @@
-"""The parser interface and registry: model text in, tool calls and format errors out, never an exception.
+"""Tool-call syntaxes by name: each parses model text into calls and format errors (never an exception),
+renders calls in its own syntax (for in-context examples) and says how to call (for the fallback prompt), so
+that a run prompts in the syntax it parses.
 
 Every parser returns a result for any text, in time linear in its length; its error messages are one bounded
 line each. Arguments decoded from escapes (JSON's \\ud800) may hold lone surrogates, which no tokenizer or
@@ -8,13 +10,16 @@ transport can encode: they become U+FFFD.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+import logging
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.registry import Registry
 from toolrl.text import clip, first_line, well_formed_text
 from toolrl.tools.call import ToolCall, unknown_tool_error
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -25,12 +30,54 @@ class ParseResult:
 
 
 Parser = Callable[[str, Collection[str] | None], ParseResult]
-PARSERS: Registry[Parser] = Registry("parser", "rollout.parser")
-register_parser = PARSERS.register
+"""(model text, known tools) -> calls and errors. Known tools may be a mapping from each tool's name to its
+parameter names in order (parsers that take positional arguments bind them with it), or None (any name)."""
+Render = Callable[[Sequence[ToolCall]], str]
 
 
-def get_parser(name: str) -> Parser:
+@dataclass(frozen=True)
+class CallSyntax:
+    """One way of writing tool calls: parse, render, and the instructions the fallback prompt gives."""
+
+    name: str
+    parse: Parser
+    render: Render
+    instructions: str
+    """How to call a tool, shown after the tools' schemas when the chat template does not show them."""
+
+    def __call__(self, text: str, known_tools: Collection[str] | None = None) -> ParseResult:
+        return self.parse(text, known_tools)
+
+
+PARSERS: Registry[CallSyntax] = Registry("parser", "rollout.parser")
+
+
+def register_parser(name: str, render: Render | None = None, instructions: str | None = None):
+    """Register a parser function under `name`, with how to write its calls (`render`, `instructions`).
+    Without them, prompts show Hermes-style calls and a warning says so."""
+
+    def add(parse: Parser) -> Parser:
+        fallback = render is None or instructions is None
+        if fallback and name != "hermes":
+            log.warning("parser %s has no renderer: in-context calls and the tool prompt use Hermes syntax", name)
+        hermes = PARSERS.get("hermes")
+        PARSERS[name] = CallSyntax(
+            name,
+            parse,
+            render or (hermes.render if hermes else _json_lines),
+            instructions or (hermes.instructions if hermes else ""),
+        )
+        return parse
+
+    return add
+
+
+def get_parser(name: str) -> CallSyntax:
     return PARSERS.lookup(name)
+
+
+def _json_lines(calls: Sequence[ToolCall]) -> str:
+    return "\n".join(json.dumps({"name": c.name, "arguments": c.arguments}) for c in calls)
 
 
 def well_formed(value: Any) -> Any:

@@ -31,6 +31,7 @@ WELL_FORMED = (
     '{"name": "calculator", "parameters": {"expression": "7 * 6"}}',
     '<|python_tag|>{"name": "search", "parameters": {"query": "x"}}; {"name": "f", "parameters": {}}',
     '[calculator(expression="2 + 3"), search(query="mona lisa", k=3)]',
+    'calculator(expression="2 + 3")\nsearch("mona lisa")',
     "<search> who painted the mona lisa </search>",
     "I think the answer is <answer>5</answer>.",
 )
@@ -58,6 +59,9 @@ def adversarial_inputs(size: int = ADVERSARIAL_CHARS) -> dict[str, str]:
         "pythonic list, many calls": "[" + ", ".join(["f(a=1)"] * (n // 8)) + "]",
         "pythonic, ] inside strings": "[f(a='" + "]" * (n - 10) + "')]",
         "pythonic, nested lists": "[f(a=" + "[" * (n // 2 - 5) + "]" * (n // 2 - 5) + ")]",
+        "pythonic, bare calls": "f(a=1)\n" * (n // 7),
+        "pythonic, bare calls never closed": "f(\n" * (n // 3),
+        "pythonic, positional arguments": "[f(" + ", ".join(["1"] * (n // 3 - 2)) + ")]",
         "many JSON calls": '{"name": "f", "parameters": {}} ' * (n // 32),
         "deep JSON in a tool call": "<tool_call>" + '{"a":' * (n // 6) + "1" + "}" * (n // 6) + "</tool_call>",
         "deep JSON list": "<tool_call>" + "[" * (n // 2) + "]" * (n // 2) + "</tool_call>",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from toolrl.parsers.base import ParseResult, call_from_object, decode_error, register_parser
 from toolrl.tools.call import ToolCall
@@ -12,9 +12,17 @@ from toolrl.tools.call import ToolCall
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 EXPECTED = 'write <tool_call>{"name": "...", "arguments": {...}}</tool_call>'
+INSTRUCTIONS = (
+    "To call a tool, reply with exactly:\n<tool_call>\n"
+    '{"name": "<tool name>", "arguments": {<arguments as a JSON object>}}\n</tool_call>'
+)
 
 
-@register_parser("hermes")
+def render_hermes(calls: Sequence[ToolCall]) -> str:
+    return "\n".join(f"{OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n{CLOSE}" for c in calls)
+
+
+@register_parser("hermes", render_hermes, INSTRUCTIONS)
 def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> ParseResult:
     result = ParseResult()
     for match in _BLOCK.finditer(text):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from toolrl.parsers.base import ParseResult, call_from_object, register_parser
+from toolrl.tools.call import ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
 EXPECTED = 'write {"name": "...", "parameters": {...}}'
@@ -15,9 +16,17 @@ MAX_FAILED_DECODES = 64
 text's length, so an unbounded number of them would make hostile text (a run of `{"`) quadratic."""
 _DECODER = json.JSONDecoder()
 _OBJECT_START = re.compile(r'\{\s*["}]')
+INSTRUCTIONS = (
+    'To call a tool, reply with exactly:\n{"name": "<tool name>", "parameters": {<arguments as a JSON object>}}'
+    '\n(several calls separated by "; ")'
+)
 
 
-@register_parser("llama3-json")
+def render_llama3_json(calls: Sequence[ToolCall]) -> str:
+    return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls)
+
+
+@register_parser("llama3-json", render_llama3_json, INSTRUCTIONS)
 def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> ParseResult:
     """Every top-level JSON object with a "name" key is a call. A reply that starts like a call (a `{` or the
     python tag) but holds no decodable object is a format error; other text is a plain answer."""

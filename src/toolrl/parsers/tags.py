@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from toolrl.parsers.base import Parser, ParseResult, register_parser
 from toolrl.tools.call import ToolCall, unknown_tool_error
 
 
 def tag_parser(tags: Mapping[str, tuple[str, str]]) -> Parser:
-    """A parser mapping `<tag>text</tag>` to tool `tags[tag][0]` with the text as argument `tags[tag][1]`."""
+    """A parser mapping `<tag>text</tag>` to tool `tags[tag][0]` with the text as argument `tags[tag][1]`;
+    `tag_syntax` gives its renderer and instructions to register it with."""
     names = "|".join(re.escape(tag) for tag in tags)
     block = re.compile(rf"<({names})>(.*?)(</\1>|$)", re.DOTALL)
 
@@ -32,4 +33,20 @@ def tag_parser(tags: Mapping[str, tuple[str, str]]) -> Parser:
     return parse
 
 
-register_parser("search-r1")(tag_parser({"search": ("search", "query")}))
+def tag_syntax(tags: Mapping[str, tuple[str, str]]) -> tuple[Callable[[Sequence[ToolCall]], str], str]:
+    """(render, instructions) for the tags of `tag_parser(tags)`."""
+    by_tool = {tool: (tag, argument) for tag, (tool, argument) in tags.items()}
+
+    def render(calls: Sequence[ToolCall]) -> str:
+        parts = []
+        for call in calls:
+            tag, argument = by_tool[call.name]
+            parts.append(f"<{tag}> {call.arguments.get(argument, '')} </{tag}>")
+        return "\n".join(parts)
+
+    instructions = "\n".join(f"To call {tool}, write <{tag}> {arg} </{tag}>." for tag, (tool, arg) in tags.items())
+    return render, instructions
+
+
+SEARCH_R1 = {"search": ("search", "query")}
+register_parser("search-r1", *tag_syntax(SEARCH_R1))(tag_parser(SEARCH_R1))

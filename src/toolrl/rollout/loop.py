@@ -135,7 +135,8 @@ class Rollout:
 
     def prompt_ids(self, task: Task, messages: list[dict[str, str]] | None = None, tools=None) -> list[int]:
         schemas = self.tool_schemas if tools is None else self._schemas(tools)
-        return self.chat.prompt_ids(messages or self.env.messages(task), schemas)
+        instructions = getattr(self.parser, "instructions", None)  # the parser's own call syntax
+        return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
 
     def run(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
         return asyncio.run(self.arun(tasks, seed))

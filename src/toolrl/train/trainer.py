@@ -36,7 +36,6 @@ from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, Task, make_env
 from toolrl.errors import ConfigError
 from toolrl.models import load_model, load_tokenizer, pick_device
-from toolrl.parsers import get_parser
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.text import first_line
@@ -83,7 +82,7 @@ class Workbench:
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
         model = load_model(name, device, config.model.dtype)
-        env = make_env(config.env, name)
+        env = make_env(config.env, name, config.rollout.parser)
         executor, toolset = run_executor(env.tools(), config.tools, log_dir)
         return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor, toolset)
 
@@ -117,7 +116,7 @@ class Workbench:
             r.last_turn_tools,
         )
         engine = self.engine(purpose, seed)
-        parser = get_parser(r.parser or self.env.parser or "hermes")
+        parser = self.env.syntax  # rollout.parser, else the environment's own, else hermes (make_env)
         return Rollout(self.env, engine, self.chat, parser, self.executor, limits, r.schedule)
 
     def evaluate(self, num_tasks: int | None = None, temperature: float | None = None) -> dict[str, float]:

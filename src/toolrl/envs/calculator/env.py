@@ -22,13 +22,15 @@ SYSTEM = (
 EXAMPLE_EXPRESSIONS = ("23 * 41 + 7", "512 - 38 * 3")
 
 
-def example_exchange() -> list[dict[str, str]]:
-    """In-context exchanges. Measured on the default model: with one, greedy decoding never calls the tool;
-    with two, greedy solves the test tasks and sampling at temperature 1 solves about a quarter."""
+def example_exchange(syntax=None) -> list[dict[str, str]]:
+    """In-context exchanges, calls written in `syntax` (Hermes by default). Measured on the default model:
+    with one, greedy decoding never calls the tool; with two, greedy solves the test tasks and sampling at
+    temperature 1 solves about a quarter."""
     messages = []
     for expression in EXAMPLE_EXPRESSIONS:
         value = evaluate(expression)
-        messages += tool_call_example(f"What is {expression}?", "calculator", {"expression": expression}, value, value)
+        question, arguments = f"What is {expression}?", {"expression": expression}
+        messages += tool_call_example(question, "calculator", arguments, value, value, syntax)
     return messages
 
 
@@ -90,4 +92,5 @@ class CalculatorEnv(Environment):
         return self.splits(split)
 
     def messages(self, task: Task) -> list[dict[str, str]]:
-        return [{"role": "system", "content": SYSTEM}, *example_exchange(), {"role": "user", "content": task.question}]
+        examples = example_exchange(self.syntax)
+        return [{"role": "system", "content": SYSTEM}, *examples, {"role": "user", "content": task.question}]

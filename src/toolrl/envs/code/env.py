@@ -235,7 +235,7 @@ class CodeEnv(Environment):
     def messages(self, task: Task) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": SYSTEM}]
         for question, code, output in EXAMPLES:
-            messages += tool_call_example(question, "python", {"code": code}, output, output)
+            messages += tool_call_example(question, "python", {"code": code}, output, output, self.syntax)
         return [*messages, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task) -> CodeEpisode:

@@ -101,7 +101,7 @@ class NL2SQLEnv(Environment):
         self.schema = schema_text(self.template)
         own = _bundled_tasks() if options.database is None else {}
         self.splits = TaskSplits(config, own)
-        self.example = self._example() if options.database is None else []
+        self._example_results = self._example_results_of() if options.database is None else []
         self.rubric = Rubric(
             [
                 Criterion("correct", self.verify, 1.0),
@@ -118,17 +118,17 @@ class NL2SQLEnv(Environment):
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)
 
-    def _example(self) -> list[dict[str, str]]:
-        """In-context exchanges on the bundled database (a user's own database gets none)."""
-        messages = []
-        for question, sql in EXAMPLES:
-            rows = format_rows(*self._run_fresh(sql), self.options.max_rows)
-            messages += tool_call_example(question, "execute_sql", {"query": sql}, rows, sql)
-        return messages
+    def _example_results_of(self) -> list[tuple[str, str, str]]:
+        """(question, SQL, rows) of the in-context exchanges on the bundled database (a user's own database
+        gets none); run once."""
+        return [(q, sql, format_rows(*self._run_fresh(sql), self.options.max_rows)) for q, sql in EXAMPLES]
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         system = {"role": "system", "content": SYSTEM.format(schema=self.schema)}
-        return [system, *self.example, {"role": "user", "content": task.question}]
+        examples = []
+        for question, sql, rows in self._example_results:  # written in the run's call syntax
+            examples += tool_call_example(question, "execute_sql", {"query": sql}, rows, sql, self.syntax)
+        return [system, *examples, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task) -> SQLEpisode:
         db = Database(self.template, self.options.timeout_s, self.options.max_rows)

@@ -1,0 +1,80 @@
+"""Environments from outside the package, as a user makes them: `toolrl env new`, `env.module` from the command
+line, options validated by the environment's own model, and prompts written in the run's call syntax."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolrl.config import load_config
+from toolrl.errors import ConfigError
+
+ROOT = Path(__file__).parents[2]
+
+
+def toolrl(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "toolrl", *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+@pytest.mark.slow
+def test_env_new_writes_a_package_whose_tests_pass_and_that_trains_from_the_command_line(tmp_path, tiny_model_dir):
+    made = toolrl("env", "new", "word_env", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert {p.name for p in (tmp_path / "word_env").iterdir()} >= {
+        "__init__.py",
+        "env.py",
+        "test_env.py",
+        "config.yaml",
+    }
+    tested = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "word_env"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert tested.returncode == 0 and "2 passed" in tested.stdout, tested.stdout + tested.stderr
+    trained = toolrl(
+        "train", "word_env/config.yaml",
+        "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=1",
+        "--set", "eval.num_tasks=2", "--set", "rollout.max_new_tokens=8", "--set", f"output_dir={tmp_path / 'runs'}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert (tmp_path / "runs" / "word_env" / "final" / "model.safetensors").is_file()
+    again = toolrl("env", "new", "word_env", cwd=tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_env_module_and_options_errors_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^env\.module: cannot import 'no_such_env_module' \(ModuleNotFoundError"):
+        load_config(overrides=["env.module=no_such_env_module"])
+    with pytest.raises(ConfigError, match=r"unknown environment 'shelf'.*set env\.module to the module"):
+        load_config(overrides=["env.name=shelf"])
+    with pytest.raises(ConfigError, match=r"env\.options\.num_test must be greater than or equal to 1, got 0"):
+        load_config(overrides=["env.options.num_test=0"])
+    with pytest.raises(ConfigError, match=r"unknown key 'env\.options\.database'; known keys here: num_train"):
+        load_config(overrides=["env.options.database=x.db"])
+    with pytest.raises(ConfigError, match=r"unknown key 'env\.num_test'.*environment settings go under env\.options"):
+        load_config(overrides=["env.num_test=5"])
+    config = load_config(overrides=["env.name=nl2sql", "env.options.max_rows=3"])
+    assert config.env.options == {"database": None, "max_rows": 3, "timeout_s": 2.0}  # filled in, as run dirs keep it
+
+
+def test_prompts_are_written_in_the_syntax_the_run_parses(tiny_model_dir, tokenizer):
+    from toolrl.train import Workbench
+
+    bench = Workbench.load(
+        load_config(overrides=[f"model.name={tiny_model_dir}", "device=cpu", "rollout.parser=pythonic"])
+    )
+    try:
+        rollout = bench.rollout(bench.config.rollout.sampling, seed=0)
+        prompt = tokenizer.decode(rollout.prompt_ids(bench.env.tasks("test")[0]))
+        assert "[calculator(expression='23 * 41 + 7')]" in prompt and "<tool_call>" not in prompt
+        assert "reply with a Python list of calls" in prompt and rollout.parser.name == "pythonic"
+    finally:
+        bench.close()
+    search = load_config(overrides=["env.name=search"])
+    assert search.rollout.parser is None  # unset: the environment's own (search-r1)
+    from toolrl.envs.base import parser_name
+
+    assert parser_name(search.env) == "search-r1" and parser_name(search.env, "hermes") == "hermes"
