@@ -117,3 +117,37 @@ def test_informative_groups_judge_only_valid_members():
     valid = torch.tensor([True, False, True, True])
     assert informative_groups(rewards, 2, valid).tolist() == [False, False, False, False]
     assert informative_groups(rewards, 2).tolist() == [True, True, False, False]
+
+
+def test_gigpo_adds_turn_advantages_from_anchor_state_groups_by_hand():
+    """Two trajectories of one group. Trajectory-level: rewards [1, 0] -> +-0.7071. Turn returns (gamma 1, the
+    trajectory's reward at its last turn): t0 [1.5, 1.5], t1 [0, 0, 0]. Anchor groups: state s0 {1.5, 0} and
+    state A {1.5, 0} -> +-0.7071 each; state B has one member -> 0."""
+    from toolrl.algos import TurnInput
+
+    turns = [
+        [TurnInput(2, 0.0, "s0"), TurnInput(1, 0.5, "A")],
+        [TurnInput(1, 0.0, "s0"), TurnInput(2, 0.0, "A"), TurnInput(1, 0.0, "B")],
+    ]
+    x = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [3, 4], eps=0.0, gamma=1.0, turns=turns)
+    a = math.sqrt(0.5)
+    expected = [2 * a] * 3 + [-2 * a] * 3 + [-a]
+    assert ADVANTAGES["gigpo"](x).advantages.tolist() == pytest.approx(expected, abs=1e-6)
+    # omega 0: the trajectory-level advantage alone (GRPO); no turn inputs: GRPO too
+    plain = ADVANTAGES["grpo"](AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [3, 4], eps=0.0)).advantages
+    x0 = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [3, 4], eps=0.0, gamma=1.0, turns=turns, step_weight=0.0)
+    assert torch.allclose(ADVANTAGES["gigpo"](x0).advantages, plain)
+    none = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [3, 4], eps=0.0)
+    assert torch.allclose(ADVANTAGES["gigpo"](none).advantages, plain)
+
+
+def test_gigpo_discounts_later_turn_rewards():
+    from toolrl.algos import TurnInput
+
+    # one trajectory alone in its group: the trajectory level is 0; two trajectories sharing both states.
+    turns = [[TurnInput(1, 1.0, "a"), TurnInput(1, 0.0, "b")], [TurnInput(1, 0.0, "a"), TurnInput(1, 1.0, "b")]]
+    x = AdvantageInputs(torch.tensor([0.0, 0.0]), 2, [2, 2], eps=0.0, gamma=0.5, turns=turns)
+    # returns: traj 0 [1 + 0.5 * 0, 0] = [1, 0]; traj 1 [0 + 0.5 * 1, 1] = [0.5, 1]
+    # state a {1, 0.5}: +-0.7071; state b {0, 1}: -+0.7071
+    a = math.sqrt(0.5)
+    assert ADVANTAGES["gigpo"](x).advantages.tolist() == pytest.approx([a, -a, -a, a], abs=1e-6)

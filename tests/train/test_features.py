@@ -3,6 +3,7 @@ and last checkpoints, TensorBoard and W&B (offline) logging, the report command,
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -169,3 +170,34 @@ def test_trajectories_hit_by_tool_faults_are_kept_out_of_the_advantages(tiny_mod
     assert all(torch.equal(low[k], high[k]) for k in low)
     (stats_b, low), (_, high) = update("keep", -5.0), update("keep", 5.0)
     assert stats_b["fault_masked"] == 0 and not all(torch.equal(low[k], high[k]) for k in low)
+
+
+def test_turn_inputs_and_turn_rewards_on_tokens():
+    """Per model turn: its trained tokens, its reward, and its starting state (the environment's when it gives
+    one, else the exact context); turn_rewards: tokens puts each reward at its turn's last token."""
+    from toolrl.envs import Task
+    from toolrl.rollout.trajectory import Trajectory
+    from toolrl.train.trainer import turn_inputs, turn_reward_tokens
+
+    def traj(second_call):
+        t = Trajectory.start(Task("t", "q", ""), [1, 2, 3])
+        t.add_model_turn([10, 11], [0.0, 0.0], "call")
+        t.add_observation([20])
+        t.record_step(0.25, {"state": "after-first"})
+        t.add_model_turn([second_call], [0.0], "call")
+        t.add_user_message([30, 31], "next")
+        t.record_step(1.0, {})
+        t.add_model_turn([12, 13, 14], [0.0] * 3, "done")
+        return t
+
+    a, b = turn_inputs(traj(40)), turn_inputs(traj(41))
+    assert [(x.tokens, x.reward) for x in a] == [(2, 0.25), (1, 1.0), (3, 0.0)]
+    assert a[0].state == b[0].state and a[1].state == b[1].state == ("env", "after-first")
+    assert a[2].state != b[2].state  # no state given: the contexts differ in the second call
+    assert turn_reward_tokens(a).tolist() == [0, 0.25, 1.0, 0, 0, 0]
+
+
+def test_gigpo_and_turn_rewards_on_tokens_train_a_step(tiny_model_dir, tmp_path):
+    config = tiny_config(tiny_model_dir, tmp_path, "train.advantage=gigpo", "train.turn_rewards=tokens")
+    stats = Trainer(Workbench.load(config)).step(1)
+    assert stats["trained_trajectories"] > 0 and math.isfinite(stats["loss"])

@@ -9,7 +9,8 @@ means and stds, whitening) and get advantage 0. Adding one is a function and `@r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,21 @@ class AdvantageInputs:
     lam: float = 0.95
     valid: torch.Tensor | None = None
     """[trajectories] bool: False leaves a trajectory out of the statistics (advantage 0); None: all valid."""
+    turns: list[list[TurnInput]] | None = None
+    """Per trajectory, its model turns in order (trained tokens, reward, anchor state): for turn-level
+    estimators; their token counts add up to `counts[i]`."""
+    step_weight: float = 1.0
+    """Weight of the turn-level advantage beside the trajectory-level one (GiGPO's omega)."""
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    tokens: int
+    """Trained tokens of this turn."""
+    reward: float
+    """Its reward (the environment's StepResult.reward after it)."""
+    state: Hashable
+    """The state the turn started from: turns of the group that start from equal states are compared."""
 
 
 @dataclass
@@ -176,6 +192,47 @@ def gae(x: AdvantageInputs) -> Advantages:
     deltas = rewards + x.gamma * following - values
     advantages = reverse_cumsum(deltas, x.counts, x.gamma * x.lam)
     return Advantages(whiten(advantages, x.eps, token_mask(x)), returns=advantages + values)
+
+
+@register_advantage("gigpo")
+def gigpo(x: AdvantageInputs) -> Advantages:
+    """GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training", arXiv:2505.10978):
+    a trajectory-level advantage (GRPO over the group's rewards) plus omega times a turn-level one. For the
+    turn level, each turn's discounted return (its own reward and the later turns', the trajectory's reward
+    at its last turn; discount `gamma`) is compared, mean-centred and divided by the std, with the returns of
+    the turns of the same group that started from the same state (the anchor state groups of the paper); a
+    turn whose state no other turn shares gets 0. A turn's tokens get A_trajectory + omega * A_turn. Without
+    turn inputs, GRPO."""
+    episode = group_advantages(x.rewards, x.group_size, x.eps, valid=x.valid)
+    if x.turns is None:
+        return Advantages(per_token(episode, x.counts))
+    returns: list[list[float]] = []
+    for i, turns in enumerate(x.turns):
+        running, back = 0.0, []
+        for k in range(len(turns) - 1, -1, -1):
+            reward = turns[k].reward + (float(x.rewards[i]) if k == len(turns) - 1 else 0.0)
+            running = reward + x.gamma * running
+            back.append(running)
+        returns.append(back[::-1])
+    anchors: dict[tuple[int, Hashable], list[tuple[int, int]]] = defaultdict(list)
+    for i, turns in enumerate(x.turns):
+        if x.valid is None or bool(x.valid[i]):
+            for k, turn in enumerate(turns):
+                anchors[(i // x.group_size, turn.state)].append((i, k))
+    step = {}
+    for members in anchors.values():
+        values = torch.tensor([returns[i][k] for i, k in members], dtype=torch.float32)
+        centred = values - values.mean()
+        std = values.std() if len(values) > 1 else torch.tensor(0.0)
+        scaled = centred / (std + x.eps) if std > 0 else torch.zeros_like(centred)
+        step.update({member: float(a) for member, a in zip(members, scaled, strict=True)})
+    parts = []
+    for i, turns in enumerate(x.turns):
+        for k, turn in enumerate(turns):
+            value = float(episode[i]) + x.step_weight * step.get((i, k), 0.0)
+            parts.append(torch.full((turn.tokens,), value if x.valid is None or bool(x.valid[i]) else 0.0))
+    flat = torch.cat(parts) if parts else torch.zeros(0)
+    return Advantages(flat.to(x.rewards.dtype).to(x.rewards.device))
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:

@@ -136,7 +136,14 @@ class TrainConfig(Section):
     """Most rows x padded suffix tokens per forward/backward pass; trajectories are sorted by length so that
     padding stays small, and gradients accumulate over the step."""
     advantage: str = "grpo"
-    """grpo, dr_grpo, rloo, reinforce_pp or gae (PPO, with a value head)."""
+    """grpo, dr_grpo, rloo, reinforce_pp, gae (PPO, with a value head) or gigpo (turn-level credit)."""
+    step_weight: float = Field(1.0, ge=0)
+    """gigpo: weight of the turn-level advantage beside the trajectory-level one (the paper's omega)."""
+    turn_rewards: Literal["rubric", "tokens"] = "rubric"
+    """The environment's per-turn rewards (StepResult.reward): rubric: they count through the rubric's
+    `process` criterion when it is weighted (summed into the trajectory's reward); tokens: each is also given
+    at its turn's last generated token (credited to that turn and the ones before it by reinforce_pp and gae).
+    gigpo always reads them per turn."""
     loss: str = "ppo_clip"
     """ppo_clip, gspo or vanilla_pg."""
     aggregation: str = "token_mean"

@@ -27,6 +27,7 @@ from toolrl.algos import (
     AdvantageInputs,
     PolicyInputs,
     StepTotals,
+    TurnInput,
     informative_groups,
     value_loss,
 )
@@ -146,6 +147,30 @@ class _Work:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+
+
+def turn_inputs(traj: Trajectory) -> list[TurnInput]:
+    """A trajectory's model turns for turn-level estimators: trained tokens, reward (0 where the environment
+    gave none), and the state the turn started from: the environment's `info["state"]` of the step before it
+    when it gives one, else the exact context (prompt, calls, results) the turn was generated from."""
+    turns = []
+    for k, (start, end) in enumerate(traj.model_spans()):
+        reward = traj.turn_rewards[k] if k < len(traj.turn_rewards) else 0.0
+        given = traj.infos[k - 1].get("state") if 0 < k <= len(traj.infos) else None
+        state = ("env", given) if given is not None else ("context", hash(tuple(traj.token_ids[:start])))
+        turns.append(TurnInput(sum(traj.loss_mask[start:end]), reward, state))
+    return turns
+
+
+def turn_reward_tokens(turns: list[TurnInput]) -> torch.Tensor:
+    """[trained tokens] each turn's reward at its last trained token, 0 elsewhere."""
+    parts = []
+    for turn in turns:
+        part = torch.zeros(turn.tokens)
+        if turn.tokens:
+            part[-1] = turn.reward
+        parts.append(part)
+    return torch.cat(parts) if parts else torch.zeros(0)
 
 
 def _cat(work: list[_Work], name: str) -> torch.Tensor:
@@ -287,6 +312,10 @@ class Trainer:
             token_rewards = torch.cat(
                 [-t.kl.coef * self.kl(o, r) if r is not None else o for o, r in zip(old, refs, strict=True)]
             )
+        turns = [turn_inputs(traj) for traj in trajs]
+        if t.turn_rewards == "tokens":
+            placed = torch.cat([turn_reward_tokens(traj_turns) for traj_turns in turns]).to(device)
+            token_rewards = placed if token_rewards is None else token_rewards + placed
         flat_values = None
         if self.value_head is not None:
             flat_values = torch.cat([v if v is not None else o for v, o in zip(values, old, strict=True)])
@@ -303,6 +332,8 @@ class Trainer:
                 t.gamma,
                 t.lam,
                 None if all(valid) else torch.tensor(valid, device=device),
+                turns,
+                t.step_weight,
             )
         )
         adv_parts = est.advantages.split(counts)
