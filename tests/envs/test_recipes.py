@@ -15,13 +15,13 @@ RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
 
 def test_recipes_exist_and_are_valid_configs():
     names = {r.stem for r in RECIPES}
-    assert {"calculator", "calculator-long", "nl2sql", "code", "search-r1"} <= names
+    assert {"calculator", "calculator-long", "nl2sql", "code", "search-r1", "files", "files-simulated"} <= names
     for recipe in RECIPES:
         load_config(recipe)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["calculator", "nl2sql", "code", "search-r1"])
+@pytest.mark.parametrize("recipe", ["calculator", "nl2sql", "code", "search-r1", "files", "files-simulated"])
 def test_two_training_steps_of_each_recipe_on_the_tiny_model(recipe, tiny_model_dir, tmp_path):
     overrides = [
         f"model.name={tiny_model_dir}",
@@ -35,6 +35,8 @@ def test_two_training_steps_of_each_recipe_on_the_tiny_model(recipe, tiny_model_
         "eval.at_start=false",
         "eval.at_end=false",
     ]
+    if recipe == "files-simulated":  # the default model plays the user: short replies keep the test short
+        overrides.append("env.options.user_model.max_tokens=6")
     args = ["train", str(Path(__file__).parents[2] / "recipes" / f"{recipe}.yaml")]
     for override in overrides:
         args += ["--set", override]

@@ -1,0 +1,160 @@
+"""The `files` environment: a multi-turn benchmark on a stateful backend, written for toolrl.
+
+Each task starts from a small file tree and asks for 2-4 things in turn; after the model answers a request (a
+turn without tool calls), the user asks for the next one: the task's scripted request, or a simulated user's
+(`env.options.user: simulated`, a model with the task's goals). The model works with 16 file tools on its own
+FileSystem instance, built from the task (the way to do stateful backends: one object per trajectory, its
+bound methods as the episode's tools); the calls of a turn run in order, since they depend on each other.
+
+Rewards compare states, never texts: after each request the tree is compared with the one the reference calls
+leave (`requests`, the share solved, and a per-turn reward of 1 for each), and at the end with the final one
+(`correct`, the success criterion). A turn's anchor state (for gigpo) is the request it works on and the tree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from toolrl.envs.base import Environment, Episode, StepResult, Task, register_env, tool_call_example
+from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
+from toolrl.envs.files.tasks import canonical, generate
+from toolrl.envs.tasks import GeneratedTasks, TaskSplits
+from toolrl.envs.users import ScriptedUser, SimulatedUser, UserModel, user_model
+from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.rewards.rules import common_criteria
+from toolrl.tools.function import Tool, tool_from_function
+
+SYSTEM = (
+    "You are an assistant that manages the user's files with the file tools. Do what the user asks with tool "
+    "calls, then reply in one short sentence without a tool call; the user may ask for more.\n\n"
+    "The files now:\n{listing}"
+)
+
+
+EXAMPLES = (
+    ("Create a folder called tmp.", "mkdir", {"name": "tmp"}, "created folder tmp"),
+    ("Move a.txt into the tmp folder.", "mv", {"source": "a.txt", "destination": "tmp"}, "moved a.txt to tmp"),
+)
+"""In-context exchanges (as for the other environments, the default model needs some), on files of no task."""
+
+
+class FilesOptions(GeneratedTasks):
+    num_train: int = Field(400, ge=1)
+    num_test: int = Field(50, ge=1)
+    min_requests: int = Field(2, ge=1)
+    max_requests: int = Field(4, ge=1)
+    user: Literal["scripted", "simulated"] = "scripted"
+    """scripted: the task's requests in order; simulated: a model asks for them in its own words."""
+    user_model: UserModel | None = None
+    """The simulated user's model (needed with user: simulated)."""
+    persona: str = "You write short, friendly messages."
+
+
+def listing(tree: dict, indent: str = "") -> str:
+    """A tree as an indented listing (folders end with /)."""
+    lines = []
+    for name, value in sorted(tree.items()):
+        if isinstance(value, dict):
+            lines.append(f"{indent}{name}/")
+            lines.append(listing(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{name}")
+    return "\n".join(line for line in lines if line)
+
+
+def file_tools(fs: FileSystem) -> list[Tool]:
+    return [tool_from_function(getattr(fs, name), isolation="thread") for name in TOOL_NAMES]
+
+
+class FilesEpisode(Episode):
+    """One trajectory: its own FileSystem, the request being worked on, and the user."""
+
+    def __init__(self, task: Task, messages, user, persona: str):
+        self.fs = FileSystem(task.meta["tree"])
+        super().__init__(task, messages, file_tools(self.fs), offered=TOOL_NAMES, ordered=True)
+        self.user, self.persona = user, persona
+        self.request = 0
+        self.solved: list[bool] = []
+
+    def state(self) -> tuple[int, str]:
+        """Where the trajectory stands: the request it is on, and the tree."""
+        return self.request, canonical(self.fs.root)
+
+    async def step(self, calls, executor) -> StepResult:
+        result = await super().step(calls, executor)
+        result.info["state"] = self.state()
+        return result
+
+    async def reply(self, text: str) -> StepResult:
+        """The model answered request k: score it against the reference tree, then the user's next request."""
+        meta = self.task.meta
+        solved = canonical(self.fs.root) == meta["states"][self.request]
+        self.solved.append(solved)
+        info = {"request": self.request, "kind": meta["kinds"][self.request], "solved": solved}
+        self.request += 1
+        if self.request >= len(meta["requests"]):
+            return StepResult(reward=float(solved), done=True, info=info)
+        message = await self.user.next_message(meta["requests"], self.request, text, self.persona)
+        return StepResult(reward=float(solved), user_message=message, info={**info, "state": self.state()})
+
+
+def final_state(trajectory, task: Task) -> float:
+    """The tree at the end equals the one the reference calls leave."""
+    return float(canonical(trajectory.episode.fs.root) == task.answer)
+
+
+def requests_solved(trajectory, task: Task) -> float:
+    """The share of the task's requests whose tree was right when the model answered them."""
+    return sum(trajectory.episode.solved) / len(task.meta["requests"])
+
+
+@register_env("files")
+class FilesEnv(Environment):
+    name = "files"
+    Options = FilesOptions
+
+    def __init__(self, config, options: FilesOptions):
+        super().__init__(config, options)
+        if options.min_requests > options.max_requests:
+            from toolrl.errors import ConfigError
+
+            raise ConfigError("env.options.min_requests is larger than env.options.max_requests")
+        own = generate(config.seed, options.num_train, options.num_test, options.min_requests, options.max_requests)
+        self.splits = TaskSplits(config, own)
+        self.user = self._user(options)
+        self.rubric = Rubric(
+            [
+                Criterion("correct", final_state, 1.0),
+                Criterion("requests", requests_solved, 0.5),
+                *common_criteria(format_weight=0.0),
+            ],
+            success="correct",
+        )
+
+    @staticmethod
+    def _user(options: FilesOptions):
+        if options.user == "scripted":
+            return ScriptedUser()
+        if options.user_model is None:
+            from toolrl.errors import ConfigError
+
+            raise ConfigError("env.options.user_model: a simulated user needs a model (base_url + model, or path)")
+        return SimulatedUser(user_model(options.user_model))
+
+    def tools(self) -> list[Tool]:
+        return file_tools(FileSystem({}))
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.splits(split)
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        system = SYSTEM.format(listing=listing(task.meta["tree"]) or "(nothing)")
+        examples = []
+        for question, tool, arguments, result in EXAMPLES:  # in the run's call syntax
+            examples += tool_call_example(question, tool, arguments, result, "Done.", self.syntax)
+        return [{"role": "system", "content": system}, *examples, {"role": "user", "content": task.question}]
+
+    def reset(self, task: Task) -> FilesEpisode:
+        return FilesEpisode(task, self.messages(task), self.user, self.options.persona)

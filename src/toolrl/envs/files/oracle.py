@@ -1,0 +1,42 @@
+"""Engines that play the `files` tasks without a model, for the environment's checks and its benchmark: the
+reference engine writes each request's reference calls (in the run's call syntax), then a one-line reply, and
+must score 100%; the idle engine only replies, and must score 0%."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from toolrl.envs.base import Task
+from toolrl.rollout.engine import Engine, Sampled
+from toolrl.rollout.sampling import SamplingParams
+from toolrl.tools.call import ToolCall
+
+REPLY = "Done."
+
+
+class ReferenceEngine(Engine):
+    """Knows each task by its prompt ids; for request k of a task, first its reference calls, then a reply."""
+
+    def __init__(self, rollout, tasks: Sequence[Task], idle: bool = False):
+        self.chat, self.syntax, self.idle = rollout.chat, rollout.parser, idle
+        self.tasks = {tuple(rollout.prompt_ids(task)): task for task in tasks}
+        self.progress: dict[Hashable, tuple[Task, int, bool]] = {}
+        """seq -> (task, request, whether its calls were written)."""
+
+    def _turn(self, text: str) -> Sampled:
+        ids = self.chat.encode(text) + [self.chat.end_of_turn_id]
+        return Sampled(ids, [0.0] * len(ids), ended=True)
+
+    async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
+        if seq not in self.progress:
+            self.progress[seq] = (self.tasks[tuple(tokens)], 0, False)
+        task, request, called = self.progress[seq]
+        if self.idle or called:
+            self.progress[seq] = (task, request + 1, False)
+            return self._turn(REPLY)
+        self.progress[seq] = (task, request, True)
+        calls = [ToolCall(c["name"], c["arguments"]) for c in task.meta["reference"][request]]
+        return self._turn(self.syntax.render(calls))
+
+    def release(self, seq: Hashable) -> None:
+        self.progress.pop(seq, None)

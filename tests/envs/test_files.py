@@ -1,0 +1,109 @@
+"""The `files` multi-turn environment: its backend, its tasks (every request changes the tree), scoring by state
+(replaying the reference calls scores 100%, doing nothing 0%, in every call syntax), scripted and simulated
+users (a model behind an OpenAI-compatible endpoint; its failure ends only its trajectory)."""
+
+import asyncio
+import itertools
+
+import pytest
+
+from tests.fixtures.http_server import LocalHTTPServer
+from toolrl.config import load_config
+from toolrl.envs import make_env
+from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
+from toolrl.envs.files.oracle import ReferenceEngine
+from toolrl.envs.files.tasks import canonical
+from toolrl.errors import ConfigError
+from toolrl.rollout import Rollout, RolloutLimits
+from toolrl.tools import ToolExecutor
+from toolrl.train.evaluate import summarize
+
+
+def files_env(*overrides, parser=None):
+    config = load_config(overrides=["env.name=files", "env.options.num_test=12", *overrides])
+    return make_env(config.env, parser=parser)
+
+
+def play(env, chat, tasks, idle=False):
+    rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(12, 256, 4000, 200))
+    rollout.engine = ReferenceEngine(rollout, tasks, idle=idle)
+    return rollout.run(tasks)
+
+
+def test_the_backend_does_what_its_tools_say():
+    fs = FileSystem({"a.txt": "one\ntwo\n", "docs": {}})
+    assert fs.ls() == "a.txt  docs/" and fs.cd("docs") == "/docs" and fs.cd("..") == "/"
+    fs.mv("a.txt", "docs")
+    assert fs.root == {"docs": {"a.txt": "one\ntwo\n"}}
+    fs.cp("docs/a.txt", "b.txt")
+    fs.append("b.txt", "three")
+    assert fs.cat("b.txt") == "one\ntwo\nthree\n" and fs.wc("b.txt").startswith("3 lines")
+    assert fs.find("*.txt") == "b.txt\ndocs/a.txt" and fs.grep("tw", "b.txt") == "two"
+    with pytest.raises(ValueError, match="folder 'docs' is not empty"):
+        fs.rmdir("docs")
+    with pytest.raises(ValueError, match=r"no file 'nope\.txt'"):
+        fs.rm("nope.txt")
+    assert len(TOOL_NAMES) == 16
+
+
+def test_tasks_are_seeded_and_every_request_changes_the_tree():
+    env, again = files_env(), files_env()
+    tasks = env.tasks("test")
+    assert [t.meta["requests"] for t in tasks] == [t.meta["requests"] for t in again.tasks("test")]
+    for task in tasks:
+        meta = task.meta
+        assert 2 <= len(meta["requests"]) <= 4 and meta["requests"][0] == task.question
+        states = [canonical(meta["tree"]), *meta["states"]]
+        assert all(a != b for a, b in itertools.pairwise(states)) and states[-1] == task.answer
+    with pytest.raises(ConfigError, match=r"min_requests is larger than env\.options\.max_requests"):
+        files_env("env.options.min_requests=3", "env.options.max_requests=2")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "pythonic", "llama3-json"])
+def test_replaying_the_reference_calls_scores_everything_and_doing_nothing_scores_nothing(chat, parser):
+    env = files_env(parser=parser)
+    tasks = env.tasks("test")
+    replayed, idle = play(env, chat, tasks), play(env, chat, tasks, idle=True)
+    assert summarize(replayed, "correct")["success"] == 1.0 and summarize(idle, "correct")["success"] == 0.0
+    for traj in replayed:
+        solved = [i["solved"] for i in traj.infos if "solved" in i]
+        assert solved == [True] * len(traj.task.meta["requests"]) and traj.rewards["requests"] == 1.0
+        kinds = [kind for kind, _, _ in traj.spans]
+        assert kinds.count("user") == len(traj.task.meta["requests"]) - 1  # the user spoke again each time
+        assert traj.user_messages == traj.task.meta["requests"][1:]
+        assert traj.stop_reason == "no_tool_call" and sum(traj.turn_rewards) == len(traj.task.meta["requests"])
+    assert all(t.rewards["requests"] == 0.0 for t in idle)
+
+
+def test_a_simulated_user_asks_through_a_model_endpoint_and_its_failure_ends_only_its_trajectory(chat):
+    with LocalHTTPServer() as server:  # its chat endpoint answers with the prompt in capitals
+        env = files_env(
+            "env.options.user=simulated",
+            f"env.options.user_model={{base_url: '{server.url}/v1', model: m}}",
+            "env.options.persona=You are Sam.",
+        )
+        tasks = env.tasks("test")[:2]
+        [first, _] = play(env, chat, tasks)
+    asked = first.user_messages[0]
+    assert asked.startswith("YOU ARE A USER TALKING TO AN ASSISTANT. YOU ARE SAM.") and "GOALS DONE SO FAR: 1." in asked
+    assert tasks[0].meta["requests"][1].upper() in asked and first.rewards["correct"] == 1.0
+    down = files_env(
+        "env.options.user=simulated", "env.options.user_model={base_url: 'http://127.0.0.1:9/v1', model: m}"
+    )
+    trajs = play(down, chat, down.tasks("test")[:2])
+    assert [t.stop_reason for t in trajs] == ["user_failed"] * 2
+    assert summarize(trajs, "correct")["stop/user_failed"] == 1.0
+    with pytest.raises(ConfigError, match=r"env\.options\.user_model: a simulated user needs a model"):
+        files_env("env.options.user=simulated")
+
+
+def test_turn_states_for_gigpo_are_the_request_and_the_tree(chat):
+    from toolrl.train.trainer import turn_inputs
+
+    env = files_env()
+    task = env.tasks("test")[0]
+    a, b = play(env, chat, [task, task])
+    ta, tb = turn_inputs(a), turn_inputs(b)
+    assert [x.state for x in ta] == [x.state for x in tb]  # the same path: the same anchor states
+    assert ta[1].state[0] == "env" and ta[1].state[1][0] == 0  # after the first calls: still request 0
+    assert asyncio.iscoroutinefunction(env.reset(task).reply)
