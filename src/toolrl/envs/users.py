@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from toolrl.envs.base import EnvOptions
+from toolrl.tools.model import ModelBackend, chat_backend
 
 SIMULATOR_PROMPT = """You are a user talking to an assistant. {persona}
 Your goals, in order:
@@ -24,39 +24,16 @@ Write your next message to the assistant: ask for goal {next} in your own words,
 Do not do it yourself and do not mention the other goals."""
 
 
-class UserModel(EnvOptions):
-    """The model behind a simulated user: an OpenAI-compatible endpoint, or a local model."""
+class UserModel(ModelBackend):
+    """The model behind a simulated user: an OpenAI-compatible endpoint (base_url + model), or a local model
+    (path); replies are short."""
 
-    base_url: str | None = None
-    """An OpenAI-compatible API root, such as http://127.0.0.1:8000/v1 (needs `model`)."""
-    model: str | None = None
-    api_key_env: str | None = None
-    """Name of the environment variable holding the API key."""
-    path: str | None = None
-    """Instead of base_url: a local Hugging Face model (embedded name, folder, or cached hub id)."""
     max_tokens: int = Field(64, ge=1)
-    temperature: float = Field(0.0, ge=0)
-
-    @model_validator(mode="after")
-    def one_backend(self) -> UserModel:
-        if bool(self.base_url) == bool(self.path):
-            raise ValueError("needs exactly one of base_url (OpenAI-compatible endpoint) or path (local model)")
-        if self.base_url and not self.model:
-            raise ValueError("with base_url, model (the served model's name) is required")
-        return self
 
 
 def user_model(options: UserModel) -> Callable[[str], str]:
     """A function asking the user's model one prompt (blocking: call it in a thread)."""
-    from toolrl.tools.model import LocalChat, OpenAIChat
-
-    if options.base_url:
-        from toolrl.tools.http import bearer_header, http_client
-
-        headers = bearer_header(options.api_key_env, "env.options.user_model.api_key_env")
-        client = http_client(headers, 10.0, read_timeout_s=120)
-        return OpenAIChat(client, options.base_url, options.model, None, options.max_tokens, options.temperature)
-    return LocalChat(options.path, None, options.max_tokens, options.temperature)
+    return chat_backend(options, "env.options.user_model")[0]
 
 
 class ScriptedUser:

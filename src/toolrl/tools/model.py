@@ -7,13 +7,14 @@ Hugging Face model loaded on first use. Both are synchronous and run in the exec
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolrl.tools.function import Tool
-from toolrl.tools.http import request_json
+from toolrl.tools.http import bearer_header, http_client, request_json
 from toolrl.tools.limits import InvalidArguments
 
 PROMPT_SCHEMA = {
@@ -21,6 +22,45 @@ PROMPT_SCHEMA = {
     "properties": {"prompt": {"type": "string", "description": "What to ask the model."}},
     "required": ["prompt"],
 }
+
+
+class ModelBackend(BaseModel):
+    """A chat model to ask: an OpenAI-compatible endpoint (base_url + model) or a local Hugging Face model
+    (path). Used by model tools and by simulated users."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = None
+    """An OpenAI-compatible API root, such as http://127.0.0.1:8000/v1 (needs `model`)."""
+    model: str | None = None
+    path: str | None = None
+    """Instead of base_url: a local Hugging Face model (embedded name, folder, or cached hub id)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key; the key itself never goes in a file."""
+    system: str | None = None
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def one_backend(self) -> ModelBackend:
+        if bool(self.base_url) == bool(self.path):
+            raise ValueError("needs exactly one of base_url (OpenAI-compatible endpoint) or path (local model)")
+        if self.base_url and not self.model:
+            raise ValueError("with base_url, model (the served model's name) is required")
+        return self
+
+
+def chat_backend(
+    spec: ModelBackend, where: str, headers: Mapping[str, str] | None = None, connect_timeout_s: float = 10.0
+) -> tuple[Callable[[str], str], httpx.Client | None]:
+    """(a blocking prompt -> reply function, the HTTP client to close, if any) for `spec`; `where` names the
+    config section in errors (a missing API key variable)."""
+    if spec.base_url:
+        auth = bearer_header(spec.api_key_env, f"{where}.api_key_env")
+        client = http_client({**(headers or {}), **auth}, connect_timeout_s, read_timeout_s=600)
+        ask = OpenAIChat(client, spec.base_url, spec.model, spec.system, spec.max_tokens, spec.temperature)
+        return ask, client
+    return LocalChat(spec.path, spec.system, spec.max_tokens, spec.temperature), None
 
 
 def chat_messages(system: str | None, prompt: str) -> list[dict[str, str]]:

@@ -46,6 +46,7 @@ from toolrl.registry import Registry
 from toolrl.text import clip, first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
+from toolrl.tools.model import ModelBackend
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
@@ -85,28 +86,12 @@ class HttpEndpoint(Entry):
     """JSON schema of the arguments; calls off the schema are answered with an error, not sent."""
 
 
-class ModelEntry(Entry):
-    base_url: str | None = None
-    """An OpenAI-compatible API root, such as http://127.0.0.1:8000/v1 (needs `model`)."""
-    model: str | None = None
-    path: str | None = None
-    """Instead of base_url: a local Hugging Face model (embedded name, folder, or cached hub id)."""
-    api_key_env: str | None = None
-    """Name of the environment variable holding the API key; the key itself never goes in the file."""
+class ModelEntry(ModelBackend):
+    """A model tool: the model to ask (ModelBackend's keys) and the tool's name and description."""
+
     name: str = "ask"
     """The tool's short name."""
     description: str | None = None
-    system: str | None = None
-    max_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0)
-
-    @model_validator(mode="after")
-    def one_backend(self) -> ModelEntry:
-        if bool(self.base_url) == bool(self.path):
-            raise ValueError("needs exactly one of base_url (OpenAI-compatible endpoint) or path (local model)")
-        if self.base_url and not self.model:
-            raise ValueError("with base_url, model (the served model's name) is required")
-        return self
 
 
 class ServerEntry(Entry):
@@ -219,19 +204,13 @@ def _http(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
 
 @entry_kind("model")
 def _model(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
-    from toolrl.tools.http import bearer_header, http_client
-    from toolrl.tools.model import LocalChat, OpenAIChat, model_tool
+    from toolrl.tools.model import chat_backend, model_tool
 
     spec = entry.model
-    if spec.base_url:
-        headers = {**entry.headers, **bearer_header(spec.api_key_env, f"mcpServers.{name}.model.api_key_env")}
-        client = http_client(headers, entry.connect_timeout_s, read_timeout_s=600)
+    ask, client = chat_backend(spec, f"mcpServers.{name}.model", entry.headers, entry.connect_timeout_s)
+    if client is not None:
         toolset.clients.append(client)
-        ask = OpenAIChat(client, spec.base_url, spec.model, spec.system, spec.max_tokens, spec.temperature)
-        default = f"Ask the model {spec.model}; it answers in text."
-    else:
-        ask = LocalChat(spec.path, spec.system, spec.max_tokens, spec.temperature)
-        default = f"Ask the local model {spec.path}; it answers in text."
+    default = f"Ask the {'model ' + spec.model if spec.base_url else 'local model ' + spec.path}; it answers in text."
     return [model_tool(f"{name}.{spec.name}", spec.description or default, ask)]
 
 
