@@ -127,10 +127,17 @@ def eval_(
     set_: SetOption = None,
     num_tasks: Annotated[int | None, typer.Option(help="Test tasks to run.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature; 0 is greedy.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for summary.json and trajectories.jsonl (every trajectory).")
+    ] = None,
 ) -> None:
-    """Evaluate a model on the environment's test split."""
+    """Evaluate a model on the environment's test split: success, tool use, and where the tasks say more,
+    success per category and per request, Solve-P/R/F1. A served model: --set rollout.engine=openai."""
+    import json
+
     from toolrl.config import load_config
     from toolrl.train import Workbench
+    from toolrl.train.evaluate import breakdown, summarize
 
     cfg = load_config(config, set_)
     _quiet_libraries()
@@ -138,14 +145,34 @@ def eval_(
     with console.status("evaluating"):
         bench = Workbench.load(cfg, model_name=model or None)
         try:
-            stats = bench.evaluate(num_tasks, temperature)
+            trajs = bench.evaluation(num_tasks, temperature)
+            success = bench.env.rubric.success
+            stats, details = summarize(trajs, success), breakdown(trajs, success)
+            records = [traj.to_record(bench.tokenizer) for traj in trajs]
         finally:
             bench.close()
     temp = cfg.eval.sampling.temperature if temperature is None else temperature
-    n = num_tasks or cfg.eval.num_tasks
-    console.print(
-        _eval_table(f"{cfg.env.name} test split, {n} tasks, temperature {temp:g}", {model or cfg.model.name: stats})
-    )
+    title = f"{cfg.env.name} test split, {len(trajs)} tasks, temperature {temp:g}"
+    console.print(_eval_table(title, {model or cfg.model.name: stats}))
+    for key, label in (("by_category", "category"), ("by_request", "request"), ("by_kind", "kind of request")):
+        if key in details:
+            table = Table(title=f"success by {label}")
+            for column in (label, "tasks", "success"):
+                table.add_column(column, justify="left" if column == label else "right")
+            for name, row in details[key].items():
+                table.add_row(name, str(row["tasks"]), f"{row['success']:.1%}")
+            console.print(table)
+    if "solve" in details:
+        s = details["solve"]
+        console.print(f"Solve-P {s['precision']:.3f}  Solve-R {s['recall']:.3f}  Solve-F1 {s['f1']:.3f}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {"model": model or cfg.model.name, "temperature": temp, "tasks": len(trajs), **stats, **details}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with (out / "trajectories.jsonl").open("w") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        console.print(f"wrote {out / 'summary.json'} and {out / 'trajectories.jsonl'}")
     console.print(f"wall time {time.perf_counter() - started:.0f} s")
 
 

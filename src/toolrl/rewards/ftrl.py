@@ -65,7 +65,8 @@ def solved_count(results: Sequence[Any], subproblems: Sequence[dict[str, Any]]) 
     return q
 
 
-def _counts(trajectory, task) -> tuple[int, int, int]:
+def subproblem_counts(trajectory, task) -> tuple[int, int, int]:
+    """(calls p, sub-problems solved q, sub-problems n) of a trajectory on a task that carries sub-problems."""
     subproblems = task.meta.get("subproblems") or []
     p = trajectory.num_tool_calls
     q = solved_count(trajectory.results, subproblems)
@@ -76,7 +77,7 @@ def ftrl_criteria(correct: Callable[[Any, Any], float], weight: float = 1.0) -> 
     """The FTRL reward as the trained criterion and Solve-P/R/F1 as logged metrics (weight 0)."""
 
     def reward(trajectory, task) -> float:
-        p, q, n = _counts(trajectory, task)
+        p, q, n = subproblem_counts(trajectory, task)
         return ftrl_reward(
             p,
             q,
@@ -87,7 +88,7 @@ def ftrl_criteria(correct: Callable[[Any, Any], float], weight: float = 1.0) -> 
         )
 
     def metric(index: int):
-        return lambda trajectory, task: solve_scores(*_counts(trajectory, task))[index]
+        return lambda trajectory, task: solve_scores(*subproblem_counts(trajectory, task))[index]
 
     return [
         Criterion("ftrl", reward, weight),

@@ -118,6 +118,7 @@ class Trajectory:
             "tool_faults": self.num_tool_faults,
             "turns": self.num_turns,
             "turn_rewards": self.turn_rewards,
+            "infos": self.infos,
             "segments": [
                 {"kind": kind, "loss": kind == MODEL, "text": tokenizer.decode(self.token_ids[a:b])}
                 for kind, a, b in self.spans

@@ -1,9 +1,12 @@
-"""Evaluation: run a split through the model and its tools, and summarise success, tool calls and turns."""
+"""Evaluation: run a split through the model and its tools, and summarise it: success, tool calls and turns,
+and, where the tasks say more, success per category, per request of a multi-turn task (and per kind of request),
+and Solve-P/R/F1 over tasks that carry sub-problems."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from toolrl.envs.base import Task
 from toolrl.rollout.loop import STOP_REASONS, Rollout
@@ -33,10 +36,54 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
     return stats
 
 
-def evaluate(rollout: Rollout, tasks: Sequence[Task], batch_size: int, seed: int | None = None) -> dict[str, float]:
-    """Success and the other summaries over `tasks`; with `seed`, task i samples with its own seed (the same
+def run_tasks(rollout: Rollout, tasks: Sequence[Task], batch_size: int, seed: int | None = None) -> list[Trajectory]:
+    """One trajectory per task, `batch_size` at a time; with `seed`, task i samples with its own seed (the same
     draws whatever the batch size or timing)."""
     trajs: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
         trajs += rollout.run(tasks[start : start + batch_size], None if seed is None else seed + start)
-    return summarize(trajs, rollout.env.rubric.success)
+    return trajs
+
+
+def evaluate(rollout: Rollout, tasks: Sequence[Task], batch_size: int, seed: int | None = None) -> dict[str, float]:
+    """Success and the other summaries over `tasks` (see run_tasks)."""
+    return summarize(run_tasks(rollout, tasks, batch_size, seed), rollout.env.rubric.success)
+
+
+def _rate(values: Sequence[float]) -> dict[str, float]:
+    return {"tasks": len(values), "success": sum(values) / max(len(values), 1)}
+
+
+def breakdown(trajs: Sequence[Trajectory], success: str | None) -> dict[str, Any]:
+    """What the tasks allow beyond the means: `by_category` (tasks' meta["category"]), `by_request` (the k-th
+    request of multi-turn tasks, from the steps' info["solved"]) and `by_kind` (info["kind"]), and `solve`
+    (Solve-P/R/F1, means over tasks with meta["subproblems"])."""
+    from toolrl.rewards.ftrl import solve_scores, subproblem_counts
+
+    report: dict[str, Any] = {}
+    if success is not None:
+        categories: dict[str, list[float]] = defaultdict(list)
+        for t in trajs:
+            if "category" in t.task.meta:
+                categories[str(t.task.meta["category"])].append(t.rewards.get(success, 0.0))
+        if categories:
+            report["by_category"] = {name: _rate(values) for name, values in sorted(categories.items())}
+    requests: dict[str, list[float]] = defaultdict(list)
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        answered = {info["request"]: info for info in t.infos if "solved" in info and "request" in info}
+        for k in range(len(t.task.meta.get("requests", answered))):
+            info = answered.get(k, {})  # a request the trajectory never got to counts as not solved
+            requests[str(k + 1)].append(float(info.get("solved", False)))
+            kind = info.get("kind") or (t.task.meta.get("kinds") or [None] * (k + 1))[k]
+            if kind is not None:
+                kinds[str(kind)].append(float(info.get("solved", False)))
+    if requests:
+        report["by_request"] = {k: _rate(v) for k, v in sorted(requests.items(), key=lambda kv: int(kv[0]))}
+        report["by_kind"] = {k: _rate(v) for k, v in sorted(kinds.items())}
+    scored = [solve_scores(*subproblem_counts(t, t.task)) for t in trajs if t.task.meta.get("subproblems")]
+    if scored:
+        report["solve"] = {
+            name: sum(s[i] for s in scored) / len(scored) for i, name in enumerate(("precision", "recall", "f1"))
+        }
+    return report

@@ -43,7 +43,7 @@ from toolrl.text import first_line
 from toolrl.tools import ToolExecutor
 from toolrl.tools.toolset import Toolset, run_executor
 from toolrl.train.checkpoint import load_state, save_state
-from toolrl.train.evaluate import evaluate, summarize
+from toolrl.train.evaluate import run_tasks, summarize
 from toolrl.train.loggers import open_loggers
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens
 from toolrl.train.policy import (
@@ -121,11 +121,16 @@ class Workbench:
         return Rollout(self.env, engine, self.chat, parser, self.executor, limits, r.schedule)
 
     def evaluate(self, num_tasks: int | None = None, temperature: float | None = None) -> dict[str, float]:
+        """Means over the test split (see evaluation for the trajectories themselves)."""
+        return summarize(self.evaluation(num_tasks, temperature), self.env.rubric.success)
+
+    def evaluation(self, num_tasks: int | None = None, temperature: float | None = None) -> list[Trajectory]:
+        """The test split's trajectories (the first `num_tasks`, at `temperature`; eval.* by default)."""
         e = self.config.eval
         tasks = self.env.tasks("test")[: num_tasks or e.num_tasks]
         sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
         rollout = self.rollout(sampling, seed=self.config.seed + 1, purpose="eval")
-        return evaluate(rollout, tasks, e.batch_size, seed=self.config.seed + 7)
+        return run_tasks(rollout, tasks, e.batch_size, seed=self.config.seed + 7)
 
 
 STATE = "trainer_state.json"
