@@ -43,7 +43,7 @@ def test_the_backend_does_what_its_tools_say():
         fs.rmdir("docs")
     with pytest.raises(ValueError, match=r"no file 'nope\.txt'"):
         fs.rm("nope.txt")
-    assert len(TOOL_NAMES) == 16
+    assert len(TOOL_NAMES) == 24
 
 
 def test_tasks_are_seeded_and_every_request_changes_the_tree():
@@ -53,6 +53,8 @@ def test_tasks_are_seeded_and_every_request_changes_the_tree():
     for task in tasks:
         meta = task.meta
         assert 2 <= len(meta["requests"]) <= 4 and meta["requests"][0] == task.question
+        used = {call["name"] for calls in meta["reference"] for call in calls}
+        assert used | {"ls", "cd", "pwd", "cat"} <= set(meta["tools"]) < set(TOOL_NAMES)  # per-task tools
         states = [canonical(meta["tree"]), *meta["states"]]
         assert all(a != b for a, b in itertools.pairwise(states)) and states[-1] == task.answer
     with pytest.raises(ConfigError, match=r"min_requests is larger than env\.options\.max_requests"):
@@ -107,3 +109,15 @@ def test_turn_states_for_gigpo_are_the_request_and_the_tree(chat):
     assert [x.state for x in ta] == [x.state for x in tb]  # the same path: the same anchor states
     assert ta[1].state[0] == "env" and ta[1].state[1][0] == 0  # after the first calls: still request 0
     assert asyncio.iscoroutinefunction(env.reset(task).reply)
+
+
+def test_a_task_shows_and_accepts_only_its_own_tools(chat, tokenizer):
+    env = files_env()
+    task = env.tasks("test")[0]
+    with env.reset(task) as episode:
+        offered = episode.available(ToolExecutor(env.tools()).tools)
+    assert list(offered) == task.meta["tools"]
+    rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(2, 64, 4000, 200))
+    prompt = tokenizer.decode(rollout.prompt_ids(task, env.messages(task), offered))
+    missing = next(name for name in TOOL_NAMES if name not in task.meta["tools"])
+    assert f'"name": "{missing}"' not in prompt and all(f'"name": "{n}"' in prompt for n in task.meta["tools"])

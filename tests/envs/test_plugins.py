@@ -78,3 +78,29 @@ def test_prompts_are_written_in_the_syntax_the_run_parses(tiny_model_dir, tokeni
     from toolrl.envs.base import parser_name
 
     assert parser_name(search.env) == "search-r1" and parser_name(search.env, "hermes") == "hermes"
+
+
+def test_an_installed_package_lists_its_environment_in_the_entry_point_group(tmp_path, monkeypatch):
+    """A package installed with [project.entry-points."toolrl.environments"] needs no env.module."""
+    (tmp_path / "listed_env.py").write_text(
+        "from toolrl.envs import Environment, register_env\n"
+        "from toolrl.rewards import Rubric\n\n"
+        "@register_env('listed')\n"
+        "class Listed(Environment):\n"
+        "    name = 'listed'\n"
+        "    def __init__(self, config, options):\n"
+        "        super().__init__(config, options)\n"
+        "        self.rubric = Rubric([])\n"
+        "    def tools(self): return []\n"
+        "    def tasks(self, split): return []\n"
+        "    def messages(self, task): return []\n"
+    )
+    dist = tmp_path / "listed_env-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: listed-env\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[toolrl.environments]\nlisted = listed_env\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config(overrides=["env.name=listed"])
+    from toolrl.envs import make_env
+
+    assert make_env(config.env).name == "listed"

@@ -250,6 +250,106 @@ class FileSystem:
         folder, leaf = self._file(name)
         return "\n".join(sorted(folder[leaf].splitlines()))
 
+    def head(self, name: str, lines: int = 5) -> str:
+        """The first lines of a file.
+
+        Args:
+            name: The file's path.
+            lines: How many.
+        """
+        folder, leaf = self._file(name)
+        return "\n".join(folder[leaf].splitlines()[: max(lines, 0)])
+
+    def tail(self, name: str, lines: int = 5) -> str:
+        """The last lines of a file.
+
+        Args:
+            name: The file's path.
+            lines: How many.
+        """
+        folder, leaf = self._file(name)
+        kept = folder[leaf].splitlines()
+        return "\n".join(kept[len(kept) - max(lines, 0) :] if lines > 0 else [])
+
+    def diff(self, first: str, second: str) -> str:
+        """Lines that are in one file and not in the other.
+
+        Args:
+            first: A file's path.
+            second: Another file's path.
+        """
+        a_folder, a = self._file(first)
+        b_folder, b = self._file(second)
+        left, right = a_folder[a].splitlines(), b_folder[b].splitlines()
+        lines = [f"< {line}" for line in left if line not in right] + [
+            f"> {line}" for line in right if line not in left
+        ]
+        return "\n".join(lines) or "the files are the same"
+
+    def tree(self) -> str:
+        """Everything under the current folder, indented."""
+
+        def show(node: Tree, indent: str) -> list[str]:
+            lines = []
+            for name, value in sorted(node.items()):
+                lines.append(indent + name + ("/" if isinstance(value, dict) else ""))
+                if isinstance(value, dict):
+                    lines += show(value, indent + "  ")
+            return lines
+
+        return "\n".join(show(self._folder(self.cwd, "."), "")) or "(empty)"
+
+    def replace(self, name: str, old: str, new: str) -> str:
+        """Replace every occurrence of a text in a file.
+
+        Args:
+            name: The file's path.
+            old: The text to replace.
+            new: What to put instead.
+        """
+        folder, leaf = self._file(name)
+        if not old:
+            raise ValueError("old must not be empty")
+        count = folder[leaf].count(old)
+        folder[leaf] = folder[leaf].replace(old, new)
+        return f"replaced {count} occurrence(s) in {name}"
+
+    def uniq(self, name: str) -> str:
+        """A file's lines without repeats, in order (the file is not changed).
+
+        Args:
+            name: The file's path.
+        """
+        folder, leaf = self._file(name)
+        return "\n".join(dict.fromkeys(folder[leaf].splitlines()))
+
+    def stat(self, name: str) -> str:
+        """Whether a path is a file or a folder, and its size (characters, or entries).
+
+        Args:
+            name: The path.
+        """
+        parent, leaf = self._parent(name)
+        if leaf not in parent:
+            raise ValueError(f"no file or folder {name!r}")
+        value = parent[leaf]
+        return f"folder, {len(value)} entries" if isinstance(value, dict) else f"file, {len(value)} characters"
+
+    def exists(self, name: str) -> str:
+        """Whether a file or folder exists (yes or no).
+
+        Args:
+            name: The path.
+        """
+        try:
+            parent, leaf = self._parent(name)
+        except ValueError:
+            return "no"
+        return "yes" if leaf in parent else "no"
+
 
 TOOL_NAMES = [n for n in vars(FileSystem) if not n.startswith("_") and n != "snapshot"]
-"""The methods that are tools, in definition order."""
+"""The methods that are tools, in definition order (24)."""
+CORE_TOOLS = ["ls", "cd", "pwd", "cat", "mkdir", "mv"]
+"""Tools every task offers (looking around, and the two of the in-context examples); the others a task offers
+are the ones its reference calls use, and a few more."""

@@ -2,9 +2,10 @@
 
 Each task starts from a small file tree and asks for 2-4 things in turn; after the model answers a request (a
 turn without tool calls), the user asks for the next one: the task's scripted request, or a simulated user's
-(`env.options.user: simulated`, a model with the task's goals). The model works with 16 file tools on its own
+(`env.options.user: simulated`, a model with the task's goals). The model works with file tools on its own
 FileSystem instance, built from the task (the way to do stateful backends: one object per trajectory, its
 bound methods as the episode's tools); the calls of a turn run in order, since they depend on each other.
+Each task offers its own tools (per-task tools): the core four, the ones its requests need, three others.
 
 Rewards compare states, never texts: after each request the tree is compared with the one the reference calls
 leave (`requests`, the share solved, and a per-turn reward of 1 for each), and at the end with the final one
@@ -64,8 +65,8 @@ def listing(tree: dict, indent: str = "") -> str:
     return "\n".join(line for line in lines if line)
 
 
-def file_tools(fs: FileSystem) -> list[Tool]:
-    return [tool_from_function(getattr(fs, name), isolation="thread") for name in TOOL_NAMES]
+def file_tools(fs: FileSystem, names=TOOL_NAMES) -> list[Tool]:
+    return [tool_from_function(getattr(fs, name), isolation="thread") for name in names]
 
 
 class FilesEpisode(Episode):
@@ -73,7 +74,8 @@ class FilesEpisode(Episode):
 
     def __init__(self, task: Task, messages, user, persona: str):
         self.fs = FileSystem(task.meta["tree"])
-        super().__init__(task, messages, file_tools(self.fs), offered=TOOL_NAMES, ordered=True)
+        offered = task.meta.get("tools", TOOL_NAMES)  # this task's tools: the prompt shows these, no others
+        super().__init__(task, messages, file_tools(self.fs, offered), offered=offered, ordered=True)
         self.user, self.persona = user, persona
         self.request = 0
         self.solved: list[bool] = []
@@ -157,4 +159,5 @@ class FilesEnv(Environment):
         return [{"role": "system", "content": system}, *examples, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task) -> FilesEpisode:
-        return FilesEpisode(task, self.messages(task), self.user, self.options.persona)
+        persona = task.meta.get("persona", self.options.persona)  # a task may carry its own
+        return FilesEpisode(task, self.messages(task), self.user, persona)

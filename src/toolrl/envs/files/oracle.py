@@ -19,7 +19,11 @@ class ReferenceEngine(Engine):
 
     def __init__(self, rollout, tasks: Sequence[Task], idle: bool = False):
         self.chat, self.syntax, self.idle = rollout.chat, rollout.parser, idle
-        self.tasks = {tuple(rollout.prompt_ids(task)): task for task in tasks}
+        self.tasks = {}
+        for task in tasks:  # the prompt as the rollout makes it: with the tools this task's episode offers
+            with rollout.env.reset(task) as episode:
+                tools = episode.available(rollout.executor.tools)
+                self.tasks[tuple(rollout.prompt_ids(task, episode.messages, tools))] = task
         self.progress: dict[Hashable, tuple[Task, int, bool]] = {}
         """seq -> (task, request, whether its calls were written)."""
 

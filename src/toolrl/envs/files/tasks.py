@@ -1,5 +1,6 @@
 """Seeded multi-turn file tasks: a small starting tree and 2-4 user requests, each with the reference calls that
-fulfil it and the tree they leave (what the episode compares with after each request, and at the end).
+fulfil it and the tree they leave (what the episode compares with after each request, and at the end), and the
+tools the task offers: the core ones, those its reference calls use, and a few others.
 
 Every request changes the tree, so doing nothing fails every task; some need reading first (count the lines of
 a file, then write the number). Kinds: mkdir, move, rename, copy, delete, write, append, count, touch_in.
@@ -13,7 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from toolrl.envs.base import Task
-from toolrl.envs.files.backend import FileSystem, Tree
+from toolrl.envs.files.backend import CORE_TOOLS, TOOL_NAMES, FileSystem, Tree
+
+DISTRACTORS = 3
+"""Tools a task offers beyond the core ones and those its reference calls use."""
 
 FILE_NAMES = ["notes.txt", "todo.md", "draft.txt", "ideas.txt", "log.txt", "report.md", "plan.txt", "list.txt"]
 BINARY_NAMES = ["photo.jpg", "budget.xlsx", "slides.pdf", "song.mp3"]
@@ -151,8 +155,12 @@ def make_task(rng: random.Random, index: int, min_requests: int, max_requests: i
         if canonical(fs.root) == before:  # every request changes the tree: doing nothing must fail
             return None
         requests.append((kind, text, [{"name": n, "arguments": a} for n, a in calls]))
+    needed = {call["name"] for _, _, calls in requests for call in calls}
+    others = [n for n in TOOL_NAMES if n not in needed and n not in CORE_TOOLS]
+    offered = set(CORE_TOOLS) | needed | set(rng.sample(others, DISTRACTORS))
     meta = {
         "tree": tree,
+        "tools": [n for n in TOOL_NAMES if n in offered],
         "requests": [text for _, text, _ in requests],
         "kinds": [kind for kind, _, _ in requests],
         "reference": [calls for _, _, calls in requests],
