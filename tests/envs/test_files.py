@@ -121,3 +121,32 @@ def test_a_task_shows_and_accepts_only_its_own_tools(chat, tokenizer):
     prompt = tokenizer.decode(rollout.prompt_ids(task, env.messages(task), offered))
     missing = next(name for name in TOOL_NAMES if name not in task.meta["tools"])
     assert f'"name": "{missing}"' not in prompt and all(f'"name": "{n}"' in prompt for n in task.meta["tools"])
+
+
+def test_tasks_from_a_file_are_honoured_or_refused_naming_the_field(tmp_path, chat):
+    import json
+
+    good = {
+        "question": "Make a folder a.",
+        "answer": "-",
+        "tree": {"x.txt": "hi\n"},
+        "requests": ["Make a folder a.", "Move x.txt into a."],
+        "reference": [
+            [{"name": "mkdir", "arguments": {"name": "a"}}],
+            [{"name": "mv", "arguments": {"source": "x.txt", "destination": "a"}}],
+        ],
+    }
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(good) + "\n")
+    env = files_env(f"env.test_file={tmp_path / 'tasks.jsonl'}")
+    [task] = env.tasks("test")
+    assert (
+        task.answer == canonical({"a": {"x.txt": "hi\n"}})
+        and summarize(play(env, chat, [task]), "correct")["success"] == 1.0
+    )
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**good, "reference": good["reference"][:1]}) + "\n")
+    from toolrl.errors import DataError
+
+    with pytest.raises(
+        DataError, match=r"env\.test_file: files task 0 has not one reference list of calls per request"
+    ):
+        files_env(f"env.test_file={tmp_path / 'bad.jsonl'}").tasks("test")

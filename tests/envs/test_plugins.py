@@ -104,3 +104,33 @@ def test_an_installed_package_lists_its_environment_in_the_entry_point_group(tmp
     from toolrl.envs import make_env
 
     assert make_env(config.env).name == "listed"
+
+
+def test_an_environment_whose_tools_are_not_tools_is_one_line_naming_it():
+    from toolrl.config.schema import EnvConfig
+    from toolrl.envs import Environment, make_env, register_env
+    from toolrl.envs.base import ENVIRONMENTS
+    from toolrl.rewards import Rubric
+
+    @register_env("bad-tools")
+    class BadTools(Environment):
+        name = "bad-tools"
+
+        def __init__(self, config, options):
+            super().__init__(config, options)
+            self.rubric = Rubric([])
+
+        def tools(self):
+            return [{"name": "search"}]
+
+        def tasks(self, split):
+            return []
+
+        def messages(self, task):
+            return []
+
+    try:
+        with pytest.raises(ConfigError, match=r"^env bad-tools: tools\(\) returned a dict, not a Tool"):
+            make_env(EnvConfig(name="bad-tools"))
+    finally:
+        ENVIRONMENTS.pop("bad-tools")

@@ -123,8 +123,11 @@ class Episode:
         available = {}
         for name in dict.fromkeys(names):
             tool = self.tools.get(name) or shared.get(name)
-            if tool is None:
-                raise ConfigError(f"env: episode of task {self.task.id} offers {name!r}, which no tool is called")
+            if not isinstance(tool, Tool):
+                raise ConfigError(
+                    f"env: the episode of task {self.task.id!r} offers {name!r}, which is no tool "
+                    "(episode tools are Tool objects: tool_from_function)"
+                )
             available[name] = tool
         return available
 
@@ -254,6 +257,12 @@ def make_env(config, model_name: str | None = None, parser: str | None = None) -
     model judge when `judge` is set (a local judge defaults to `model_name`, the run's model)."""
     env = environment_class(config)(config, environment_options(config))
     env.syntax = get_parser(parser_name(config, parser))
+    bad = [tool for tool in env.tools() if not isinstance(tool, Tool)]
+    if bad:
+        raise ConfigError(
+            f"env {config.name}: tools() returned a {type(bad[0]).__name__}, not a Tool; build tools with "
+            "toolrl.tools.tool_from_function"
+        )
     weights = config.reward_weights or {}
     judge = config.judge
     if judge is not None or weights:

@@ -142,7 +142,10 @@ class Rollout:
         return asyncio.run(self.arun(tasks, seed))
 
     def _start(self, episode: Episode, seq: object) -> _Run:
-        tools = episode.available(self.executor.tools)
+        try:
+            tools = episode.available(self.executor.tools)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("env:", f"env {self.env.name}:", 1)) from None
         if not isinstance(episode.messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in episode.messages

@@ -102,6 +102,33 @@ class FilesEpisode(Episode):
         return StepResult(reward=float(solved), user_message=message, info={**info, "state": self.state()})
 
 
+def complete_task(task: Task, split: str) -> Task:
+    """A task as the environment needs it. Its own tasks have everything; a task from env.train_file /
+    env.test_file needs `tree`, `requests` (the user's messages, the first being the question) and `reference`
+    (for each request, the calls that fulfil it); the states they leave, the kinds and tools are derived."""
+    meta = task.meta
+    if "states" in meta:
+        return task
+    missing = [key for key in ("tree", "requests", "reference") if key not in meta]
+    if missing or len(meta["requests"]) != len(meta["reference"]):
+        from toolrl.errors import DataError
+
+        what = f"lacks {missing[0]!r}" if missing else "has not one reference list of calls per request"
+        raise DataError(
+            f"env.{split}_file: files task {task.id} {what}; a task needs tree, requests and reference "
+            "(per request, its calls)"
+        )
+    fs, states = FileSystem(meta["tree"]), []
+    for calls in meta["reference"]:
+        for call in calls:
+            getattr(fs, call["name"])(**call["arguments"])
+        states.append(canonical(fs.root))
+    extra = {"states": states, "kinds": meta.get("kinds") or ["custom"] * len(states), "tools": TOOL_NAMES}
+    return Task(
+        task.id, meta["requests"][0], states[-1], {**meta, **extra, **{k: meta[k] for k in ("tools",) if k in meta}}
+    )
+
+
 def final_state(trajectory, task: Task) -> float:
     """The tree at the end equals the one the reference calls leave."""
     return float(canonical(trajectory.episode.fs.root) == task.answer)
@@ -149,7 +176,7 @@ class FilesEnv(Environment):
         return file_tools(FileSystem({}))
 
     def tasks(self, split: str) -> list[Task]:
-        return self.splits(split)
+        return [complete_task(task, split) for task in self.splits(split)]
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         system = SYSTEM.format(listing=listing(task.meta["tree"]) or "(nothing)")
