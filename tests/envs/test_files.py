@@ -150,3 +150,27 @@ def test_tasks_from_a_file_are_honoured_or_refused_naming_the_field(tmp_path, ch
         DataError, match=r"env\.test_file: files task 0 has not one reference list of calls per request"
     ):
         files_env(f"env.test_file={tmp_path / 'bad.jsonl'}").tasks("test")
+
+
+def test_a_local_simulated_user_answers_the_users_that_ask_together_in_one_batch():
+    from toolrl.envs.users import SimulatedUser
+
+    class Local:
+        def __init__(self):
+            self.batches = []
+
+        def __call__(self, prompt):
+            raise AssertionError("asked one by one")
+
+        def batch(self, prompts):
+            self.batches.append(len(prompts))
+            return [f"reply {i}" for i in range(len(prompts))]
+
+    model = Local()
+    user = SimulatedUser(model)
+
+    async def three_users():
+        asks = [user.next_message(["a", "b", "c"], 1, f"said {i}") for i in range(3)]
+        return await asyncio.gather(*asks)
+
+    assert asyncio.run(three_users()) == ["reply 0", "reply 1", "reply 2"] and model.batches == [3]

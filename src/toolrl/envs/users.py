@@ -43,12 +43,43 @@ class ScriptedUser:
         return requests[done]
 
 
+class _Batcher:
+    """Gathers the prompts that arrive together (within `window_s`) into one call of a `batch(prompts)`
+    function, run in a thread: a local model answers a group's users in one generate, not one by one."""
+
+    def __init__(self, batch: Callable[[list[str]], list[str]], window_s: float = 0.01):
+        self.batch, self.window_s = batch, window_s
+        self.pending: list[tuple[str, asyncio.Future]] = []
+        self.flush: asyncio.Task | None = None
+
+    async def ask(self, prompt: str) -> str:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((prompt, future))
+        if self.flush is None or self.flush.done():
+            self.flush = asyncio.ensure_future(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(self.window_s)
+        batch, self.pending = self.pending, []
+        try:
+            replies = await asyncio.to_thread(self.batch, [prompt for prompt, _ in batch])
+        except Exception as exc:  # every user of the batch failed: each trajectory ends as user_failed
+            for _, future in batch:
+                future.set_exception(exc)
+        else:
+            for (_, future), reply in zip(batch, replies, strict=True):
+                future.set_result(reply)
+
+
 class SimulatedUser:
     """A model playing the user: it knows the task's goals (its requests) and how far the assistant got, and
-    asks for the next one in its own words."""
+    asks for the next one in its own words. A backend with `batch(prompts)` (a local model) answers the users
+    that ask at the same moment together."""
 
     def __init__(self, ask: Callable[[str], str]):
         self.ask = ask
+        self._batcher = _Batcher(ask.batch) if hasattr(ask, "batch") else None
 
     async def next_message(self, requests: Sequence[str], done: int, reply: str, persona: str = "") -> str:
         prompt = SIMULATOR_PROMPT.format(
@@ -58,7 +89,10 @@ class SimulatedUser:
             reply=" ".join(reply.split())[:500],
             next=done + 1,
         )
-        message = (await asyncio.to_thread(self.ask, prompt)).strip()
+        if self._batcher is not None:
+            message = (await self._batcher.ask(prompt)).strip()
+        else:
+            message = (await asyncio.to_thread(self.ask, prompt)).strip()
         if not message:
             raise RuntimeError("the simulated user gave an empty reply")
         return message
