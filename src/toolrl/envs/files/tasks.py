@@ -2,7 +2,8 @@
 fulfil it and the tree they leave (what the episode compares with after each request, and at the end), and the
 tools the task offers: the core ones, those its reference calls use, and a few others.
 
-Every request changes the tree, so doing nothing fails every task; some need reading first (count the lines of
+Every request leaves a tree seen at no earlier point of the task (not the starting one either), so doing
+nothing fails every request and every task; some need reading first (count the lines of
 a file, then write the number). Kinds: mkdir, move, rename, copy, delete, write, append, count, touch_in.
 """
 
@@ -141,6 +142,7 @@ def make_task(rng: random.Random, index: int, min_requests: int, max_requests: i
     tree = starting_tree(rng)
     fs = FileSystem(tree)
     requests: list[Request] = []
+    seen = {canonical(fs.root)}
     for _ in range(rng.randint(min_requests, max_requests)):
         for _ in range(20):
             drawn = rng.choice(KINDS)(fs.root, rng)
@@ -149,11 +151,11 @@ def make_task(rng: random.Random, index: int, min_requests: int, max_requests: i
         else:
             return None
         kind, text, calls = drawn
-        before = canonical(fs.root)
         for name, arguments in calls:
             getattr(fs, name)(**arguments)
-        if canonical(fs.root) == before:  # every request changes the tree: doing nothing must fail
+        if canonical(fs.root) in seen:  # a tree of its own after every request: doing nothing never passes
             return None
+        seen.add(canonical(fs.root))
         requests.append((kind, text, [{"name": n, "arguments": a} for n, a in calls]))
     needed = {call["name"] for _, _, calls in requests for call in calls}
     others = [n for n in TOOL_NAMES if n not in needed and n not in CORE_TOOLS]
