@@ -5,11 +5,12 @@ turn without tool calls), the user asks for the next one: the task's scripted re
 (`env.options.user: simulated`, a model with the task's goals). The model works with file tools on its own
 FileSystem instance, built from the task (the way to do stateful backends: one object per trajectory, its
 bound methods as the episode's tools); the calls of a turn run in order, since they depend on each other.
-Each task offers its own tools (per-task tools): the core four, the ones its requests need, three others.
+Each task offers its own tools (per-task tools): the core six, the ones its requests need, three others.
 
 Rewards compare states, never texts: after each request the tree is compared with the one the reference calls
 leave (`requests`, the share solved, and a per-turn reward of 1 for each), and at the end with the final one
-(`correct`, the success criterion). A turn's anchor state (for gigpo) is the request it works on and the tree.
+(`correct`, the success criterion); `used_tools` (0.1) is shaping for exploration. A turn's anchor state
+(for gigpo) is the request it works on and the tree.
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ def complete_task(task: Task, split: str) -> Task:
     )
 
 
+def used_tools(trajectory, task: Task) -> float:
+    """Shaping: 1 when some call of the task's tools went through (as the code environment's ran_code): the
+    default model mostly invents tool names, and without it a group of failures has nothing to learn from."""
+    return float(any(r.call is not None and not r.error for r in trajectory.results))
+
+
 def final_state(trajectory, task: Task) -> float:
     """The tree at the end equals the one the reference calls leave."""
     return float(canonical(trajectory.episode.fs.root) == task.answer)
@@ -157,6 +164,7 @@ class FilesEnv(Environment):
             [
                 Criterion("correct", final_state, 1.0),
                 Criterion("requests", requests_solved, 0.5),
+                Criterion("used_tools", used_tools, 0.1),
                 *common_criteria(format_weight=0.0),
             ],
             success="correct",
