@@ -16,7 +16,7 @@ from pathlib import Path
 from common import machine, write_results
 
 from toolrl.config import load_config
-from toolrl.envs.files.oracle import ReferenceEngine
+from toolrl.envs.oracle import ReferenceEngine
 from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.evaluate import breakdown, summarize
 

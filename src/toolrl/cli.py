@@ -25,7 +25,7 @@ config_app = typer.Typer(no_args_is_help=True, help="Inspect configs.")
 model_app = typer.Typer(no_args_is_help=True, help="Manage models.")
 tools_app = typer.Typer(no_args_is_help=True, help="Inspect and try the tools of a tool config file.")
 retriever_app = typer.Typer(no_args_is_help=True, help="A local retriever with Search-R1's /retrieve interface.")
-env_app = typer.Typer(no_args_is_help=True, help="Environments: list them, write a new one.")
+env_app = typer.Typer(no_args_is_help=True, help="Environments: list them, write a new one, build one.")
 app.add_typer(retriever_app, name="retriever")
 app.add_typer(env_app, name="env")
 app.add_typer(tools_app, name="tools")
@@ -313,6 +313,40 @@ def env_new(
     folder = write_package(name, directory)
     typer.echo(f"wrote {folder}/ (__init__.py, env.py, test_env.py, config.yaml)")
     typer.echo(f"test it: pytest {folder}    train on it: toolrl train {folder}/config.yaml")
+
+
+@env_app.command("build")
+def env_build(
+    spec: Annotated[Path | None, typer.Argument(help="Build spec (YAML/JSON); the defaults when omitted.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for the artifacts of every stage.")] = Path("built"),
+    stage: Annotated[list[str] | None, typer.Option("--stage", help="Run this stage (repeatable).")] = None,
+    all_stages: Annotated[bool, typer.Option("--all", help="Run every stage not up to date.")] = False,
+    source: Annotated[str | None, typer.Option(help="synthetic, table or tasks (over the spec's).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (over the spec's).")] = None,
+) -> None:
+    """Build a local, verifiable tool environment in five stages: decompose, documents, integrate, scale, deploy.
+    Train on it with env.name: built and env.options.path: OUT."""
+    from toolrl.build import ORDER, build, load_spec
+    from toolrl.build.artifacts import Workspace
+
+    if not stage and not all_stages:
+        raise typer.BadParameter(f"give --all or --stage NAME (one of {', '.join(ORDER)})")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    manifest = build(load_spec(spec, {"source": source, "seed": seed}), Workspace(out), None if all_stages else stage)
+    table = Table(title=f"{out}: build.json")
+    for column in ("stage", "report"):
+        table.add_column(column)
+    for name in ORDER:
+        if name in manifest:
+            shown = {k: v for k, v in manifest[name].items() if k not in ("input", "dropped", "llm")}
+            table.add_row(name, ", ".join(f"{k} {v}" for k, v in shown.items()))
+    console.print(table)
+    dropped = manifest.get("deploy", {}).get("dropped") or []
+    for item in dropped:
+        console.print(f"dropped {item['tool']}: {item['reason']}")
+    if "deploy" in manifest:
+        console.print(f"train on it: toolrl train --set env.name=built --set env.options.path={out}")
 
 
 @retriever_app.command("build")

@@ -10,8 +10,8 @@ from tests.fixtures.http_server import LocalHTTPServer
 from toolrl.config import load_config
 from toolrl.envs import make_env
 from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
-from toolrl.envs.files.oracle import ReferenceEngine
 from toolrl.envs.files.tasks import canonical
+from toolrl.envs.oracle import ReferenceEngine
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
 from toolrl.tools import ToolExecutor

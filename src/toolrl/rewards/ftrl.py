@@ -73,11 +73,17 @@ def subproblem_counts(trajectory, task) -> tuple[int, int, int]:
     return p, q, len(subproblems)
 
 
-def ftrl_criteria(correct: Callable[[Any, Any], float], weight: float = 1.0) -> list[Criterion]:
-    """The FTRL reward as the trained criterion and Solve-P/R/F1 as logged metrics (weight 0)."""
+Counts = Callable[[Any, Any], tuple[int, int, int]]
+
+
+def ftrl_criteria(
+    correct: Callable[[Any, Any], float], weight: float = 1.0, counts: Counts = subproblem_counts
+) -> list[Criterion]:
+    """The FTRL reward as the trained criterion and Solve-P/R/F1 as logged metrics (weight 0). `counts` gives
+    (p, q, n) of a trajectory; an environment with its own matching of calls to sub-problems passes its own."""
 
     def reward(trajectory, task) -> float:
-        p, q, n = subproblem_counts(trajectory, task)
+        p, q, n = counts(trajectory, task)
         return ftrl_reward(
             p,
             q,
@@ -88,7 +94,7 @@ def ftrl_criteria(correct: Callable[[Any, Any], float], weight: float = 1.0) -> 
         )
 
     def metric(index: int):
-        return lambda trajectory, task: solve_scores(*subproblem_counts(trajectory, task))[index]
+        return lambda trajectory, task: solve_scores(*counts(trajectory, task))[index]
 
     return [
         Criterion("ftrl", reward, weight),

@@ -54,20 +54,34 @@ def _rate(values: Sequence[float]) -> dict[str, float]:
     return {"tasks": len(values), "success": sum(values) / max(len(values), 1)}
 
 
+def _solve(t: Trajectory) -> tuple[float, float, float]:
+    """Solve-P/R/F1 of a trajectory: the rubric's own (an environment that matches calls its way), else FTRL's
+    matching of tool names and arguments."""
+    from toolrl.rewards.ftrl import solve_scores, subproblem_counts
+
+    if "solve_f1" in t.rewards:
+        return t.rewards.get("solve_p", 0.0), t.rewards.get("solve_r", 0.0), t.rewards["solve_f1"]
+    return solve_scores(*subproblem_counts(t, t.task))
+
+
+def _category(group: Sequence[Trajectory], success: str) -> dict[str, float]:
+    rate = _rate([t.rewards.get(success, 0.0) for t in group])
+    scored = [_solve(t)[2] for t in group if t.task.meta.get("subproblems")]
+    return {**rate, "solve_f1": sum(scored) / len(scored)} if scored else rate
+
+
 def breakdown(trajs: Sequence[Trajectory], success: str | None) -> dict[str, Any]:
     """What the tasks allow beyond the means: `by_category` (tasks' meta["category"]), `by_request` (the k-th
     request of multi-turn tasks, from the steps' info["solved"]) and `by_kind` (info["kind"]), and `solve`
     (Solve-P/R/F1, means over tasks with meta["subproblems"])."""
-    from toolrl.rewards.ftrl import solve_scores, subproblem_counts
-
     report: dict[str, Any] = {}
     if success is not None:
-        categories: dict[str, list[float]] = defaultdict(list)
+        categories: dict[str, list[Trajectory]] = defaultdict(list)
         for t in trajs:
             if "category" in t.task.meta:
-                categories[str(t.task.meta["category"])].append(t.rewards.get(success, 0.0))
+                categories[str(t.task.meta["category"])].append(t)
         if categories:
-            report["by_category"] = {name: _rate(values) for name, values in sorted(categories.items())}
+            report["by_category"] = {name: _category(group, success) for name, group in sorted(categories.items())}
     requests: dict[str, list[float]] = defaultdict(list)
     kinds: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
@@ -81,7 +95,7 @@ def breakdown(trajs: Sequence[Trajectory], success: str | None) -> dict[str, Any
     if requests:
         report["by_request"] = {k: _rate(v) for k, v in sorted(requests.items(), key=lambda kv: int(kv[0]))}
         report["by_kind"] = {k: _rate(v) for k, v in sorted(kinds.items())}
-    scored = [solve_scores(*subproblem_counts(t, t.task)) for t in trajs if t.task.meta.get("subproblems")]
+    scored = [_solve(t) for t in trajs if t.task.meta.get("subproblems")]
     if scored:
         report["solve"] = {
             name: sum(s[i] for s in scored) / len(scored) for i, name in enumerate(("precision", "recall", "f1"))

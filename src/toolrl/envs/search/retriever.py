@@ -131,41 +131,16 @@ def shipped_embedding_model() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-class DenseRetriever(Retriever):
-    """Cosine similarity of mean-pooled, normalised sentence embeddings (all-MiniLM-L6-v2 by default). The
-    corpus embeddings are computed once and kept in `cache` (a safetensors file) when given."""
+class Embedder:
+    """Mean-pooled, normalised sentence embeddings (all-MiniLM-L6-v2, shipped, by default)."""
 
-    def __init__(
-        self,
-        docs: list[dict[str, str]],
-        model_dir: str | Path | None = None,
-        cache: Path | None = None,
-        batch_size: int = 64,
-        device: str = "cpu",
-    ):
-        import torch
+    def __init__(self, model_dir: str | Path | None = None, batch_size: int = 64, device: str = "cpu"):
         from transformers import AutoModel, AutoTokenizer
 
         path = Path(model_dir) if model_dir else shipped_embedding_model()
-        self.docs, self.batch_size, self.device = docs, batch_size, device
+        self.batch_size, self.device = batch_size, device
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path).to(device).eval()
-        self.lock = threading.Lock()
-        self.embeddings = self._cached(cache) if cache is not None and cache.is_file() else None
-        if self.embeddings is None or self.embeddings.shape[0] != len(docs):
-            self.embeddings = self.encode([d["contents"] for d in docs])
-            if cache is not None:
-                from safetensors.torch import save_file
-
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                save_file({"embeddings": self.embeddings.contiguous()}, str(cache))
-        self.torch = torch
-
-    @staticmethod
-    def _cached(cache: Path):
-        from safetensors.torch import load_file
-
-        return load_file(str(cache))["embeddings"]
 
     def encode(self, texts: list[str]):
         import torch
@@ -185,6 +160,43 @@ class DenseRetriever(Retriever):
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 parts.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
         return torch.cat(parts)
+
+
+class DenseRetriever(Retriever):
+    """Cosine similarity of mean-pooled, normalised sentence embeddings (all-MiniLM-L6-v2 by default). The
+    corpus embeddings are computed once and kept in `cache` (a safetensors file) when given."""
+
+    def __init__(
+        self,
+        docs: list[dict[str, str]],
+        model_dir: str | Path | None = None,
+        cache: Path | None = None,
+        batch_size: int = 64,
+        device: str = "cpu",
+    ):
+        import torch
+
+        self.docs = docs
+        self.embedder = Embedder(model_dir, batch_size, device)
+        self.lock = threading.Lock()
+        self.embeddings = self._cached(cache) if cache is not None and cache.is_file() else None
+        if self.embeddings is None or self.embeddings.shape[0] != len(docs):
+            self.embeddings = self.encode([d["contents"] for d in docs])
+            if cache is not None:
+                from safetensors.torch import save_file
+
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                save_file({"embeddings": self.embeddings.contiguous()}, str(cache))
+        self.torch = torch
+
+    @staticmethod
+    def _cached(cache: Path):
+        from safetensors.torch import load_file
+
+        return load_file(str(cache))["embeddings"]
+
+    def encode(self, texts: list[str]):
+        return self.embedder.encode(texts)
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[tuple[dict[str, str], float]]]:
         k = max(1, min(topk, len(self.docs)))

@@ -1,0 +1,5 @@
+"""The environment `toolrl env build` deploys."""
+
+from toolrl.envs.built.env import BuiltEnv
+
+__all__ = ["BuiltEnv"]

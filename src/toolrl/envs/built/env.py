@@ -1,0 +1,286 @@
+"""The `built` environment: what `toolrl env build` deployed (`env.options.path: DIR`), as an ordinary
+environment.
+
+Its tools are the deployed functions, each call run in the code sandbox (their code is generated, so it never
+runs in this process). Each task offers the tools it needs and the distractors scaling gave it. The reward is
+FTRL's 2q/(p+1) (plus 1/(t+1) for a correct final answer) with sub-problem accounting: a call solves a
+sub-problem when it went through and its arguments match the sub-problem's expected ones (a list argument
+containing the expected name counts); Solve-P/R/F1 are logged and `toolrl eval` reports them per scenario.
+
+Multi-turn tasks (scaling's `multi_turn`) ask their sub-problems one request at a time. Noise (`scale.noise`,
+or `env.options.noise`) makes a call fail, time out or return another entity's record at that rate, decided
+before the call; the model sees it, and it is counted in `injected_faults`, not as the model's mistake (an
+injected result never counts as a call p nor solves anything).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from toolrl.build.artifacts import BuiltTask, Deployed, Workspace
+from toolrl.envs.base import Environment, EnvOptions, Episode, StepResult, Task, final_answer, register_env
+from toolrl.envs.code.sandbox import SandboxLimits
+from toolrl.errors import ConfigError, DataError
+from toolrl.rewards.ftrl import ftrl_criteria
+from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.tools.call import ToolCall, ToolResult
+from toolrl.tools.function import Tool, json_schema_checker
+
+SYSTEM = (
+    "You answer questions about a world you do not know, with the tools. Look every fact up with a tool call; "
+    "when a question needs an earlier answer, call the next tool with it. When you have the answer, reply with "
+    "<answer>ANSWER</answer> (several answers separated by semicolons)."
+)
+EXAMPLE = (
+    "What is the colour of the favourite fruit of the person Ama Lee?",
+    [("get_person_fruit", {"person": "Ama Lee"}, "mango"), ("fruit_colour", {"fruit": "mango"}, "orange")],
+    "orange",
+)
+"""An in-context exchange (tools of no task) showing a chain of two calls."""
+
+
+class BuiltOptions(EnvOptions):
+    path: str
+    """The folder `toolrl env build --out DIR` wrote (its deploy/ stage must have run)."""
+    isolation: str | None = None
+    """The sandbox for the tools; default: the one the build validated them in."""
+    noise: float | None = Field(None, ge=0, le=1)
+    """Injected faults per call; default: the build's scale.noise."""
+    timeout_s: float = Field(10.0, gt=0)
+
+
+def _norm(value: Any) -> str:
+    text = " ".join(str(value).split()).lower()
+    return re.sub(r"(?<=\d),(?=\d{3})", "", text)
+
+
+def arguments_match(given: Any, expected: Any) -> bool:
+    """The call's value answers the expected one: equal after normalising, a list containing it, an object
+    whose keys match recursively."""
+    if isinstance(expected, dict):
+        return isinstance(given, dict) and all(k in given and arguments_match(given[k], v) for k, v in expected.items())
+    if isinstance(expected, list):
+        return isinstance(given, list) and all(any(arguments_match(g, e) for g in given) for e in expected)
+    return not isinstance(given, dict | list) and _norm(given) == _norm(expected)
+
+
+def solved_subproblems(results: list[ToolResult], calls: list[dict[str, Any]]) -> int:
+    """Sub-problems solved, each at most once; one call may solve several (a list argument)."""
+    open_ = list(range(len(calls)))
+    for result in results:
+        if result.error or result.call is None:
+            continue
+        for i in list(open_):
+            if calls[i]["name"] == result.call.name and arguments_match(result.call.arguments, calls[i]["arguments"]):
+                open_.remove(i)
+    return len(calls) - len(open_)
+
+
+def _real(trajectory) -> list[ToolResult]:
+    injected = getattr(trajectory.episode, "injected", set())
+    return [r for r in trajectory.results if id(r) not in injected]
+
+
+def counts(trajectory, task: Task) -> tuple[int, int, int]:
+    """(p calls the model made, q sub-problems solved, n sub-problems); injected faults are not the model's."""
+    results = _real(trajectory)
+    calls = task.meta["subproblems"]
+    return len(results), solved_subproblems(results, calls), len(calls)
+
+
+def contains_all(text: str | None, answers: list[str]) -> bool:
+    if text is None:
+        return False
+    have = _norm(text)
+    return all(_norm(a) in have for a in answers)
+
+
+def correct(trajectory, task: Task) -> float:
+    """Multi-turn: every request answered right; else the final <answer> holds every answer."""
+    if task.meta.get("requests"):
+        solved = getattr(trajectory.episode, "solved", [])
+        return float(len(solved) == len(task.meta["requests"]) and all(solved))
+    return float(contains_all(final_answer(trajectory.final_text), task.meta["answers"]))
+
+
+def reference_script(task: Task) -> list[tuple[list[ToolCall], str]]:
+    """What a perfect model does (for ReferenceEngine): each sub-problem's call, then the answer; per request
+    for multi-turn tasks."""
+    calls = [ToolCall(c["name"], c["arguments"]) for c in task.meta["subproblems"]]
+    if task.meta.get("requests"):
+        answers = task.meta["request_answers"]
+        return [([call], f"<answer>{'; '.join(a)}</answer>") for call, a in zip(calls, answers, strict=True)]
+    return [(calls, f"<answer>{'; '.join(task.meta['answers'])}</answer>")]
+
+
+def injected_faults(trajectory, task: Task) -> float:
+    return float(len(getattr(trajectory.episode, "injected", ())))
+
+
+class BuiltEpisode(Episode):
+    def __init__(self, task: Task, messages, env: BuiltEnv, rng: random.Random):
+        super().__init__(task, messages, offered=task.meta["tools"])
+        self.env, self.rng, self.noise = env, rng, env.noise
+        self.injected: set[int] = set()
+        self.request = 0
+        self.solved: list[bool] = []
+
+    def _fault(self, call: ToolCall) -> ToolResult | None:
+        if not self.noise or self.rng.random() >= self.noise:
+            return None
+        kind = self.rng.choice(["error", "timeout", "distractor"])
+        others = [n for n in self.env.names.get(call.name, []) if _norm(n) not in _norm(call.arguments)]
+        if kind == "distractor" and others:
+            other = self.rng.choice(others)
+            content = self.env.call_quietly(call.name, call.arguments, other)
+            if content is not None:
+                return ToolResult(call, f"(a record for {other}, not the one asked for) {content}", "ok")
+        message = {
+            "timeout": f"error: {call.name} timed out (the service is slow); try the call again",
+            "error": f"error: {call.name} failed (service unavailable, 503); try the call again",
+        }.get(kind, f"error: {call.name} failed (service unavailable, 503); try the call again")
+        return ToolResult(call, message, "tool_error")
+
+    async def step(self, calls, executor) -> StepResult:
+        """Faults are decided before the calls; the other calls run as usual, results kept in call order."""
+        faults = [self._fault(call) for call in calls]
+        real = [call for call, fault in zip(calls, faults, strict=True) if fault is None]
+        answered = iter((await super().step(real, executor)).observations if real else [])
+        results = []
+        for fault in faults:
+            if fault is not None:
+                self.injected.add(id(fault))
+            results.append(next(answered) if fault is None else fault)
+        return StepResult(results, info={"injected": sum(f is not None for f in faults)})
+
+    async def reply(self, text: str) -> StepResult:
+        requests = self.task.meta.get("requests")
+        if not requests:
+            return StepResult(done=True)
+        solved = contains_all(text, self.task.meta["request_answers"][self.request])
+        self.solved.append(solved)
+        info = {"request": self.request, "solved": solved}
+        self.request += 1
+        if self.request >= len(requests):
+            return StepResult(reward=float(solved), done=True, info=info)
+        return StepResult(reward=float(solved), user_message=requests[self.request], info=info)
+
+
+@register_env("built")
+class BuiltEnv(Environment):
+    name = "built"
+    Options = BuiltOptions
+
+    def __init__(self, config, options: BuiltOptions):
+        super().__init__(config, options)
+        from toolrl.build.deploy import DEPLOY_DIR, MANIFEST, RUNTIME  # the builder imports the environments
+
+        root = Path(options.path).expanduser()
+        manifest = root / MANIFEST
+        if not manifest.is_file():
+            raise ConfigError(
+                f"env.options.path: {root} has no {MANIFEST}; build it first: toolrl env build SPEC --all --out {root}"
+            )
+        report = json.loads(manifest.read_text(encoding="utf-8"))
+        deploy = manifest.parent
+        workspace = Workspace(root)
+        self.deployed: list[Deployed] = workspace.read_rows(f"{DEPLOY_DIR}/tools.jsonl", Deployed, "deploy")
+        self.built: list[BuiltTask] = workspace.read_rows(f"{DEPLOY_DIR}/tasks.jsonl", BuiltTask, "deploy")
+        self.sources = {d.name: (deploy / d.file).read_text(encoding="utf-8") for d in self.deployed}
+        runtime = deploy / "runtime.py"
+        self.runtime = (runtime if runtime.is_file() else RUNTIME).read_text(encoding="utf-8")
+        isolation = options.isolation or report.get("isolation", "auto")
+        self.limits = SandboxLimits(timeout_s=options.timeout_s, isolation=isolation)
+        self.noise = report.get("noise", 0.0) if options.noise is None else options.noise
+        self.names: dict[str, list[str]] = {}
+        for task in self.built:
+            for call in task.calls:
+                for value in call["arguments"].values():
+                    if isinstance(value, str):
+                        self.names.setdefault(call["name"], []).append(value)
+        self.episodes = itertools.count()
+        self.rubric = Rubric(
+            [
+                *ftrl_criteria(correct, counts=counts),
+                Criterion("correct", correct, 0.0),
+                Criterion("injected_faults", injected_faults, 0.0),
+            ],
+            success="correct",
+        )
+
+    def _call(self, name: str, **arguments: Any) -> str:
+        from toolrl.build.deploy import run_calls
+
+        [result] = run_calls(self.sources[name], name, [arguments], self.limits, self.runtime)
+        if "error" in result:
+            raise ValueError(result["error"])
+        return result["ok"]
+
+    def call_quietly(self, name: str, arguments: dict[str, Any], other: str) -> str | None:
+        """The tool's answer for another entity (a distractor record), or None."""
+        swapped = {k: (other if isinstance(v, str) and k not in ("field", "unit") else v) for k, v in arguments.items()}
+        try:
+            return self._call(name, **swapped)
+        except ValueError:
+            return None
+
+    def tools(self) -> list[Tool]:
+        return [
+            Tool(
+                d.name,
+                d.doc.description,
+                d.doc.parameters,
+                partial(self._call, d.name),
+                check=json_schema_checker(d.doc.parameters, d.name),
+                idempotent=True,
+                isolation="thread",
+            )
+            for d in self.deployed
+        ]
+
+    def tasks(self, split: str) -> list[Task]:
+        tasks = [
+            Task(
+                t.id,
+                t.question,
+                "; ".join(t.answers),
+                {
+                    "category": t.scenario,
+                    "answers": t.answers,
+                    "subproblems": t.calls,
+                    "tools": t.tools,
+                    **({"requests": t.requests, "request_answers": t.request_answers} if t.requests else {}),
+                },
+            )
+            for t in self.built
+            if t.split == split
+        ]
+        if not tasks:
+            raise DataError(f"env.options.path: {self.options.path} has no {split} tasks")
+        return tasks
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        question, chain, answer = EXAMPLE
+        example = [{"role": "user", "content": question}]
+        for tool, arguments, result in chain:
+            example += [
+                {"role": "assistant", "content": self.syntax.render([ToolCall(tool, arguments)])},
+                {"role": "tool", "content": result},
+            ]
+        example.append({"role": "assistant", "content": f"<answer>{answer}</answer>"})
+        return [{"role": "system", "content": SYSTEM}, *example, {"role": "user", "content": task.question}]
+
+    def reset(self, task: Task) -> BuiltEpisode:
+        rng = random.Random(f"{self.config.seed}:{task.id}:{next(self.episodes)}")
+        return BuiltEpisode(task, self.messages(task), self, rng)
+
+
+__all__ = ["BuiltEnv", "arguments_match", "counts"]
