@@ -15,7 +15,16 @@ RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
 
 def test_recipes_exist_and_are_valid_configs():
     names = {r.stem for r in RECIPES}
-    assert {"calculator", "calculator-long", "nl2sql", "code", "search-r1", "files", "files-simulated"} <= names
+    assert {
+        "calculator",
+        "calculator-long",
+        "nl2sql",
+        "code",
+        "search-r1",
+        "files",
+        "files-simulated",
+        "built",
+    } <= names
     for recipe in RECIPES:
         load_config(recipe)
 

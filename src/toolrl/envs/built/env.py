@@ -39,12 +39,20 @@ SYSTEM = (
     "when a question needs an earlier answer, call the next tool with it. When you have the answer, reply with "
     "<answer>ANSWER</answer> (several answers separated by semicolons)."
 )
-EXAMPLE = (
-    "What is the colour of the favourite fruit of the person Ama Lee?",
-    [("get_person_fruit", {"person": "Ama Lee"}, "mango"), ("fruit_colour", {"fruit": "mango"}, "orange")],
-    "orange",
+EXAMPLES = (
+    (
+        "What is the height of the mountain Orvel Peak?",
+        [("get_mountain_height", {"mountain": "Orvel Peak"}, "2310")],
+        "2310",
+    ),
+    (
+        "What is the colour of the favourite fruit of the person Ama Lee?",
+        [("get_person_fruit", {"person": "Ama Lee"}, "mango"), ("fruit_colour", {"fruit": "mango"}, "orange")],
+        "orange",
+    ),
 )
-"""An in-context exchange (tools of no task) showing a chain of two calls."""
+"""In-context exchanges with tools of no task: one call, then a chain of two. Measured on the default model:
+with the chain alone, greedy decoding never calls a tool."""
 
 
 class BuiltOptions(EnvOptions):
@@ -268,14 +276,15 @@ class BuiltEnv(Environment):
         return tasks
 
     def messages(self, task: Task) -> list[dict[str, str]]:
-        question, chain, answer = EXAMPLE
-        example = [{"role": "user", "content": question}]
-        for tool, arguments, result in chain:
-            example += [
-                {"role": "assistant", "content": self.syntax.render([ToolCall(tool, arguments)])},
-                {"role": "tool", "content": result},
-            ]
-        example.append({"role": "assistant", "content": f"<answer>{answer}</answer>"})
+        example = []
+        for question, chain, answer in EXAMPLES:
+            example.append({"role": "user", "content": question})
+            for tool, arguments, result in chain:
+                example += [
+                    {"role": "assistant", "content": self.syntax.render([ToolCall(tool, arguments)])},
+                    {"role": "tool", "content": result},
+                ]
+            example.append({"role": "assistant", "content": f"<answer>{answer}</answer>"})
         return [{"role": "system", "content": SYSTEM}, *example, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task) -> BuiltEpisode:

@@ -1,0 +1,152 @@
+"""The `built` environment (what `toolrl env build` deploys): the reference calls score 100% and doing nothing 0%
+in every call syntax, with Solve-F1 per scenario; sub-problem accounting; multi-turn requests; injected noise
+seen by the model and counted apart; one-line errors; built and trained from the command line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolrl.build import build, load_spec
+from toolrl.build.artifacts import Workspace
+from toolrl.config import load_config
+from toolrl.envs import make_env
+from toolrl.envs.built.env import arguments_match, reference_script, solved_subproblems
+from toolrl.envs.oracle import ReferenceEngine
+from toolrl.errors import ConfigError
+from toolrl.rollout import Rollout, RolloutLimits
+from toolrl.tools import ToolExecutor
+from toolrl.tools.call import ToolCall, ToolResult
+from toolrl.train.evaluate import breakdown, summarize
+
+ROOT = Path(__file__).parents[2]
+SMALL = {"train_per_scenario": 2, "test_per_scenario": 2}
+
+
+@pytest.fixture(scope="module")
+def built_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("built")
+    build(load_spec(None, SMALL), Workspace(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def multi_turn_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("built-mt")
+    build(load_spec(None, {**SMALL, "scale": {"multi_turn": 1.0}}), Workspace(folder))
+    return folder
+
+
+def built_env(path, *overrides, parser=None):
+    config = load_config(overrides=["env.name=built", f"env.options.path={path}", *overrides])
+    return make_env(config.env, parser=parser)
+
+
+def play(env, chat, tasks, idle=False):
+    rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(8, 256, 4000, 200))
+    rollout.engine = ReferenceEngine(rollout, tasks, idle=idle, script=reference_script)
+    return rollout.run(tasks)
+
+
+@pytest.mark.parametrize("parser", ["hermes", "pythonic", "llama3-json"])
+def test_the_reference_calls_score_everything_and_doing_nothing_scores_nothing(built_dir, chat, parser):
+    env = built_env(built_dir, parser=parser)
+    tasks = env.tasks("test")
+    assert {t.meta["category"] for t in tasks} == {
+        "single_hop",
+        "parallel_single_hop",
+        "multi_hop",
+        "parallel_multi_hop",
+    }
+    trajs = play(env, chat, tasks)
+    assert summarize(trajs, "correct")["success"] == 1.0
+    report = breakdown(trajs, "correct")
+    assert all(c["success"] == 1.0 and c["solve_f1"] == 1.0 for c in report["by_category"].values())
+    for t in trajs:  # FTRL's reward with every sub-problem solved by exactly its calls: 2n/(n+1) + 1
+        n = len(t.task.meta["subproblems"])
+        assert t.rewards["ftrl"] == pytest.approx(2 * n / (n + 1) + 1)
+    idle = play(env, chat, tasks, idle=True)
+    assert summarize(idle, "correct")["success"] == 0.0 and all(t.rewards["solve_f1"] == 0 for t in idle)
+
+
+def test_calls_match_sub_problems_by_their_arguments():
+    assert arguments_match({"city": " ost ", "verbose": True}, {"city": "Ost"})  # optional extras are fine
+    assert arguments_match({"city": ["Wey", "Ost"]}, {"city": ["Ost"]})  # a list containing the name
+    assert arguments_match({"city": {"name": "Ost"}}, {"city": {"name": "ost"}})
+    assert not arguments_match({"city": "Wey"}, {"city": "Ost"})
+    assert not arguments_match({"town": "Ost"}, {"city": "Ost"})
+    calls = [{"name": "pop", "arguments": {"city": ["Ost"]}}, {"name": "pop", "arguments": {"city": ["Wey"]}}]
+    both = ToolResult(ToolCall("pop", {"city": ["Ost", "Wey"]}), "{}")
+    failed = ToolResult(ToolCall("pop", {"city": ["Ost"]}), "error", "tool_error")
+    assert solved_subproblems([both], calls) == 2 and solved_subproblems([failed], calls) == 0
+
+
+def test_multi_turn_tasks_ask_one_sub_problem_per_request(multi_turn_dir, chat):
+    env = built_env(multi_turn_dir)
+    tasks = [t for t in env.tasks("test") if t.meta.get("requests")]
+    assert tasks and all(len(t.meta["requests"]) == len(t.meta["subproblems"]) for t in tasks)
+    trajs = play(env, chat, tasks)
+    assert summarize(trajs, "correct")["success"] == 1.0
+    for t in trajs:
+        assert t.user_messages == t.task.meta["requests"][1:]
+        assert [i["solved"] for i in t.infos if "solved" in i] == [True] * len(t.task.meta["requests"])
+    assert breakdown(trajs, "correct")["by_request"]["2"]["success"] == 1.0
+
+
+def test_injected_noise_is_seen_by_the_model_and_not_counted_as_its_calls(built_dir, chat):
+    always = built_env(built_dir, "env.options.noise=1.0")
+    trajs = play(always, chat, always.tasks("test"))
+    for t in trajs:
+        assert t.results and all(r.error or "not the one asked for" in r.content for r in t.results)
+        assert t.rewards["injected_faults"] == len(t.results)
+        assert t.rewards["solve_p"] == 0.0  # p excludes the injected results, none of which solves anything
+    assert any("try the call again" in r.content for t in trajs for r in t.results)
+    half = built_env(built_dir, "env.options.noise=0.5")
+    trajs = play(half, chat, half.tasks("test"))
+    injected = sum(t.rewards["injected_faults"] for t in trajs)
+    calls = sum(len(t.results) for t in trajs)
+    assert 0 < injected < calls
+    again = play(half, chat, half.tasks("test"))  # faults are drawn per episode: another draw, same rate
+    assert [t.rewards["injected_faults"] for t in again] != [t.rewards["injected_faults"] for t in trajs] or injected
+
+
+def test_a_missing_build_is_one_line_saying_how_to_make_it(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"env\.options\.path: .* has no deploy/deploy\.json; build it first: toolrl env build"
+    ):
+        built_env(tmp_path)
+    with pytest.raises(ConfigError, match=r"env\.options of built: env\.options\.path is required"):
+        make_env(load_config(overrides=["env.name=built"]).env)
+
+
+@pytest.mark.slow
+def test_built_from_the_command_line_and_trained_two_steps(tmp_path, tiny_model_dir):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def toolrl(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "toolrl", *args], capture_output=True, text=True, cwd=tmp_path, env=env
+        )
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("train_per_scenario: 4\ntest_per_scenario: 2\nscale:\n  noise: 0.2\n  multi_turn: 0.5\n")
+    made = toolrl("env", "build", str(spec), "--source", "synthetic", "--seed", "0", "--all", "--out", "built")
+    assert made.returncode == 0, made.stderr
+    assert "stage deploy: done" in made.stderr and "train on it" in made.stdout
+    manifest = json.loads((tmp_path / "built" / "build.json").read_text())
+    assert manifest["deploy"]["tools_dropped"] == 0 and manifest["decompose"]["tasks"] == 24
+    trained = toolrl(
+        "train", str(ROOT / "recipes" / "built.yaml"),
+        "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=2",
+        "--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--set", "rollout.max_new_tokens=8",
+        "--set", "eval.at_start=false", "--set", "eval.at_end=false", "--set", f"output_dir={tmp_path / 'runs'}",
+        "--set", "run_name=run",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    steps = [json.loads(line) for line in (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "step" in s and "eval" not in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all("reward/ftrl" in s and "reward/solve_f1" in s and "reward/injected_faults" in s for s in steps)
