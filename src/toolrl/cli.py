@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from toolrl.errors import ToolRLError
+from toolrl.errors import ConfigError, ToolRLError
 
 app = typer.Typer(
     add_completion=False,
@@ -177,12 +177,23 @@ def eval_(
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="A run directory made by toolrl train.")]) -> None:
-    """Summarise a run (first, last and mean of its metrics; its evaluations) and (re)write its plot.png."""
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory made by toolrl train.")],
+    param_delta: Annotated[
+        bool, typer.Option("--param-delta", help="Relative weight change per layer and module between two models.")
+    ] = False,
+    before: Annotated[str | None, typer.Option("--from", help="Model before (default: the run's model.name).")] = None,
+    after: Annotated[str | None, typer.Option("--to", help="Model after (default: RUN/final).")] = None,
+) -> None:
+    """Summarise a run (first, last and mean of its metrics; its evaluations) and (re)write its plot.png; with
+    --param-delta, how much training changed each layer and module (param_delta.json and param_delta.png)."""
     from toolrl.train.report import split_records, summary_rows, write_plot
     from toolrl.train.rundir import RunDir
 
     run = RunDir.existing(run_dir)
+    if param_delta:
+        _param_delta(run.path, before, after)
+        return
     records = run.read_metrics()
     steps, evals = split_records(records)
     table = Table(title=f"{run.path.name}: {len(steps)} steps")
@@ -206,6 +217,33 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory made by
         console.print(ev)
     plot = write_plot(run.path)
     console.print(f"plot: {plot}" if plot else "no training steps logged yet: no plot")
+
+
+def _param_delta(run_path: Path, before: str | None, after: str | None) -> None:
+    import json
+
+    from toolrl.config import load_config
+    from toolrl.train.param_delta import by_layer_and_module, load_weights, relative_changes, write_heatmap
+
+    _quiet_libraries()
+    before = before or load_config(run_path / "config.yaml").model.name
+    after = after or str(run_path / "final")
+    if after == str(run_path / "final") and not (run_path / "final").is_dir():
+        raise ConfigError(f"{run_path}: no final/ model yet; give --to a checkpoint folder")
+    table = by_layer_and_module(relative_changes(load_weights(before), load_weights(after)))
+    shown = Table(title="relative weight change per module, over the layers")
+    for column in ("module", "mean", "max", "at layer"):
+        shown.add_column(column, justify="left" if column == "module" else "right")
+    for module in sorted({m for row in table.values() for m in row}):
+        values = {layer: row[module] for layer, row in table.items() if module in row}
+        top = max(values, key=values.__getitem__)
+        mean = sum(values.values()) / len(values)
+        shown.add_row(module, f"{mean:.2e}", f"{values[top]:.2e}", top)
+    console.print(f"{before} -> {after}")
+    console.print(shown)
+    (run_path / "param_delta.json").write_text(json.dumps({"from": before, "to": after, "layers": table}, indent=1))
+    plot = write_heatmap(table, run_path / "param_delta.png", "relative weight change")
+    console.print(f"wrote {run_path / 'param_delta.json'} and {plot}")
 
 
 @config_app.command("show")

