@@ -209,11 +209,13 @@ class BuiltEnv(Environment):
         self.limits = SandboxLimits(timeout_s=options.timeout_s, isolation=isolation)
         self.noise = report.get("noise", 0.0) if options.noise is None else options.noise
         self.names: dict[str, list[str]] = {}
-        for task in self.built:
+        for task in self.built:  # the entities each tool knows, for distractor records
             for call in task.calls:
-                for value in call["arguments"].values():
-                    if isinstance(value, str):
-                        self.names.setdefault(call["name"], []).append(value)
+                for key, value in call["arguments"].items():
+                    value = value.get("name") if isinstance(value, dict) else value
+                    for name in value if isinstance(value, list) else [value]:
+                        if isinstance(name, str) and key not in ("field", "unit"):
+                            self.names.setdefault(call["name"], []).append(name)
         self.episodes = itertools.count()
         self.rubric = Rubric(
             [
@@ -233,8 +235,22 @@ class BuiltEnv(Environment):
         return result["ok"]
 
     def call_quietly(self, name: str, arguments: dict[str, Any], other: str) -> str | None:
-        """The tool's answer for another entity (a distractor record), or None."""
-        swapped = {k: (other if isinstance(v, str) and k not in ("field", "unit") else v) for k, v in arguments.items()}
+        """The tool's answer for another entity (a distractor record): the entity argument swapped in its
+        shape (a name, {"name": ...}, [names]); None when there is none to swap or the call fails."""
+        swapped, changed = {}, False
+        for key, value in arguments.items():
+            if key in ("field", "unit") or changed:
+                swapped[key] = value
+            elif isinstance(value, str):
+                swapped[key], changed = other, True
+            elif isinstance(value, dict) and isinstance(value.get("name"), str):
+                swapped[key], changed = {**value, "name": other}, True
+            elif isinstance(value, list) and value:
+                swapped[key], changed = [other], True
+            else:
+                swapped[key] = value
+        if not changed:
+            return None
         try:
             return self._call(name, **swapped)
         except ValueError:
