@@ -1,0 +1,170 @@
+"""Stage a, scenario decomposition: each task becomes sub-problems with a dependency graph and one of the four
+scenarios. Programmatic sources (synthetic, table) draw tasks already decomposed, with exact answers; a `tasks`
+source asks the LLM to decompose each task text, and the scenario is read off the graph it returns.
+
+Writes `1_scenarios.jsonl` (BuiltTask rows) and `facts.json` (kind -> the rows of the function answering it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from toolrl.build.artifacts import BuiltTask, FactRow, SubProblem, Workspace
+from toolrl.build.spec import BuildSpec
+from toolrl.build.world import facts, load_tables, sample_tasks, synthetic_world
+from toolrl.errors import DataError
+
+SCENARIOS_FILE = "1_scenarios.jsonl"
+FACTS_FILE = "facts.json"
+
+DECOMPOSE_SCHEMA = {
+    "type": "object",
+    "required": ["subproblems"],
+    "properties": {
+        "subproblems": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 8,
+            "items": {
+                "type": "object",
+                "required": ["id", "question", "kind", "arguments", "answer"],
+                "properties": {
+                    "id": {"type": "string", "minLength": 1},
+                    "question": {"type": "string", "minLength": 1},
+                    "kind": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9_. ]*$"},
+                    "arguments": {"type": "object", "minProperties": 1},
+                    "answer": {"type": ["string", "number"]},
+                    "depends_on": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        }
+    },
+}
+
+DECOMPOSE_PROMPT = """Decompose the task below into sub-problems, each answered by one call of a tool.
+A sub-problem that needs the answer of an earlier one lists that one's id in depends_on and uses that answer
+as an argument. Give each sub-problem: id, question, kind (the function it needs, such as country.capital),
+arguments (the call's arguments, a JSON object), answer (the call's result), depends_on.
+Reply with only a JSON object: {{"subproblems": [...]}}.
+
+Task: {question}
+{answer}"""
+
+
+def scenario_of(subproblems: Sequence[SubProblem]) -> str:
+    """The FTRL scenario of a dependency graph: one sub-problem; several independent ones; one chain (a later
+    sub-problem needs an earlier answer); several groups, at least one of them a chain."""
+    if len(subproblems) == 1:
+        return "single_hop"
+    parent = {s.id: s.id for s in subproblems}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for s in subproblems:
+        for d in s.depends_on:
+            parent[root(s.id)] = root(d)
+    groups = len({root(s.id) for s in subproblems})
+    chained = any(s.depends_on for s in subproblems)
+    if not chained:
+        return "parallel_single_hop"
+    return "multi_hop" if groups == 1 else "parallel_multi_hop"
+
+
+def check_graph(subproblems: Sequence[SubProblem]) -> None:
+    """Ids unique; a dependency names an earlier sub-problem (so the graph has no cycle)."""
+    seen: set[str] = set()
+    for s in subproblems:
+        if s.id in seen:
+            raise ValueError(f"sub-problem id {s.id!r} appears twice")
+        for d in s.depends_on:
+            if d not in seen:
+                raise ValueError(f"sub-problem {s.id!r} depends on {d!r}, which is not an earlier sub-problem")
+        seen.add(s.id)
+
+
+def _split(question: str, spec: BuildSpec) -> str:
+    share = spec.test_per_scenario / (spec.test_per_scenario + spec.train_per_scenario)
+    digest = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) / 16**8
+    return "test" if digest < share else "train"
+
+
+def _from_llm(spec: BuildSpec, ws: Workspace, llm) -> tuple[list[BuiltTask], dict[str, list[FactRow]], dict]:
+    from toolrl.files import read_jsonl
+
+    assert spec.tasks is not None
+    path = Path(spec.tasks.path).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: tasks file not found (tasks.path)")
+    tasks, table, rejected = [], {}, 0
+    for number, record in enumerate(read_jsonl(path, DataError), 1):
+        question = record.get("question") if isinstance(record, dict) else None
+        if not isinstance(question, str) or not question.strip():
+            raise DataError(f"{path}: row {number}, field question: a non-empty string is required")
+        hint = f"Its final answer: {record['answer']}" if record.get("answer") else ""
+
+        def valid(value: dict[str, Any]) -> None:
+            subs = [SubProblem.model_validate({**s, "answer": str(s["answer"])}) for s in value["subproblems"]]
+            check_graph(subs)
+
+        value = llm.ask_json(
+            f"row {number}", DECOMPOSE_PROMPT.format(question=question, answer=hint), DECOMPOSE_SCHEMA, valid
+        )
+        if value is None:
+            rejected += 1
+            continue
+        subs = [SubProblem.model_validate({**s, "answer": str(s["answer"])}) for s in value["subproblems"]]
+        needed = {d for s in subs for d in s.depends_on}
+        answers = [s.answer for s in subs if s.id not in needed]
+        split = record.get("split") if record.get("split") in ("train", "test") else _split(question, spec)
+        tasks.append(
+            BuiltTask(
+                id=str(record.get("id") or f"task-{number}"),
+                split=split,
+                scenario=scenario_of(subs),
+                question=question,
+                answers=[str(record["answer"])] if record.get("answer") and len(answers) == 1 else answers,
+                subproblems=subs,
+            )
+        )
+        for s in subs:
+            table.setdefault(s.kind, []).append(FactRow(arguments=s.arguments, answer=s.answer))
+    return tasks, table, {"rejected": rejected}
+
+
+def run(spec: BuildSpec, ws: Workspace, llm_for) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if spec.source == "tasks":
+        llm = llm_for("decompose")
+        try:
+            tasks, table, extra = _from_llm(spec, ws, llm)
+        finally:
+            llm.close()
+        extra["llm"] = llm.stats.report()
+    else:
+        tables = synthetic_world(spec.seed, spec.synthetic) if spec.source == "synthetic" else load_tables(spec.tables)
+        ws.write_json("tables.json", tables)
+        tasks, table = sample_tasks(tables, spec), facts(tables)
+    if not tasks:
+        raise DataError("decompose: no task was decomposed; see llm/decompose.jsonl for the model's replies")
+    ws.write_rows(SCENARIOS_FILE, tasks)
+    ws.write_json(FACTS_FILE, {kind: [row.model_dump() for row in rows] for kind, rows in table.items()})
+    by_scenario: dict[str, int] = {}
+    for task in tasks:
+        by_scenario[task.scenario] = by_scenario.get(task.scenario, 0) + 1
+    return {"tasks": len(tasks), "by_scenario": by_scenario, "kinds": len(table), **extra}
+
+
+def read_facts(ws: Workspace) -> dict[str, list[FactRow]]:
+    data = ws.read_json(FACTS_FILE)
+    if not isinstance(data, dict):
+        raise DataError(f"{ws.path(FACTS_FILE)}: not found or not a mapping; run --stage decompose first")
+    try:
+        return {kind: [FactRow.model_validate(r) for r in rows] for kind, rows in data.items()}
+    except Exception as exc:
+        raise DataError(f"{ws.path(FACTS_FILE)}: a fact row does not parse ({exc})") from None

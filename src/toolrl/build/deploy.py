@@ -1,0 +1,239 @@
+"""Stage e, local deployment: every tool document becomes a Python function that runs locally and
+deterministically, validated by calling it with its sub-problems' arguments (each must give the sub-problem's
+answer) and with wrong ones (each must raise a clear error). A tool that fails is dropped, counted and reported
+with the reason, and so are the tasks that need it.
+
+`deploy.method: template` writes each function over its table with runtime.py; `llm` has the model write it.
+Either way the code runs only in the code sandbox (bubblewrap or unshare), never in the builder's process.
+
+Writes `deploy/`: runtime.py, tools/NAME.py, tools.jsonl (Deployed rows), tasks.jsonl, and deploy.json.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from toolrl.build.artifacts import BuiltTask, Deployed, FactRow, ScaledTool, Workspace
+from toolrl.build.decompose import read_facts
+from toolrl.build.scale import SCALED_TOOLS_FILE, TASKS_FILE
+from toolrl.envs.code.sandbox import Sandbox, SandboxLimits
+from toolrl.text import clip
+
+log = logging.getLogger(__name__)
+
+DEPLOY_DIR = "deploy"
+MANIFEST = f"{DEPLOY_DIR}/deploy.json"
+RUNTIME = Path(__file__).with_name("runtime.py")
+PROBE_NAME = "Nobody Ofthisworld"
+"""A name no table has: a deployed tool must reject it with an error."""
+
+CODE_PROMPT = """Write a Python function `{name}(**arguments)` for this tool document:
+{doc}
+It must return, as a string, exactly the answers below for these arguments, and raise ValueError with a clear
+message for arguments it does not know. Use the standard library only; no input, files or network.
+{examples}
+Reply with only the code in one ```python block."""
+
+
+def _norm(value: Any) -> str:
+    return " ".join(str(value).split()).lower()
+
+
+def _row_key(arguments: dict[str, Any]) -> str:
+    return json.dumps({k: _norm(v) for k, v in arguments.items()}, sort_keys=True)
+
+
+def tool_spec(tool: ScaledTool, facts: dict[str, list[FactRow]]) -> dict[str, Any]:
+    """What the runtime needs: the tables of the tool's kinds and the scaling's changes."""
+    impl = tool.impl
+    tables = {}
+    for kind in impl.kinds:
+        rows = facts.get(kind, [])
+        if impl.key:
+            tables[kind] = {_norm(r.arguments.get(impl.key, "")): r.answer for r in rows}
+        else:
+            tables[kind] = {_row_key(r.arguments): r.answer for r in rows}
+    return {
+        "name": tool.doc.name,
+        "parameters": tool.doc.parameters,
+        "kinds": impl.kinds,
+        "key": impl.key,
+        "key_shape": impl.key_shape,
+        "field": impl.field,
+        "fields": impl.fields,
+        "unit": impl.unit,
+        "tables": tables,
+    }
+
+
+def template_source(tool: ScaledTool, facts: dict[str, list[FactRow]]) -> str:
+    name, description = tool.doc.name, tool.doc.description
+    return (
+        f'"""Tool {name}, deployed by `toolrl env build` from its document; runs with runtime.py."""\n\n'
+        f"SPEC = {tool_spec(tool, facts)!r}\n\n\n"
+        f"def {name}(**arguments):\n"
+        f"    {json.dumps(description)}\n"
+        f"    return call(SPEC, arguments)\n"
+    )
+
+
+def harness(runtime: str, source: str, name: str, calls: list[dict[str, Any]]) -> str:
+    """One script for the sandbox: the runtime, the tool, then each call's result (or error) as JSON."""
+    return (
+        f"{runtime}\n\n{source}\n\n"
+        "import json as _json\n"
+        "_results = []\n"
+        f"for _arguments in _json.loads({json.dumps(calls)!r}):\n"
+        "    try:\n"
+        f"        _results.append({{'ok': str({name}(**_arguments))}})\n"
+        "    except Exception as _exc:\n"
+        "        _results.append({'error': str(_exc) or type(_exc).__name__})\n"
+        "print('\\n' + _json.dumps(_results))\n"
+    )
+
+
+def run_calls(
+    source: str, name: str, calls: list[dict[str, Any]], limits: SandboxLimits, runtime: str | None = None
+) -> list[dict[str, str]]:
+    """Run `calls` of the tool `name` defined by `source` in a fresh sandbox; per call {"ok": text} or
+    {"error": message}. The whole run failing (a syntax error, a timeout) raises ValueError."""
+    runtime = RUNTIME.read_text(encoding="utf-8") if runtime is None else runtime
+    sandbox = Sandbox(limits)
+    try:
+        status, output = sandbox.run(harness(runtime, source, name, calls))
+    finally:
+        sandbox.close()
+    if status is None:
+        raise ValueError(f"the tool ran longer than {limits.timeout_s:g} s")
+    lines = output.strip().splitlines()
+    if status != 0 or not lines:
+        raise ValueError(clip(f"the tool's code failed (exit {status}): {' | '.join(lines[-3:])}", 300))
+    try:
+        results = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        raise ValueError(clip(f"the tool printed something else than its results: {lines[-1]}", 300)) from None
+    if not isinstance(results, list) or len(results) != len(calls):
+        raise ValueError("the tool's code did not answer every call")
+    return results
+
+
+def expected_answer(tool: ScaledTool, call: dict[str, Any], answer: str) -> str:
+    if tool.impl.key_shape == "list":
+        names = call["arguments"][tool.impl.key]
+        return json.dumps({names[0]: answer}, ensure_ascii=False)
+    return answer
+
+
+def _probes(tool: ScaledTool) -> list[dict[str, Any]]:
+    """Arguments the tool must reject: an unknown name, and nothing at all (when something is required)."""
+    impl, probes = tool.impl, []
+    if impl.key and impl.key_shape != "enum":
+        shaped = {"nested": {"name": PROBE_NAME}, "list": [PROBE_NAME]}.get(impl.key_shape, PROBE_NAME)
+        args = {impl.key: shaped}
+        if impl.field:
+            args[impl.field] = next(iter(impl.fields))
+        if impl.unit:
+            args["unit"] = "units"
+        probes.append(args)
+    if tool.doc.parameters.get("required"):
+        probes.append({})
+    return probes
+
+
+def validate(tool: ScaledTool, source: str, cases: list[tuple[dict, str]], limits: SandboxLimits) -> str | None:
+    """None when the tool answers every case right and rejects the probes; else the reason it fails."""
+    probes = _probes(tool)
+    calls = [c["arguments"] for c, _ in cases] + probes
+    try:
+        results = run_calls(source, tool.doc.name, calls, limits)
+    except ValueError as exc:
+        return str(exc)
+    for (call, answer), result in zip(cases, results, strict=False):
+        want = expected_answer(tool, call, answer)
+        if "ok" not in result:
+            return clip(f"{call['arguments']} raised {result.get('error')!r}; expected {want!r}", 300)
+        if _norm(result["ok"]) != _norm(want):
+            return clip(f"{call['arguments']} gave {result['ok']!r}; expected {want!r}", 300)
+    for probe, result in zip(probes, results[len(cases) :], strict=True):
+        if "error" not in result:
+            return clip(f"{probe} should be an error but gave {result.get('ok')!r}", 300)
+    return None
+
+
+def llm_source(tool: ScaledTool, cases: list[tuple[dict, str]], llm) -> str | None:
+    examples = "\n".join(f"{json.dumps(c['arguments'])} -> {expected_answer(tool, c, a)!r}" for c, a in cases[:12])
+    prompt = CODE_PROMPT.format(name=tool.doc.name, doc=tool.doc.model_dump_json(), examples=examples)
+
+    def defines(code: str) -> None:
+        if f"def {tool.doc.name}(" not in code:
+            raise ValueError(f"the code does not define {tool.doc.name}(...)")
+
+    return llm.ask_json(tool.doc.name, prompt, {}, defines, raw=True)
+
+
+def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
+    tools = ws.read_rows(SCALED_TOOLS_FILE, ScaledTool, "scale")
+    tasks = ws.read_rows(TASKS_FILE, BuiltTask, "scale")
+    facts = read_facts(ws)
+    limits = SandboxLimits(timeout_s=20.0, max_output_chars=10_000_000, isolation=spec.deploy.isolation)
+    Sandbox(limits).close()  # the sandbox is usable here, or one line saying why not, before any work
+    cases: dict[str, list[tuple[dict, str]]] = {t.doc.name: [] for t in tools}
+    for task in tasks:
+        for sub, call in zip(task.subproblems, task.calls, strict=True):
+            if call not in [c for c, _ in cases[call["name"]]]:
+                cases[call["name"]].append((call, sub.answer))
+    llm = llm_for("deploy") if spec.deploy.method == "llm" else None
+    out = ws.path(DEPLOY_DIR)
+    (out / "tools").mkdir(parents=True, exist_ok=True)
+    for old in (out / "tools").glob("*.py"):
+        old.unlink()
+    (out / "runtime.py").write_text(RUNTIME.read_text(encoding="utf-8"), encoding="utf-8")
+
+    def deploy_one(tool: ScaledTool) -> tuple[ScaledTool, str | None, str | None]:
+        name = tool.doc.name
+        if not name.isidentifier() or keyword.iskeyword(name):
+            return tool, None, f"{name!r} is not a Python function name"
+        source = template_source(tool, facts) if llm is None else llm_source(tool, cases[name], llm)
+        if source is None:
+            return tool, None, "the model wrote no acceptable code (see llm/deploy.jsonl)"
+        return tool, source, validate(tool, source, cases[name], limits)
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            outcomes = list(pool.map(deploy_one, tools))
+    finally:
+        if llm is not None:
+            llm.close()
+    deployed, dropped = [], []
+    for tool, source, reason in outcomes:
+        if reason is not None:
+            dropped.append({"tool": tool.doc.name, "reason": reason})
+            log.warning("deploy: dropped %s: %s", tool.doc.name, reason)
+            continue
+        file = f"tools/{tool.doc.name}.py"
+        (out / file).write_text(source or "", encoding="utf-8")
+        deployed.append(Deployed(name=tool.doc.name, file=file, doc=tool.doc))
+    names = {d.name for d in deployed}
+    kept = [t for t in tasks if all(c["name"] in names for c in t.calls)]
+    kept = [t.model_copy(update={"tools": [n for n in t.tools if n in names]}) for t in kept]
+    ws.write_rows(f"{DEPLOY_DIR}/tools.jsonl", deployed)
+    ws.write_rows(f"{DEPLOY_DIR}/tasks.jsonl", kept)
+    report = {
+        "tools_validated": len(deployed),
+        "tools_dropped": len(dropped),
+        "dropped": dropped,
+        "tasks": len(kept),
+        "tasks_dropped": len(tasks) - len(kept),
+        "noise": spec.scale.noise,
+        "isolation": spec.deploy.isolation,
+        "method": spec.deploy.method,
+    }
+    if llm is not None:
+        report["llm"] = llm.stats.report()
+    ws.write_json(MANIFEST, report)
+    return {k: v for k, v in report.items() if k != "dropped"} | {"dropped": dropped[:20]}

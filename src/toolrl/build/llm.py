@@ -1,0 +1,151 @@
+"""The model behind the generative stages: asks for JSON, validates it against a schema, asks again with the
+reason when it does not validate, and rejects the item (counted) after `retries`. Never raises for a bad reply.
+
+Every exchange (prompt, reply, verdict) is appended to `DIR/llm/STAGE.jsonl` beside the stage's artifact; a
+stage that is re-run reuses the replies that validated for the same prompt, so an interrupted stage resumes
+without asking again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from toolrl.build.artifacts import Workspace, content_hash
+from toolrl.build.spec import LLMSpec
+from toolrl.files import read_jsonl
+from toolrl.text import clip, first_line
+
+log = logging.getLogger(__name__)
+
+_FENCE = re.compile(r"```(?:json|python)?\s*\n?(.*?)```", re.DOTALL)
+
+
+def extract_json(reply: str) -> Any:
+    """The JSON value of a reply: the whole text, a fenced block, or the first {...} or [...] span."""
+    candidates = [reply.strip(), *(m.group(1).strip() for m in _FENCE.finditer(reply))]
+    for opener, closer in (("{", "}"), ("[", "]")):
+        start, end = reply.find(opener), reply.rfind(closer)
+        if 0 <= start < end:
+            candidates.append(reply[start : end + 1])
+    for text in candidates:
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, ValueError):
+            continue
+    raise ValueError("the reply holds no JSON value")
+
+
+@dataclass
+class Asked:
+    asked: int = 0
+    accepted: int = 0
+    retried: int = 0
+    rejected: int = 0
+    cached: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "asked": self.asked,
+            "accepted": self.accepted,
+            "retried": self.retried,
+            "rejected": self.rejected,
+            "cached": self.cached,
+            "errors": self.errors[:20],
+        }
+
+
+class StageLLM:
+    """One stage's conversation log with the model; `ask_json` is safe from several threads."""
+
+    def __init__(self, spec: LLMSpec, workspace: Workspace, stage: str, ask=None):
+        self.spec, self.stage = spec, stage
+        self.log_path = workspace.path(f"llm/{stage}.jsonl")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.cache = {
+            r["prompt_hash"]: r["value"]
+            for r in read_jsonl(self.log_path)
+            if r.get("valid") and "prompt_hash" in r and "value" in r
+        }
+        self.stats = Asked()
+        self.lock = threading.Lock()
+        self._ask, self._client = (ask, None) if ask else self._backend(spec)
+
+    @staticmethod
+    def _backend(spec: LLMSpec):
+        from toolrl.tools.model import chat_backend
+
+        return chat_backend(spec, "llm")
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self.lock, self.log_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def ask_json(self, item: str, prompt: str, schema: dict[str, Any], check=None, raw: bool = False) -> Any:
+        """The validated value for `prompt`, or None (rejected, counted). `check(value)` may raise ValueError
+        for what a schema cannot say; `raw` takes the reply's code block or text instead of JSON."""
+        key = content_hash([prompt, schema])
+        if key in self.cache:
+            with self.lock:
+                self.stats.cached += 1
+            return self.cache[key]
+        message = prompt
+        for attempt in range(self.spec.retries + 1):
+            with self.lock:
+                self.stats.asked += 1
+                self.stats.retried += attempt > 0
+            try:
+                reply = self._ask(message)
+            except Exception as exc:  # the endpoint failed: count it, never crash the stage
+                reply, error = "", f"the model could not be asked ({type(exc).__name__}: {first_line(exc)})"
+            else:
+                error = None
+                try:
+                    value = _code(reply) if raw else extract_json(reply)
+                    if not raw:
+                        jsonschema.validate(value, schema)
+                    if check is not None:
+                        check(value)
+                except jsonschema.ValidationError as exc:
+                    path = "/".join(str(p) for p in exc.absolute_path) or "(top)"
+                    error = f"at {path}: {first_line(exc.message)}"
+                except ValueError as exc:
+                    error = first_line(exc)
+            record = {"item": item, "attempt": attempt, "prompt": message, "reply": reply, "valid": error is None}
+            if error is None:
+                self._append({**record, "prompt_hash": key, "value": value})
+                with self.lock:
+                    self.stats.accepted += 1
+                self.cache[key] = value
+                return value
+            self._append({**record, "error": error})
+            if "could not be asked" in error:
+                break
+            message = (
+                f"{prompt}\n\nYour previous reply was not accepted: {clip(error, 300)}. "
+                "Answer again with only the JSON asked for."
+            )
+        with self.lock:
+            self.stats.rejected += 1
+            self.stats.errors.append(f"{item}: {clip(error or '', 200)}")
+        log.warning("%s: rejected %s after %d attempts: %s", self.stage, item, self.spec.retries + 1, error)
+        return None
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _code(reply: str) -> str:
+    match = _FENCE.search(reply)
+    code = (match.group(1) if match else reply).strip()
+    if not code:
+        raise ValueError("the reply holds no code")
+    return code
