@@ -152,7 +152,7 @@ def test_a_dead_endpoint_rejects_and_counts_instead_of_crashing(tmp_path):
 
     from toolrl.errors import DataError
 
-    with pytest.raises(DataError, match="no task was decomposed; see llm/decompose.jsonl"):
+    with pytest.raises(DataError, match=r"no task was decomposed; see llm/decompose\.jsonl"):
         run_stage(spec, Workspace(tmp_path / "out"), "decompose")
     log = (tmp_path / "out" / "llm" / "decompose.jsonl").read_text()
     assert "could not be asked" in log

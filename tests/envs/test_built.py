@@ -150,3 +150,19 @@ def test_built_from_the_command_line_and_trained_two_steps(tmp_path, tiny_model_
     steps = [s for s in steps if "step" in s and "eval" not in s]
     assert [s["step"] for s in steps] == [1, 2]
     assert all("reward/ftrl" in s and "reward/solve_f1" in s and "reward/injected_faults" in s for s in steps)
+
+
+def test_in_context_examples_show_the_tasks_tool_on_another_entity(built_dir):
+    env = built_env(built_dir)
+    tasks = [t for t in env.tasks("test") if env._own_example(t) is not None]  # a train task uses its tool
+    assert len(tasks) >= len(env.tasks("test")) // 2
+    for task in tasks:
+        messages = env.messages(task)
+        shown = [m["content"] for m in messages[1:-1] if m["role"] == "assistant" and "tool_call" in m["content"]]
+        first = task.meta["subproblems"][0]
+        assert first["name"] in shown[-1]  # the exchange just before the question calls the task's first tool
+        entity = json.dumps(first["arguments"])
+        assert all(entity not in m["content"] for m in messages[:-1])  # never on the task's own arguments
+    generic = built_env(built_dir, "env.options.examples=generic")
+    task = generic.tasks("test")[0]
+    assert task.meta["subproblems"][0]["name"] not in json.dumps(generic.messages(task)[:-1])

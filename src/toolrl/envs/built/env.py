@@ -15,13 +15,14 @@ injected result never counts as a call p nor solves anything).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import random
 import re
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -63,6 +64,9 @@ class BuiltOptions(EnvOptions):
     noise: float | None = Field(None, ge=0, le=1)
     """Injected faults per call; default: the build's scale.noise."""
     timeout_s: float = Field(10.0, gt=0)
+    examples: Literal["task_tools", "generic"] = "task_tools"
+    """In-context exchanges: task_tools: one call of the task's first tool on a train task's entity, then a
+    generic chain of two calls; generic: tools of no task only (one call, then the chain)."""
 
 
 def _norm(value: Any) -> str:
@@ -291,9 +295,28 @@ class BuiltEnv(Environment):
             raise DataError(f"env.options.path: {self.options.path} has no {split} tasks")
         return tasks
 
+    def _own_example(self, task: Task) -> tuple[str, list, str] | None:
+        """A single-hop exchange with the task's first tool on a train task's entity (never this task's)."""
+        tool = task.meta["subproblems"][0]["name"]
+        asked = _norm(task.meta["subproblems"])
+        pool = [
+            (sub.question, call["arguments"], sub.answer)
+            for t in self.built
+            if t.split == "train" and t.id != task.id
+            for sub, call in zip(t.subproblems, t.calls, strict=True)
+            if call["name"] == tool and not sub.depends_on and _norm(call["arguments"]) not in asked
+        ]
+        if not pool:
+            return None
+        question, arguments, answer = pool[int(hashlib.sha256(task.id.encode()).hexdigest(), 16) % len(pool)]
+        return question, [(tool, arguments, answer)], answer
+
     def messages(self, task: Task) -> list[dict[str, str]]:
+        examples = list(EXAMPLES)
+        if self.options.examples == "task_tools" and (own := self._own_example(task)) is not None:
+            examples = [EXAMPLES[1], own]  # the chain, then the task's tool last (closest to the question)
         example = []
-        for question, chain, answer in EXAMPLES:
+        for question, chain, answer in examples:
             example.append({"role": "user", "content": question})
             for tool, arguments, result in chain:
                 example += [
