@@ -156,3 +156,18 @@ def test_a_dead_endpoint_rejects_and_counts_instead_of_crashing(tmp_path):
         run_stage(spec, Workspace(tmp_path / "out"), "decompose")
     log = (tmp_path / "out" / "llm" / "decompose.jsonl").read_text()
     assert "could not be asked" in log
+
+
+def test_a_local_model_can_be_the_builder_and_its_bad_replies_are_counted(tmp_path, tiny_model_dir):
+    import pytest
+
+    from toolrl.errors import DataError
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"question": "Which country is Wey in?"}) + "\n")
+    llm = {"path": str(tiny_model_dir), "max_tokens": 4, "retries": 1}
+    spec = load_spec(None, {"source": "tasks", "tasks": {"path": str(tasks)}, "llm": llm})
+    with pytest.raises(DataError, match="no task was decomposed"):  # a random tiny model writes no valid JSON
+        run_stage(spec, Workspace(tmp_path / "out"), "decompose")
+    log = [json.loads(line) for line in (tmp_path / "out" / "llm" / "decompose.jsonl").read_text().splitlines()]
+    assert [r["attempt"] for r in log] == [0, 1] and not any(r["valid"] for r in log)
