@@ -69,9 +69,10 @@ def make_rollout(env, engine, chat, latencies: Latencies, schedule: str, sequent
         await asyncio.sleep(latencies.take())
         return "result: 42"
 
-    executor = ToolExecutor([tool_from_function(lookup)], timeout_s=60, max_concurrency=64)
+    # the naive baseline: one call at a time, whatever the trajectory (an executor with one slot)
+    executor = ToolExecutor([tool_from_function(lookup)], timeout_s=60, max_concurrency=1 if sequential else 64)
     limits = RolloutLimits(turns, tokens, 100_000, 64, SamplingParams(1.0), last_turn_tools=True)
-    return Rollout(env, engine, chat, every_turn_calls, executor, limits, schedule, sequential)
+    return Rollout(env, engine, chat, every_turn_calls, executor, limits, schedule)
 
 
 def run_way(env, engine, chat, tasks, kind, schedule, sequential, turns, tokens) -> dict:

@@ -59,7 +59,7 @@ async def mcp_overhead_ms(calls: int = 300) -> float:
     """Per-call cost of a stdio MCP round trip through the executor, minus the same call to a local tool."""
     import sys
 
-    from toolrl.tools.mcp import MCPStdioServer
+    from toolrl.tools.mcp_stdio import MCPStdioServer
 
     server = MCPStdioServer(
         "bench", sys.executable, [str(Path(__file__).parent.parent / "tests/fixtures/mcp_server.py")]

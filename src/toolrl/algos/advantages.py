@@ -2,9 +2,12 @@
 
 Tensors are flat over the trained tokens of a step, trajectory after trajectory; `counts[i]` is how many
 belong to trajectory i. Sequence-level estimators score a trajectory by its reward plus the sum of its
-per-token rewards (a KL penalty applied as reward, process rewards) and give every token that advantage.
+per-token rewards (a KL penalty applied as reward; turn rewards placed at their turn's last token with
+train.turn_rewards: tokens) and give every token that advantage.
 Trajectories marked invalid (hit by a tool's infrastructure fault) are left out of every statistic (group
-means and stds, whitening) and get advantage 0. Adding one is a function and `@register_advantage("name")`.
+means and stds, whitening) and get advantage 0. Adding one is a function and `@register_advantage("name")`;
+an estimator that learns a value head declares it (`@register_advantage("gae", needs_values=True)`): the
+trainer then makes the head, scores values before the update and adds the value loss.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Advantages:
 
 Estimator = Callable[[AdvantageInputs], Advantages]
 ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "train.advantage")
+"""Capabilities: needs_values (it reads value estimates and returns value targets)."""
 register_advantage = ADVANTAGES.register
 
 
@@ -175,7 +179,7 @@ def reinforce_pp(x: AdvantageInputs) -> Advantages:
     return Advantages(whiten(returns, x.eps, token_mask(x)))
 
 
-@register_advantage("gae")
+@register_advantage("gae", needs_values=True)
 def gae(x: AdvantageInputs) -> Advantages:
     """PPO's generalised advantage estimation over each trajectory's trained tokens (its actions): the final
     reward arrives at the last token, per-token rewards where they are; value after the last token 0.

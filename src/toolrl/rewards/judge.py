@@ -125,7 +125,7 @@ class ModelJudge:
 
 def make_judge(config, run_model: str) -> ModelJudge:
     """The judge a `JudgeConfig` describes: its endpoint when base_url is set, else a local model."""
-    from toolrl.tools.http import bearer_header, http_client
+    from toolrl.http import bearer_header, http_client
     from toolrl.tools.model import LocalChat, OpenAIChat
 
     template = config.template or DEFAULT_TEMPLATE

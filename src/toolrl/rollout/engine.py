@@ -47,7 +47,8 @@ class Engine(ABC):
 
 
 ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine")
-"""Engine name -> factory(model=, chat=, device=, seed=, config=)."""
+"""Engine name -> factory(model=, chat=, device=, seed=, config=). Capabilities: can_train (it samples from the
+model being trained, so training may use it)."""
 register_engine = ENGINES.register
 
 

@@ -116,13 +116,10 @@ class Rollout:
         executor: ToolExecutor,
         limits: RolloutLimits,
         schedule: Literal["async", "lockstep"] = "async",
-        sequential_tools: bool = False,
     ):
         self.env, self.engine, self.chat, self.parser, self.executor = env, engine, chat, parser, executor
         self.limits = limits
         self.schedule = schedule
-        self.sequential_tools = sequential_tools
-        """Run a turn's calls one after another (lock-step only): the naive baseline of the benchmark."""
         self.tokenizer = chat.tokenizer
 
     @property
@@ -154,8 +151,6 @@ class Rollout:
                 f"env {self.env.name}: reset({episode.task.id!r}).messages must be a list of "
                 "{'role': str, 'content': str} messages"
             )
-        if self.sequential_tools:
-            episode.ordered = True
         traj = Trajectory.start(episode.task, self.prompt_ids(episode.task, episode.messages, tools))
         traj.episode = episode
         return _Run(seq, traj, episode, tools)
@@ -207,12 +202,8 @@ class Rollout:
             turns = {i: self._after_generation(runs[i], s) for i, s in zip(active, sampled, strict=True)}
             calling = [i for i in active if turns[i].state is State.RUNNING_TOOLS]
             replying = [i for i in active if turns[i].state is State.REPLYING]
-            if self.sequential_tools:
-                for i in calling:
-                    turns[i] = await self._run_tools(runs[i], turns[i])
-            else:
-                after = await asyncio.gather(*(self._run_tools(runs[i], turns[i]) for i in calling))
-                turns.update(zip(calling, after, strict=True))
+            after = await asyncio.gather(*(self._run_tools(runs[i], turns[i]) for i in calling))
+            turns.update(zip(calling, after, strict=True))
             replies = await asyncio.gather(*(self._reply(runs[i], turns[i]) for i in replying))
             turns.update(zip(replying, replies, strict=True))
             active = [i for i in active if turns[i].state is State.GENERATING]

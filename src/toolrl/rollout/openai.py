@@ -18,11 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from toolrl.errors import EngineError
+from toolrl.http import HTTPFailure, bearer_header, http_client, request_json
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams, request_seed
 from toolrl.text import first_line
-from toolrl.tools.http import bearer_header, http_client, request_json
-from toolrl.tools.limits import TransientToolError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class OpenAIEngine(Engine):
                 self.pool, request_json, self.client, "POST", self.url, self.body(tokens, params)
             )
             return self.parse(reply)
-        except (TransientToolError, RuntimeError) as exc:  # a down or wrong server ends the run with one line
+        except (HTTPFailure, RuntimeError) as exc:  # a down or wrong server ends the run with one line
             raise EngineError(f"rollout.openai.base_url: {first_line(exc)}; is the server up at {self.url}?") from None
 
     def parse(self, reply: Any) -> Sampled:

@@ -7,74 +7,29 @@ each rollout may run on a loop of its own.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from toolrl.errors import ConfigError
+from toolrl.http import HTTPTransient, Unreachable, bearer_header, http_client, request_json
 from toolrl.tools.function import Tool, json_schema_checker
 from toolrl.tools.limits import ServerUnavailable, TransientToolError
 
-NOT_PROCESSED_STATUS = {408, 425, 429, 503}
-"""Statuses that say the server did not act on the request: retried whatever the tool."""
-RETRY_STATUS = NOT_PROCESSED_STATUS | {500, 502, 504}
-"""HTTP statuses worth retrying (those outside NOT_PROCESSED_STATUS only for tools safe to repeat); any other
-error status is the final answer."""
+__all__ = ["bearer_header", "http_client", "http_tool", "request_json", "tool_request"]
+
 IDEMPOTENT_METHODS = {"GET", "PUT", "DELETE"}
 
 
-def bearer_header(api_key_env: str | None, where: str) -> dict[str, str]:
-    """An Authorization header with the key held in the environment variable `api_key_env` (none if unset);
-    a variable that is named but empty is a ConfigError at `where`. Keys never live in config files."""
-    if not api_key_env:
-        return {}
-    key = os.environ.get(api_key_env)
-    if not key:
-        raise ConfigError(f"{where}: environment variable {api_key_env} is not set")
-    return {"Authorization": f"Bearer {key}"}
-
-
-def http_client(headers: Mapping[str, str] | None, connect_timeout_s: float, read_timeout_s: float) -> httpx.Client:
-    timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-    return httpx.Client(headers=dict(headers or {}), timeout=timeout, follow_redirects=True)
-
-
-def request_json(client: httpx.Client, method: str, url: str, arguments: Mapping[str, Any]) -> Any:
-    """Send `arguments` (query string for GET/DELETE, JSON body otherwise) and return the decoded reply:
-    JSON when the server sends JSON, else text. A request that never reached the server (connection refused,
-    429, 503) raises ServerUnavailable; other connection failures and 5xx raise TransientToolError."""
+def tool_request(client: httpx.Client, method: str, url: str, arguments: Mapping[str, Any]) -> Any:
+    """request_json with a tool's errors: ServerUnavailable (never reached: always retried) and
+    TransientToolError (retried when the tool is safe to repeat)."""
     try:
-        if method in {"GET", "DELETE"}:
-            params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()}
-            response = client.request(method, url, params=params)
-        else:
-            response = client.request(method, url, json=dict(arguments))
-    except httpx.TransportError as exc:
-        failure = (
-            ServerUnavailable if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) else TransientToolError
-        )
-        raise failure(f"{method} {url}: {type(exc).__name__} {exc}".strip()) from exc
-    if response.status_code >= 400:
-        body = " ".join(response.text.split())[:200]
-        message = f"{method} {url} answered HTTP {response.status_code}{': ' + body if body else ''}"
-        status = response.status_code
-        failure = (
-            ServerUnavailable
-            if status in NOT_PROCESSED_STATUS
-            else TransientToolError
-            if status in RETRY_STATUS
-            else RuntimeError
-        )
-        raise failure(message)
-    if "json" in response.headers.get("content-type", ""):
-        try:
-            return response.json()
-        except ValueError:
-            pass
-    return response.text
+        return request_json(client, method, url, arguments)
+    except Unreachable as exc:
+        raise ServerUnavailable(str(exc)) from exc
+    except HTTPTransient as exc:
+        raise TransientToolError(str(exc)) from exc
 
 
 def http_tool(
@@ -91,7 +46,7 @@ def http_tool(
     check = json_schema_checker(schema, name)
 
     def call(**arguments: Any) -> Any:
-        return request_json(client, method, url, arguments)
+        return tool_request(client, method, url, arguments)
 
     return Tool(
         name,

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolrl.http import bearer_header, http_client
 from toolrl.tools.function import Tool
-from toolrl.tools.http import bearer_header, http_client, request_json
+from toolrl.tools.http import tool_request
 from toolrl.tools.limits import InvalidArguments
 
 PROMPT_SCHEMA = {
@@ -103,7 +104,7 @@ class OpenAIChat:
 
     def __call__(self, prompt: str) -> str:
         body = {**self.body, "messages": chat_messages(self.system, prompt)}
-        reply = request_json(self.client, "POST", self.url, body)
+        reply = tool_request(self.client, "POST", self.url, body)
         try:
             return reply["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):

@@ -156,7 +156,7 @@ def _renamed(server: str, tools: list[Tool]) -> list[Tool]:
 
 @entry_kind("command")
 def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
-    from toolrl.tools.mcp import MCPStdioServer
+    from toolrl.tools.mcp_stdio import MCPStdioServer
 
     log_path = toolset.log_dir / f"{name}.log"
     server = MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s, log_path)

@@ -1,6 +1,7 @@
 """Training: the workbench (model, tools, environment), the trainer, run directories."""
 
 from toolrl.train.rundir import RunDir
-from toolrl.train.trainer import GRPOTrainer, Trainer, Workbench
+from toolrl.train.trainer import GRPOTrainer, Trainer
+from toolrl.train.workbench import Workbench
 
 __all__ = ["GRPOTrainer", "RunDir", "Trainer", "Workbench"]

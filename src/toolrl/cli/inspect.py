@@ -1,0 +1,85 @@
+"""`toolrl config show`, `toolrl model fetch`, `toolrl tools list|call`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from toolrl.cli.app import ConfigArg, SetOption, _quiet_libraries, config_app, console, model_app, tools_app
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
+    """Print the resolved config (file, then overrides, validated)."""
+    from toolrl.config import config_to_yaml, load_config
+
+    typer.echo(config_to_yaml(load_config(config, set_)), nl=False)
+
+
+@model_app.command("fetch")
+def model_fetch(name: Annotated[str, typer.Argument(help="Model name.")] = "smollm2-135m-instruct") -> None:
+    """Resolve a model to a local folder (converting an embedded model once) and print the folder."""
+    from toolrl.models import resolve_model
+
+    _quiet_libraries()
+    typer.echo(str(resolve_model(name)))
+
+
+ToolsConfigArg = Annotated[Path, typer.Argument(help="Tool config file (mcpServers style, YAML or JSON).")]
+
+
+@tools_app.command("list")
+def tools_list(config: ToolsConfigArg) -> None:
+    """List the tools with their parameters, and each server's status."""
+    from toolrl.tools.toolset import Toolset
+
+    toolset = Toolset.load(config)
+    try:
+        table = Table(title=str(config))
+        for column in ("tool", "parameters", "description"):
+            table.add_column(column)
+        for tool in toolset.tools:
+            props = tool.parameters.get("properties", {})
+            required = set(tool.parameters.get("required", []))
+            params = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any')}" for k, v in props.items())
+            table.add_row(tool.name, params, tool.description)
+        console.print(table)
+        for server, status in toolset.status.items():
+            console.print(f"server {server}: {status}", highlight=False)
+    finally:
+        toolset.close()
+
+
+@tools_app.command("call")
+def tools_call(
+    config: ToolsConfigArg,
+    name: Annotated[str, typer.Argument(help="server.tool, or a short name that only one server has.")],
+    arguments: Annotated[str, typer.Argument(help="Arguments as a JSON object.")] = "{}",
+) -> None:
+    """Call one tool by hand, through the same executor a rollout uses, and print the observation."""
+    import asyncio
+    import json
+
+    from toolrl.errors import ToolError
+    from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
+    from toolrl.tools.toolset import Toolset
+
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"arguments must be a JSON object: {exc.msg} at char {exc.pos}") from None
+    if not isinstance(args, dict):
+        raise ToolError("arguments must be a JSON object, like '{\"a\": 1}'")
+    toolset = Toolset.load(config)
+    try:
+        executor = ToolExecutor(toolset.tools, policies=toolset.policies(ToolPolicy()), log_dir=toolset.log_dir)
+        result = asyncio.run(executor.invoke(ToolCall(toolset.resolve(name), args)))
+    finally:
+        toolset.close()
+    typer.echo(result.content)
+    typer.echo(f"({result.outcome}, {result.latency_s:.3f} s)", err=True)
+    if result.error:
+        raise typer.Exit(1)

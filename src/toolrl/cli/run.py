@@ -1,0 +1,196 @@
+"""`toolrl train`, `toolrl eval`, `toolrl report`."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from toolrl.cli.app import ConfigArg, ResumeOption, SetOption, _cell, _eval_table, _quiet_libraries, app, console
+from toolrl.errors import ConfigError, ToolRLError
+
+QuietOption = Annotated[bool, typer.Option("--quiet", help="Print only the end of the run.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="One JSON object of metrics per step on stdout.")]
+
+
+@app.command()
+def train(
+    config: ConfigArg = None,
+    set_: SetOption = None,
+    resume: ResumeOption = None,
+    quiet: QuietOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Train a model with RL (GRPO by default) on an environment's tasks. Progress: a bar on a terminal, one
+    line per step otherwise (also in RUN/progress.log)."""
+    from toolrl.cli.progress import StepReporter, pick_mode
+    from toolrl.config import load_config
+    from toolrl.train import RunDir, Trainer, Workbench
+
+    if resume is not None:
+        if config is not None:
+            raise ToolRLError("--resume continues a run with its own config.yaml; pass no config file")
+        run = RunDir.existing(resume)
+        if run.pointed("last") is None:
+            raise ToolRLError(f"{run.path}: no checkpoint to resume from (no last/); train.save_every writes them")
+        cfg = load_config(run.path / "config.yaml", set_)
+    else:
+        cfg = load_config(config, set_)
+        run = None
+    _quiet_libraries()
+    started = time.perf_counter()
+    mode = pick_mode(quiet, as_json)
+    say = console.print if mode in ("bar", "lines") else (lambda *a, **k: None)
+    run = run or RunDir.create(cfg)
+    say(f"run directory: [bold]{run.path}[/]")
+    with console.status(f"loading {cfg.model.name}") if mode == "bar" else nullcontext():
+        bench = Workbench.load(cfg, log_dir=run.path / "tools")
+    with StepReporter(mode, cfg.train.steps, console, run.path / "progress.log") as report:
+        try:
+            trainer = Trainer(bench, run)
+            if resume is not None:
+                report.start(trainer.resume())
+            summary = trainer.train(report)
+        finally:
+            bench.close()
+    columns_ = {k.replace("eval_", ""): summary[k] for k in ("eval_start", "eval_end") if k in summary}
+    if columns_ and mode != "json":
+        say(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks)", columns_))
+    end = f"checkpoint: {summary['checkpoint']}   wall time {time.perf_counter() - started:.0f} s"
+    if mode == "json":
+        print(json.dumps({"checkpoint": summary["checkpoint"], "wall_s": round(time.perf_counter() - started, 1)}))
+    elif mode == "bar":
+        console.print(end)
+    else:
+        print(end, flush=True)  # a whole line, whatever the width a pipe or log file gets
+
+
+@app.command("eval")
+def eval_(
+    model: Annotated[str, typer.Option(help="Embedded model name, local folder or cached hub id.")] = "",
+    config: Annotated[Path | None, typer.Option(help="YAML config (env, rollout and eval sections).")] = None,
+    set_: SetOption = None,
+    num_tasks: Annotated[int | None, typer.Option(help="Test tasks to run.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature; 0 is greedy.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for summary.json and trajectories.jsonl (every trajectory).")
+    ] = None,
+) -> None:
+    """Evaluate a model on the environment's test split: success, tool use, and where the tasks say more,
+    success per category and per request, Solve-P/R/F1. A served model: --set rollout.engine=openai."""
+    import json
+
+    from toolrl.config import load_config
+    from toolrl.train import Workbench
+    from toolrl.train.evaluate import breakdown, summarize
+
+    cfg = load_config(config, set_)
+    _quiet_libraries()
+    started = time.perf_counter()
+    with console.status("evaluating"):
+        bench = Workbench.load(cfg, model_name=model or None)
+        try:
+            trajs = bench.evaluation(num_tasks, temperature)
+            success = bench.env.rubric.success
+            stats, details = summarize(trajs, success), breakdown(trajs, success)
+            records = [traj.to_record(bench.tokenizer) for traj in trajs]
+        finally:
+            bench.close()
+    temp = cfg.eval.sampling.temperature if temperature is None else temperature
+    title = f"{cfg.env.name} test split, {len(trajs)} tasks, temperature {temp:g}"
+    console.print(_eval_table(title, {model or cfg.model.name: stats}))
+    for key, label in (("by_category", "category"), ("by_request", "request"), ("by_kind", "kind of request")):
+        if key in details:
+            table = Table(title=f"success by {label}")
+            for column in (label, "tasks", "success"):
+                table.add_column(column, justify="left" if column == label else "right")
+            for name, row in details[key].items():
+                table.add_row(name, str(row["tasks"]), f"{row['success']:.1%}")
+            console.print(table)
+    if "solve" in details:
+        s = details["solve"]
+        console.print(f"Solve-P {s['precision']:.3f}  Solve-R {s['recall']:.3f}  Solve-F1 {s['f1']:.3f}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {"model": model or cfg.model.name, "temperature": temp, "tasks": len(trajs), **stats, **details}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with (out / "trajectories.jsonl").open("w") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        console.print(f"wrote {out / 'summary.json'} and {out / 'trajectories.jsonl'}")
+    console.print(f"wall time {time.perf_counter() - started:.0f} s")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory made by toolrl train.")],
+    param_delta: Annotated[
+        bool, typer.Option("--param-delta", help="Relative weight change per layer and module between two models.")
+    ] = False,
+    before: Annotated[str | None, typer.Option("--from", help="Model before (default: the run's model.name).")] = None,
+    after: Annotated[str | None, typer.Option("--to", help="Model after (default: RUN/final).")] = None,
+) -> None:
+    """Summarise a run (first, last and mean of its metrics; its evaluations) and (re)write its plot.png; with
+    --param-delta, how much training changed each layer and module (param_delta.json and param_delta.png)."""
+    from toolrl.train.report import split_records, summary_rows, write_plot
+    from toolrl.train.rundir import RunDir
+
+    run = RunDir.existing(run_dir)
+    if param_delta:
+        _param_delta(run.path, before, after)
+        return
+    records = run.read_metrics()
+    steps, evals = split_records(records)
+    table = Table(title=f"{run.path.name}: {len(steps)} steps")
+    for column in ("metric", "first step", "last step", "mean"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for key, first, last, mean in summary_rows(records):
+        table.add_row(key, f"{first:.4g}", f"{last:.4g}", f"{mean:.4g}")
+    console.print(table)
+    if evals:
+        ev = Table(title="evaluations (test split)")
+        for column in ("when", "step", "success", "reward", "tool calls"):
+            ev.add_column(column, justify="left" if column == "when" else "right")
+        for r in evals:
+            ev.add_row(
+                str(r["eval"]),
+                str(r.get("step", "")),
+                _cell(r.get("success"), percent=True),
+                f"{r['reward']:.3f}",
+                f"{r['tool_calls']:.2f}",
+            )
+        console.print(ev)
+    plot = write_plot(run.path)
+    console.print(f"plot: {plot}" if plot else "no training steps logged yet: no plot")
+
+
+def _param_delta(run_path: Path, before: str | None, after: str | None) -> None:
+    import json
+
+    from toolrl.config import load_config
+    from toolrl.train.param_delta import by_layer_and_module, load_weights, relative_changes, write_heatmap
+
+    _quiet_libraries()
+    before = before or load_config(run_path / "config.yaml").model.name
+    after = after or str(run_path / "final")
+    if after == str(run_path / "final") and not (run_path / "final").is_dir():
+        raise ConfigError(f"{run_path}: no final/ model yet; give --to a checkpoint folder")
+    table = by_layer_and_module(relative_changes(load_weights(before), load_weights(after)))
+    shown = Table(title="relative weight change per module, over the layers")
+    for column in ("module", "mean", "max", "at layer"):
+        shown.add_column(column, justify="left" if column == "module" else "right")
+    for module in sorted({m for row in table.values() for m in row}):
+        values = {layer: row[module] for layer, row in table.items() if module in row}
+        top = max(values, key=values.__getitem__)
+        mean = sum(values.values()) / len(values)
+        shown.add_row(module, f"{mean:.2e}", f"{values[top]:.2e}", top)
+    console.print(f"{before} -> {after}")
+    console.print(shown)
+    (run_path / "param_delta.json").write_text(json.dumps({"from": before, "to": after, "layers": table}, indent=1))
+    plot = write_heatmap(table, run_path / "param_delta.png", "relative weight change")
+    console.print(f"wrote {run_path / 'param_delta.json'} and {plot}")

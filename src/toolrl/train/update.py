@@ -1,0 +1,198 @@
+"""The pieces of one policy update, as functions of the step's trajectories: the per-token inputs (old and
+reference log-probs, values, token rewards), the advantage estimator's inputs, which trajectories enter the
+loss, and the loss itself over micro-batches. The trainer calls them in order (trainer.py, `Trainer.update`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from toolrl.algos import AdvantageInputs, Advantages, PolicyInputs, StepTotals, TurnInput, informative_groups
+from toolrl.algos import value_loss as clipped_value_loss
+from toolrl.rollout import Trajectory
+from toolrl.train.logprobs import TokenScores
+
+LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "value_loss")
+
+
+def turn_inputs(traj: Trajectory) -> list[TurnInput]:
+    """A trajectory's model turns for turn-level estimators: trained tokens, reward (0 where the environment
+    gave none), and the state the turn started from: the environment's `info["state"]` of the step before it
+    when it gives one, else the exact context (prompt, calls, results) the turn was generated from."""
+    turns = []
+    for k, (start, end) in enumerate(traj.model_spans()):
+        reward = traj.turn_rewards[k] if k < len(traj.turn_rewards) else 0.0
+        given = traj.infos[k - 1].get("state") if 0 < k <= len(traj.infos) else None
+        state = ("env", given) if given is not None else ("context", hash(tuple(traj.token_ids[:start])))
+        turns.append(TurnInput(sum(traj.loss_mask[start:end]), reward, state))
+    return turns
+
+
+def turn_reward_tokens(turns: list[TurnInput]) -> torch.Tensor:
+    """[trained tokens] each turn's reward at its last trained token, 0 elsewhere."""
+    parts = []
+    for turn in turns:
+        part = torch.zeros(turn.tokens)
+        if turn.tokens:
+            part[-1] = turn.reward
+        parts.append(part)
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+@dataclass
+class StepBatch:
+    """The step's trajectories with what the update needs per trajectory."""
+
+    trajs: list[Trajectory]
+    counts: list[int]
+    """Trained tokens per trajectory."""
+    old: list[torch.Tensor]
+    """Log-probs at sampling time, per trained token."""
+    refs: list[torch.Tensor | None]
+    values: list[torch.Tensor | None]
+    turns: list[list[TurnInput]]
+    valid: list[bool]
+    """False for a trajectory that a tool's infrastructure fault cut short (with train.infra_faults: mask)."""
+    token_rewards: torch.Tensor | None = None
+
+
+def step_batch(trajs, refs, values, t, kl, device) -> StepBatch:
+    """Per-token rewards: the KL penalty when it is applied as a reward, and each turn's reward at its last
+    token with train.turn_rewards: tokens."""
+    old = [torch.tensor(traj.trained_logprobs, device=device) for traj in trajs]
+    token_rewards = None
+    if t.kl.coef > 0 and t.kl.mode == "reward":  # KL to the reference, per token, at sampling time
+        token_rewards = torch.cat(
+            [-t.kl.coef * kl(o, r) if r is not None else o for o, r in zip(old, refs, strict=True)]
+        )
+    turns = [turn_inputs(traj) for traj in trajs]
+    if t.turn_rewards == "tokens":
+        placed = torch.cat([turn_reward_tokens(traj_turns) for traj_turns in turns]).to(device)
+        token_rewards = placed if token_rewards is None else token_rewards + placed
+    valid = [not (t.infra_faults == "mask" and traj.num_tool_faults) for traj in trajs]
+    counts = [sum(traj.loss_mask) for traj in trajs]
+    return StepBatch(trajs, counts, old, refs, values, turns, valid, token_rewards)
+
+
+def advantage_inputs(batch: StepBatch, t, device, with_values: bool) -> AdvantageInputs:
+    flat_values = None
+    if with_values:
+        flat_values = torch.cat([v if v is not None else o for v, o in zip(batch.values, batch.old, strict=True)])
+    valid = None if all(batch.valid) else torch.tensor(batch.valid, device=device)
+    return AdvantageInputs(
+        torch.tensor([traj.reward for traj in batch.trajs], device=device),
+        t.group_size,
+        batch.counts,
+        batch.token_rewards,
+        flat_values,
+        t.advantage_eps,
+        t.gamma,
+        t.lam,
+        valid,
+        batch.turns,
+        t.step_weight,
+    )
+
+
+@dataclass
+class Work:
+    """One trajectory in the loss, with its per-token tensors."""
+
+    traj: Trajectory
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+@dataclass
+class Selection:
+    work: list[Work]
+    keep: list[bool] = field(default_factory=list)
+    totals: StepTotals = field(default_factory=lambda: StepTotals(1, 1))
+
+
+def select(batch: StepBatch, est: Advantages, t, only_policy: bool) -> Selection:
+    """The trajectories that enter the loss: trained tokens, no infrastructure fault; with
+    train.dynamic_sampling only groups whose rewards differ; with train.mask_truncated none cut by a token limit.
+    With `only_policy` (no other loss term), trajectories whose advantages are all 0 are skipped too: they add
+    nothing to the gradient, and they still count in the denominators (`totals`), so the loss is unchanged."""
+    advantages = est.advantages.split(batch.counts)
+    returns = est.returns.split(batch.counts) if est.returns is not None else [None] * len(batch.trajs)
+    keep = [n > 0 and v for n, v in zip(batch.counts, batch.valid, strict=True)]
+    if t.dynamic_sampling:
+        rewards = torch.tensor([traj.reward for traj in batch.trajs])
+        informative = informative_groups(rewards, t.group_size, torch.tensor(batch.valid)).tolist()
+        keep = [k and i for k, i in zip(keep, informative, strict=True)]
+    if t.mask_truncated:  # cut by a token limit: its last turn is unfinished, leave it out of the loss
+        keep = [k and not traj.truncated for k, traj in zip(keep, batch.trajs, strict=True)]
+    parts = zip(batch.trajs, advantages, batch.old, batch.refs, batch.values, returns, keep, strict=True)
+    work = [Work(traj, a, o, r, v, ret) for traj, a, o, r, v, ret, k in parts if k]
+    totals = StepTotals(tokens=max(sum(len(w.advantages) for w in work), 1), sequences=max(len(work), 1))
+    if only_policy:
+        work = [w for w in work if bool(w.advantages.any())]
+    return Selection(work, keep, totals)
+
+
+def _cat(work: list[Work], name: str) -> torch.Tensor:
+    return torch.cat([getattr(w, name) for w in work])
+
+
+@dataclass
+class LossFunctions:
+    policy_loss: Callable
+    aggregate: Callable
+    kl: Callable
+
+
+def backward(
+    selection: Selection,
+    batches: list[list[int]],
+    scores: Callable[[list[Trajectory]], TokenScores],
+    fns: LossFunctions,
+    t,
+) -> tuple[dict[str, float], int]:
+    """The loss over micro-batches, each backpropagated: policy loss, plus the KL term (train.kl.mode: loss),
+    minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count."""
+    sums = dict.fromkeys(LOSS_TERMS, 0.0)
+    clipped = 0
+    totals = selection.totals
+    for batch in batches:
+        chosen = [selection.work[i] for i in batch]
+        scored = scores([w.traj for w in chosen])
+        inputs = PolicyInputs(
+            scored.logprobs,
+            _cat(chosen, "old_logprobs"),
+            _cat(chosen, "advantages"),
+            scored.counts,
+            t.clip_low,
+            t.clip_high,
+        )
+        per_token, was_clipped = fns.policy_loss(inputs)
+        pg = fns.aggregate(per_token, scored.counts, totals)
+        loss = pg
+        sums["pg_loss"] += float(pg.detach())
+        if t.kl.coef > 0:
+            kl = fns.aggregate(fns.kl(scored.logprobs, _cat(chosen, "ref_logprobs")), scored.counts, totals)
+            sums["kl"] += float(kl.detach())
+            if t.kl.mode == "loss":
+                loss = loss + t.kl.coef * kl
+        if scored.entropy is not None:
+            entropy = fns.aggregate(scored.entropy, scored.counts, totals)
+            sums["entropy"] += float(entropy.detach())
+            loss = loss - t.entropy_coef * entropy
+        if scored.values is not None:
+            v_loss = clipped_value_loss(
+                scored.values, _cat(chosen, "old_values"), _cat(chosen, "returns"), t.value_clip
+            )
+            v_loss = fns.aggregate(v_loss, scored.counts, totals)
+            sums["value_loss"] += float(v_loss.detach())
+            loss = loss + t.vf_coef * v_loss
+        loss.backward()
+        sums["loss"] += float(loss.detach())
+        clipped += int(was_clipped.sum())
+    return sums, clipped

@@ -1,0 +1,97 @@
+"""The workbench: what a run works with (model, tokenizer, chat format, environment, tools, engines), and the
+rollouts and evaluations made with it. Training (trainer.py), `toolrl eval` and the benchmarks share it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolrl.chat import ChatFormat
+from toolrl.config import RunConfig
+from toolrl.config.schema import SamplingConfig
+from toolrl.envs import Environment, make_env
+from toolrl.models import load_model, load_tokenizer, pick_device
+from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
+from toolrl.tools import ToolExecutor
+from toolrl.tools.toolset import Toolset, run_executor
+from toolrl.train.evaluate import run_tasks, summarize
+
+EVAL_ENGINE_SEED = 1
+"""The evaluation engine's seed is the run's seed plus this (the training engine's is the run's seed)."""
+EVAL_SAMPLING_SEED = 7
+"""Evaluation task i samples with the run's seed plus this plus i: the same draws whatever the batch size."""
+
+
+@dataclass
+class Workbench:
+    """What a run works with: model, tokenizer, chat format, environment and tools."""
+
+    config: RunConfig
+    device: torch.device
+    tokenizer: Any
+    model: Any
+    chat: ChatFormat
+    env: Environment
+    executor: ToolExecutor
+    toolset: Toolset | None = None
+    engines: dict[str, Engine] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, config: RunConfig, model_name: str | None = None, log_dir: Path | None = None) -> Workbench:
+        """`log_dir`: where tool servers and workers write their stderr (a run's tools/ folder; by default
+        $TOOLRL_HOME/logs/tools)."""
+        device = pick_device(config.device)
+        name = model_name or config.model.name
+        tokenizer = load_tokenizer(name)
+        model = load_model(name, device, config.model.dtype)
+        env = make_env(config.env, name, config.rollout.parser)
+        executor, toolset = run_executor(env.tools(), config.tools, log_dir)
+        return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor, toolset)
+
+    def close(self) -> None:
+        """End the engines, the tools' sessions and worker threads."""
+        for engine in self.engines.values():
+            engine.close()
+        self.executor.close()
+        if self.toolset is not None:
+            self.toolset.close()
+
+    def engine(self, purpose: str, seed: int) -> Engine:
+        """One engine per purpose (train, eval), made on first use and kept: its cache is reused every step."""
+        if purpose not in self.engines:
+            factory = get_engine_factory(self.config.rollout.engine)
+            self.engines[purpose] = factory(
+                model=self.model, chat=self.chat, device=self.device, seed=seed, config=self.config
+            )
+        return self.engines[purpose]
+
+    def rollout(self, sampling: SamplingConfig, seed: int, purpose: str = "train") -> Rollout:
+        r = self.config.rollout
+        params = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k)
+        limits = RolloutLimits(
+            r.max_turns,
+            r.max_new_tokens,
+            r.max_response_tokens,
+            r.max_observation_tokens,
+            params,
+            r.stop_on_tool_error,
+            r.last_turn_tools,
+        )
+        engine = self.engine(purpose, seed)
+        parser = self.env.syntax  # rollout.parser, else the environment's own, else hermes (make_env)
+        return Rollout(self.env, engine, self.chat, parser, self.executor, limits, r.schedule)
+
+    def evaluate(self, num_tasks: int | None = None, temperature: float | None = None) -> dict[str, float]:
+        """Means over the test split (see evaluation for the trajectories themselves)."""
+        return summarize(self.evaluation(num_tasks, temperature), self.env.rubric.success)
+
+    def evaluation(self, num_tasks: int | None = None, temperature: float | None = None) -> list[Trajectory]:
+        """The test split's trajectories (the first `num_tasks`, at `temperature`; eval.* by default)."""
+        e = self.config.eval
+        tasks = self.env.tasks("test")[: num_tasks or e.num_tasks]
+        sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
+        rollout = self.rollout(sampling, seed=self.config.seed + EVAL_ENGINE_SEED, purpose="eval")
+        return run_tasks(rollout, tasks, e.batch_size, seed=self.config.seed + EVAL_SAMPLING_SEED)
