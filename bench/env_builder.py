@@ -50,7 +50,7 @@ def reference_success(bench: Workbench) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="bench/results/env_builder.json")
     parser.add_argument("--work", default="runs/bench-built")
     args = parser.parse_args()
@@ -112,7 +112,13 @@ def main() -> None:
         }
         for s in (*SCENARIOS, "all")
     }
-    workload = {"recipe": "recipes/built.yaml", "build": "--source synthetic --seed 0", "train_steps": args.steps}
+    workload = {
+        "recipe": "recipes/built.yaml",
+        "build": "--source synthetic --seed 0",
+        "train_steps": args.steps,
+        "train_temperature": config.rollout.sampling.temperature,
+        "trajectories_per_step": config.train.prompts_per_step * config.train.group_size,
+    }
     write_results(
         args.out,
         {

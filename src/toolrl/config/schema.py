@@ -197,6 +197,9 @@ class EvalConfig(Section):
 
 
 class RunConfig(Section):
+    plugins: list[str] = []
+    """Modules to import first: they register parsers, advantage estimators, losses, engines, criteria or
+    environments of your own (`@register_parser`, `@register_advantage`, ...); see docs/extending.md."""
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: str = "runs"

@@ -17,7 +17,6 @@ names (or that the `toolrl.environments` entry-point group lists); `toolrl env n
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ from toolrl.parsers import CallSyntax, get_parser
 from toolrl.registry import Registry
 from toolrl.rewards.rubric import Rubric
 from toolrl.rewards.text import final_answer
-from toolrl.text import first_line
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import Tool
 
@@ -199,22 +197,11 @@ ENTRY_POINTS = "toolrl.environments"
 
 
 def _import_modules(config) -> None:
-    """Import `env.module` (one or a list), from the current folder too: a package next to the config is found
-    whichever way toolrl was started."""
-    import os
-    import sys
+    """Import `env.module` (one or a list)."""
+    from toolrl.plugins import import_modules
 
     modules = config.module if isinstance(config.module, list) else [config.module] if config.module else []
-    if modules and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:
-            raise ConfigError(
-                f"env.module: cannot import {module!r} ({type(exc).__name__}: {first_line(exc)}); "
-                "is it installed or on PYTHONPATH?"
-            ) from None
+    import_modules(modules, "env.module")
 
 
 def environment_class(config) -> Callable[..., Environment]:

@@ -16,9 +16,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from toolrl.errors import ConfigError
+from toolrl.registry import Registry
 
 RewardFn = Callable[[Any, Any], float]
 """(trajectory, task) -> score."""
+
+CRITERIA: Registry[RewardFn] = Registry("reward criterion", "env.reward_weights")
+"""Criteria any environment's rubric can take by name: `env.reward_weights: {NAME: weight}` adds a registered
+criterion the environment does not have (and re-weights one it has)."""
+register_criterion = CRITERIA.register
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,16 @@ class Rubric:
     def with_weights(self, weights: Mapping[str, float], extra: Sequence[Criterion] = ()) -> Rubric:
         """This rubric with some weights changed (by criterion name) and `extra` criteria added."""
         known = {c.name for c in self.criteria} | {c.name for c in extra}
-        unknown = sorted(set(weights) - known)
+        added = [Criterion(name, CRITERIA[name], 0.0) for name in weights if name not in known and name in CRITERIA]
+        unknown = sorted(set(weights) - known - {c.name for c in added})
         if unknown:
             names = ", ".join(sorted(known))
-            raise ConfigError(f"env.reward_weights: no criterion named {unknown[0]!r}; this environment has {names}")
-        criteria = [*self.criteria, *extra]
+            registered = ", ".join(sorted(CRITERIA)) or "none"
+            raise ConfigError(
+                f"env.reward_weights: no criterion named {unknown[0]!r}; this environment has {names} "
+                f"(registered criteria: {registered})"
+            )
+        criteria = [*self.criteria, *extra, *added]
         return Rubric([replace(c, weight=weights.get(c.name, c.weight)) for c in criteria], self.success)
 
 

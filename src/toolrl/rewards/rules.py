@@ -3,7 +3,7 @@ criteria every environment logs (`common_criteria`)."""
 
 from __future__ import annotations
 
-from toolrl.rewards.rubric import Criterion
+from toolrl.rewards.rubric import Criterion, register_criterion
 from toolrl.rewards.text import exact_match, final_answer, gold_answers
 
 
@@ -12,6 +12,7 @@ def answer_format(trajectory, task) -> float:
     return float(final_answer(trajectory.final_text) is not None and trajectory.num_format_errors == 0)
 
 
+@register_criterion("exact_match")
 def exact_match_answer(trajectory, task) -> float:
     """The final <answer> equals a gold answer after SQuAD normalisation."""
     return exact_match(final_answer(trajectory.final_text), gold_answers(task))
@@ -26,6 +27,7 @@ def tool_errors(trajectory, task) -> float:
     return float(trajectory.num_tool_errors - trajectory.num_tool_faults)
 
 
+@register_criterion("efficiency")
 def efficiency(trajectory, task) -> float:
     """1 for at most one tool call, then 1/(number of calls): fewer calls for the same outcome score higher."""
     return 1.0 / max(trajectory.num_tool_calls, 1)

@@ -14,6 +14,7 @@ from toolrl.config import RunConfig
 from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, make_env
 from toolrl.models import load_model, load_tokenizer, pick_device
+from toolrl.plugins import import_modules
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.tools import ToolExecutor
 from toolrl.tools.toolset import Toolset, run_executor
@@ -43,6 +44,7 @@ class Workbench:
     def load(cls, config: RunConfig, model_name: str | None = None, log_dir: Path | None = None) -> Workbench:
         """`log_dir`: where tool servers and workers write their stderr (a run's tools/ folder; by default
         $TOOLRL_HOME/logs/tools)."""
+        import_modules(config.plugins, "plugins")
         device = pick_device(config.device)
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
