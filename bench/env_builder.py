@@ -50,7 +50,7 @@ def reference_success(bench: Workbench) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--out", default="bench/results/env_builder.json")
     parser.add_argument("--work", default="runs/bench-built")
     args = parser.parse_args()

@@ -35,7 +35,7 @@ def tiny_overrides(tiny: Path, out: Path) -> list[str]:
         f"model.name={tiny}",
         "device=cpu",
         "train.steps=1",
-        "train.prompts_per_step=1",
+        "train.prompts_per_step=2",
         "train.group_size=2",
         "rollout.max_new_tokens=8",
         "eval.num_tasks=2",
@@ -114,8 +114,14 @@ def test_the_code_of_each_page_runs(page, tmp_path, tiny_model_dir):
                 if not line or line.startswith("#") or line in NOT_RUN:
                     continue
                 argv = shlex.split(line)
+                if argv[0] == "torchrun":  # torchrun ... -m toolrl ARGS: the same launcher, as a module
+                    launcher = [sys.executable, "-m", "torch.distributed.run", *argv[1 : argv.index("toolrl") - 1]]
+                    argv = argv[argv.index("toolrl") :]
+                else:
+                    launcher = []
                 assert argv[0] == "toolrl", f"{page.name}: only toolrl commands run in docs: {line}"
                 extra = [a for o in overrides for a in ("--set", o)] if argv[1] in ("train", "eval") else []
-                run([sys.executable, "-m", "toolrl", *argv[1:], *extra], tmp_path, f"{page.name}: {line}")
+                command = [*launcher] + (["-m", "toolrl"] if launcher else [sys.executable, "-m", "toolrl"])
+                run([*command, *argv[1:], *extra], tmp_path, f"{page.name}: {line}")
         elif language == "yaml":
             check_yaml(body, tmp_path)

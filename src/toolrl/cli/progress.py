@@ -13,7 +13,8 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-Mode = Literal["bar", "lines", "json", "quiet"]
+Mode = Literal["bar", "lines", "json", "quiet", "silent"]
+"""silent: a torchrun rank other than 0 (rank 0 reports the whole step)."""
 
 
 def pick_mode(quiet: bool, as_json: bool, stream: Any = None) -> Mode:

@@ -30,7 +30,7 @@ def train(
     line per step otherwise (also in RUN/progress.log)."""
     from toolrl.cli.progress import StepReporter, pick_mode
     from toolrl.config import load_config
-    from toolrl.train import RunDir, Trainer, Workbench
+    from toolrl.train import RunDir, Trainer, Workbench, distributed
 
     if resume is not None:
         if config is not None:
@@ -44,13 +44,16 @@ def train(
         run = None
     _quiet_libraries()
     started = time.perf_counter()
-    mode = pick_mode(quiet, as_json)
+    ctx = distributed.from_env()  # under torchrun: rank 0 writes the run directory and prints; the others work
+    mode = pick_mode(quiet, as_json) if ctx.main else "silent"
     say = console.print if mode in ("bar", "lines") else (lambda *a, **k: None)
-    run = run or RunDir.create(cfg)
-    say(f"run directory: [bold]{run.path}[/]")
+    run = (run or RunDir.create(cfg)) if ctx.main else None
+    if run is not None:
+        say(f"run directory: [bold]{run.path}[/]")
     with console.status(f"loading {cfg.model.name}") if mode == "bar" else nullcontext():
-        bench = Workbench.load(cfg, log_dir=run.path / "tools")
-    with StepReporter(mode, cfg.train.steps, console, run.path / "progress.log") as report:
+        bench = Workbench.load(cfg, log_dir=run.path / "tools" if run else None)
+    log_file = run.path / "progress.log" if run else None
+    with StepReporter(mode, cfg.train.steps, console, log_file) as report:
         try:
             trainer = Trainer(bench, run)
             if resume is not None:
@@ -58,6 +61,8 @@ def train(
             summary = trainer.train(report)
         finally:
             bench.close()
+    if run is None:
+        return
     columns_ = {k.replace("eval_", ""): summary[k] for k in ("eval_start", "eval_end") if k in summary}
     if columns_ and mode != "json":
         say(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks)", columns_))

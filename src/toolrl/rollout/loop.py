@@ -135,8 +135,8 @@ class Rollout:
         instructions = getattr(self.parser, "instructions", None)  # the parser's own call syntax
         return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
 
-    def run(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
-        return asyncio.run(self.arun(tasks, seed))
+    def run(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
+        return asyncio.run(self.arun(tasks, seed, first))
 
     def _start(self, episode: Episode, seq: object) -> _Run:
         try:
@@ -155,9 +155,10 @@ class Rollout:
         traj.episode = episode
         return _Run(seq, traj, episode, tools)
 
-    async def arun(self, tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
+    async def arun(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
         """Roll out one trajectory per task. With `seed`, trajectory i samples with its own seed derived from
-        (seed, i): its tokens do not depend on what else shares a batch or on timing."""
+        (seed, first + i): its tokens do not depend on what else shares a batch or on timing (`first`: the
+        index of the first task in the whole step, for a data-parallel rank's share)."""
         episodes: list[Episode] = []
         seqs = [object() for _ in tasks]  # engine sequence keys, unique even across concurrent rollouts
         runs: list[_Run] = []
@@ -167,7 +168,7 @@ class Rollout:
             runs = [self._start(episode, seq) for episode, seq in zip(episodes, seqs, strict=True)]
             if seed is not None:
                 for i, run in enumerate(runs):
-                    run.traj.seed = seed * SEED_STRIDE + i
+                    run.traj.seed = seed * SEED_STRIDE + first + i
             if self.schedule == "lockstep":
                 await self._lockstep(runs)
             else:

@@ -32,7 +32,8 @@ BEST = "best.json"
 
 
 def write_model(trainer: Trainer, folder: Path) -> None:
-    save_model(trainer.model, trainer.bench.tokenizer, folder)
+    """The policy as a Hugging Face folder (under torchrun: the full, synced generation copy)."""
+    save_model(trainer.generator, trainer.bench.tokenizer, folder)
 
 
 def write_state(trainer: Trainer, folder: Path) -> None:
@@ -59,6 +60,9 @@ def save_checkpoint(trainer: Trainer) -> Path | None:
     """Written atomically under checkpoints/, then run/last points at it."""
     if not trainer.run:
         return None
+    if trainer.dist.on:  # the optimizer's state is sharded: torch.distributed.checkpoint is not wired in yet
+        log.warning("torchrun: resumable checkpoints of sharded runs are not written yet; final/ is")
+        return None
     path = trainer.run.save(f"checkpoints/step-{trainer.step_done:06d}", lambda folder: write_state(trainer, folder))
     trainer.run.point("last", path)
     prune(trainer)
@@ -77,6 +81,8 @@ def save_best(trainer: Trainer, step: int, metric: str) -> None:
 def resume(trainer: Trainer) -> int:
     """Continue from run/last: load the state and drop log records of later steps. Returns the step."""
     run = trainer.run
+    if trainer.dist.on:
+        raise ConfigError("--resume under torchrun: sharded runs write no resumable checkpoint yet")
     last = run.pointed("last") if run else None
     if last is None or not (last / STATE).is_file():
         raise ConfigError(f"{run.path if run else '?'}: no checkpoint to resume from (no last/)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
@@ -86,28 +87,12 @@ def _decoder_layers(model) -> list:
     return [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
 
 
-def score_tokens(
-    model, trajs: Sequence[Trajectory], temperature: float = 1.0, entropy: bool = False, value_head=None
-) -> TokenScores:
-    """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them)."""
-    device = next(model.parameters()).device
-    first_trained = min(t.loss_mask.index(1) for t in trajs)
-    # Every scored position (first_trained - 1 onward) must lie in the suffix, after the shared prefix.
-    prefix_len = min(common_prefix_length([t.token_ids for t in trajs]), first_trained - 1)
-    prefix = trajs[0].token_ids[:prefix_len]
-    suffixes = [t.token_ids[prefix_len:] for t in trajs]
-    width = max(len(s) for s in suffixes)
-    rows = len(trajs)
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    suffix_mask = torch.zeros(rows, width, dtype=torch.long)
-    for i, s in enumerate(suffixes):
-        ids[i, : len(s)] = torch.tensor(s)
-        suffix_mask[i, : len(s)] = 1
-    ids, suffix_mask = ids.to(device), suffix_mask.to(device)
-
+def hidden_and_logits(model, ids, attention, positions, prefix, rows_idx, cols_idx):
+    """The decoder over the shared prefix once and every row's suffix, then the hidden states and logits at
+    the selected positions only. Under FSDP2 it is registered as a forward method of the sharded model
+    (distributed.shard), so that calling it gathers the weights as `forward` would."""
+    device, rows, prefix_len = ids.device, ids.shape[0], len(prefix)
     decoder = model.get_decoder()
-    attention = torch.cat([torch.ones(rows, prefix_len, dtype=torch.long, device=device), suffix_mask], dim=1)
-    positions = torch.arange(prefix_len, prefix_len + width, device=device).expand(rows, -1)
     layers = _decoder_layers(decoder)
     saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
     try:
@@ -132,6 +117,33 @@ def score_tokens(
         for layer, (replays, with_cache) in zip(layers, saved, strict=True):
             layer.gradient_checkpointing, layer._can_checkpoint_with_cache = replays, with_cache
 
+    selected = hidden[torch.tensor(rows_idx, device=device), torch.tensor(cols_idx, device=device)]
+    return selected, model.get_output_embeddings()(selected).float()
+
+
+def score_tokens(
+    model, trajs: Sequence[Trajectory], temperature: float = 1.0, entropy: bool = False, value_head=None
+) -> TokenScores:
+    """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them)."""
+    device = next(model.parameters()).device
+    first_trained = min(t.loss_mask.index(1) for t in trajs)
+    # Every scored position (first_trained - 1 onward) must lie in the suffix, after the shared prefix.
+    prefix_len = min(common_prefix_length([t.token_ids for t in trajs]), first_trained - 1)
+    if getattr(model, "toolrl_hidden_and_logits", None) is not None:
+        prefix_len = 0  # sharded (FSDP2): each layer runs once per pass, as its gradient hooks expect
+    prefix = trajs[0].token_ids[:prefix_len]
+    suffixes = [t.token_ids[prefix_len:] for t in trajs]
+    width = max(len(s) for s in suffixes)
+    rows = len(trajs)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    suffix_mask = torch.zeros(rows, width, dtype=torch.long)
+    for i, s in enumerate(suffixes):
+        ids[i, : len(s)] = torch.tensor(s)
+        suffix_mask[i, : len(s)] = 1
+    ids, suffix_mask = ids.to(device), suffix_mask.to(device)
+
+    attention = torch.cat([torch.ones(rows, prefix_len, dtype=torch.long, device=device), suffix_mask], dim=1)
+    positions = torch.arange(prefix_len, prefix_len + width, device=device).expand(rows, -1)
     rows_idx, cols_idx, targets, counts = [], [], [], []
     for i, t in enumerate(trajs):
         trained = [p for p, m in enumerate(t.loss_mask) if m]
@@ -139,8 +151,8 @@ def score_tokens(
         cols_idx += [p - 1 - prefix_len for p in trained]
         targets += [t.token_ids[p] for p in trained]
         counts.append(len(trained))
-    selected = hidden[torch.tensor(rows_idx, device=device), torch.tensor(cols_idx, device=device)]
-    logits = model.get_output_embeddings()(selected).float()
+    forward = getattr(model, "toolrl_hidden_and_logits", None) or partial(hidden_and_logits, model)
+    selected, logits = forward(ids, attention, positions, prefix, rows_idx, cols_idx)
     if temperature > 0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)

@@ -8,6 +8,7 @@ of the update live in update.py, checkpoints in checkpointing.py, the workbench 
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import time
@@ -22,7 +23,7 @@ from toolrl.envs import Task
 from toolrl.errors import ConfigError
 from toolrl.rollout import Trajectory
 from toolrl.rollout.engine import ENGINES, common_prefix_length
-from toolrl.train import checkpointing
+from toolrl.train import checkpointing, distributed
 from toolrl.train.evaluate import summarize
 from toolrl.train.loggers import open_loggers
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens
@@ -63,18 +64,33 @@ class Trainer:
             bench.model = apply_lora(bench.model, t.lora)
             bench.engines.clear()  # engines made before hold the unwrapped model
         self.model = bench.model
+        self.dist = distributed.from_env()
+        self.generator = self.model  # what the rollout engine samples from: the policy itself in one process
+        if self.dist.on:
+            if t.prompts_per_step % self.dist.world:
+                raise ConfigError(
+                    f"train.prompts_per_step: {t.prompts_per_step} prompts do not split over {self.dist.world} "
+                    "ranks; give a multiple of the number of processes"
+                )
+            self.generator = copy.deepcopy(self.model).eval()  # unsharded, refreshed after each update
+            bench.model = self.generator
+            bench.engines.clear()
         if t.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.value_head = None
         if ADVANTAGES.capability(t.advantage, "needs_values"):
             hidden = self.model.get_output_embeddings().in_features
             self.value_head = ValueHead(hidden).to(bench.device)
+        self.reference = make_reference(self.model, t)  # a full copy in every process (no collectives)
+        if self.dist.on:
+            distributed.shard(self.model, self.dist)
+            if self.value_head is not None:
+                distributed.shard_module(self.value_head, self.dist)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
             params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, t))
-        self.reference = make_reference(self.model, t)
         self.rollout = bench.rollout(self.config.rollout.sampling, seed=self.config.seed)
         self.train_tasks = list(bench.env.tasks("train"))
         self.rng = random.Random(self.config.seed)
@@ -102,8 +118,11 @@ class Trainer:
         t, bench = self.config.train, self.bench
         started = time.perf_counter()
         tasks = [task for task in self.next_tasks() for _ in range(t.group_size)]
+        share = len(tasks) // self.dist.world  # whole groups: prompts_per_step splits over the ranks
+        first = self.dist.rank * share
         tool_counts, reward_counts = bench.executor.metrics.copy(), bench.env.rubric.stats()
-        trajs = self.rollout.run(tasks, seed=self.config.seed * STEP_SEED_STRIDE + step)  # scored by the rubric
+        seed = self.config.seed * STEP_SEED_STRIDE + step
+        trajs = self.rollout.run(tasks[first : first + share], seed=seed, first=first)  # scored by the rubric
         tool_counts, reward_counts = bench.executor.metrics - tool_counts, bench.env.rubric.stats() - reward_counts
         rollout_s = time.perf_counter() - started
         stats = self.update(trajs)  # advantages, loss, optimizer
@@ -120,6 +139,7 @@ class Trainer:
             "train_s": time.perf_counter() - started - rollout_s,
             "step_s": time.perf_counter() - started,
         }
+        metrics = distributed.reduce_metrics(self.dist, metrics)
         self.log(step, metrics, trajs)
         return metrics
 
@@ -146,8 +166,12 @@ class Trainer:
             return refs, values
         scored = [i for i, traj in enumerate(trajs) if sum(traj.loss_mask)]
         self.model.eval()
+        batches = self._micro_batches([trajs[i] for i in scored])
         with torch.no_grad():
-            for batch in self._micro_batches([trajs[i] for i in scored]):
+            sharded = need_values or (need_ref and self.reference is None)  # passes through the sharded model
+            for _ in range(distributed.max_over_ranks(self.dist, len(batches)) - len(batches) if sharded else 0):
+                self._dummy_scores(trajs[0], need_ref, need_values)
+            for batch in batches:
                 chosen = [trajs[scored[i]] for i in batch]
                 if need_ref:
                     model, context = reference_context(self.model, self.reference)
@@ -161,6 +185,15 @@ class Trainer:
                         values[scored[i]] = part
         return refs, values
 
+    def _dummy_scores(self, traj: Trajectory, ref: bool, values: bool) -> None:
+        """The sharded passes another rank makes and this one has no batch for (results unused)."""
+        if ref and self.reference is None:
+            model, context = reference_context(self.model, None)
+            with context:
+                self._scores(model, [traj])
+        if values:
+            self._scores(self.model, [traj], values=True)
+
     def _micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
         shared = common_prefix_length([traj.token_ids for traj in trajs]) if trajs else 0
         return micro_batches([len(traj.token_ids) - shared for traj in trajs], self.config.train.micro_batch_tokens)
@@ -173,20 +206,29 @@ class Trainer:
         refs, values = self._before_update(trajs)
         scored = time.perf_counter()
         batch = step_batch(trajs, refs, values, t, self.kl, device)
-        est = self.estimate(advantage_inputs(batch, t, device, with_values=self.value_head is not None))
+        inputs = advantage_inputs(batch, t, device, with_values=self.value_head is not None)
+        est = (
+            self.estimate(inputs) if not self.dist.on else distributed.step_advantages(self.dist, self.estimate, inputs)
+        )
         only_policy = (t.kl.coef == 0 or t.kl.mode == "reward") and not t.entropy_coef and self.value_head is None
         chosen = select(batch, est, t, only_policy)
+        chosen.totals = distributed.global_totals(self.dist, chosen.totals)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         batches = self._micro_batches([w.traj for w in chosen.work])
         scores = partial_scores(self, entropy=t.entropy_coef > 0)
-        sums, clipped = backward(chosen, batches, scores, self.loss_fns, t)
+        pad_to = distributed.max_over_ranks(self.dist, len(batches))
+        sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0])
         backward_done = time.perf_counter()
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm) if chosen.work else torch.tensor(0.0)
+        any_work = distributed.max_over_ranks(self.dist, len(chosen.work)) > 0  # every rank steps its shards
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm) if any_work else torch.tensor(0.0)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         lr = self.optimizer.param_groups[0]["lr"]
-        if chosen.work:
+        if any_work:
             self.optimizer.step()
+            if self.dist.on:  # the new weights reach the generation copy before the next rollout
+                self.generator.load_state_dict(distributed.full_state(self.model))
         with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step(); the schedule goes on
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
@@ -239,8 +281,12 @@ class Trainer:
         return summary
 
     def _eval(self, when: str, step: int) -> dict[str, float]:
+        if not self.dist.main:  # rank 0 evaluates on its full copy; the others wait
+            distributed.barrier(self.dist)
+            return {}
         started = time.perf_counter()
         stats = self.bench.evaluate()
+        distributed.barrier(self.dist)
         stats["eval_s"] = time.perf_counter() - started
         log.info("eval at %s: %s", when, stats)
         if self.run:
@@ -252,8 +298,8 @@ class Trainer:
     def _eval_and_keep_best(self, step: int) -> dict[str, float]:
         stats = self._eval("end" if step == self.config.train.steps else f"step {step}", step)
         metric = "success" if "success" in stats else "reward"  # an environment without a success criterion
-        score = stats[metric]
-        if self.run and (self.best is None or score > self.best):
+        score = stats.get(metric)
+        if self.run and score is not None and (self.best is None or score > self.best):
             self.best = score
             checkpointing.save_best(self, step, metric)
         return stats

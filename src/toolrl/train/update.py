@@ -155,12 +155,23 @@ def backward(
     scores: Callable[[list[Trajectory]], TokenScores],
     fns: LossFunctions,
     t,
+    pad_to: int = 0,
+    dummy: Trajectory | None = None,
 ) -> tuple[dict[str, float], int]:
     """The loss over micro-batches, each backpropagated: policy loss, plus the KL term (train.kl.mode: loss),
-    minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count."""
+    minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count.
+    `pad_to`: run forward and backward passes of zero loss on `dummy` until there were that many (data
+    parallel ranks must make the same number of sharded passes)."""
     sums = dict.fromkeys(LOSS_TERMS, 0.0)
     clipped = 0
     totals = selection.totals
+    for _ in range(pad_to - len(batches)):
+        scored = scores([dummy])
+        zero = scored.logprobs.sum() * 0.0
+        for extra in (scored.entropy, scored.values):
+            if extra is not None:
+                zero = zero + extra.sum() * 0.0
+        zero.backward()
     for batch in batches:
         chosen = [selection.work[i] for i in batch]
         scored = scores([w.traj for w in chosen])

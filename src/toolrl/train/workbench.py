@@ -45,7 +45,9 @@ class Workbench:
         """`log_dir`: where tool servers and workers write their stderr (a run's tools/ folder; by default
         $TOOLRL_HOME/logs/tools)."""
         import_modules(config.plugins, "plugins")
-        device = pick_device(config.device)
+        from toolrl.train import distributed
+
+        device = distributed.device_for(distributed.from_env(), pick_device(config.device))
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
         model = load_model(name, device, config.model.dtype)
