@@ -20,6 +20,7 @@ from typing import Any
 
 from toolrl.build.artifacts import BuiltTask, Deployed, FactRow, ScaledTool, Workspace
 from toolrl.build.decompose import read_facts
+from toolrl.build.runtime import _norm, _row_key  # the runtime's own keys: tables and lookups must agree
 from toolrl.build.scale import SCALED_TOOLS_FILE, TASKS_FILE
 from toolrl.envs.code.sandbox import Sandbox, SandboxLimits
 from toolrl.text import clip
@@ -38,14 +39,6 @@ It must return, as a string, exactly the answers below for these arguments, and 
 message for arguments it does not know. Use the standard library only; no input, files or network.
 {examples}
 Reply with only the code in one ```python block."""
-
-
-def _norm(value: Any) -> str:
-    return " ".join(str(value).split()).lower()
-
-
-def _row_key(arguments: dict[str, Any]) -> str:
-    return json.dumps({k: _norm(v) for k, v in arguments.items()}, sort_keys=True)
 
 
 def tool_spec(tool: ScaledTool, facts: dict[str, list[FactRow]]) -> dict[str, Any]:
