@@ -3,10 +3,13 @@ gives for the same groups, for full weights and for LoRA; metrics are reduced an
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -22,7 +25,8 @@ def chars(trajectory, task):
 '''
 
 
-def train(tmp_path, tiny_model_dir, name, processes, *extra):
+def command(tmp_path, tiny_model_dir, name, processes, *extra, resume=False):
+    """`toolrl train` in 1 process or under torchrun; with `resume`, `--resume` of the run `name`."""
     overrides = [
         f"model.name={tiny_model_dir}", "device=cpu", "train.steps=1", "train.prompts_per_step=2",
         "train.group_size=3", "rollout.max_new_tokens=12", "train.lr=0.001", "eval.at_start=false",
@@ -30,10 +34,17 @@ def train(tmp_path, tiny_model_dir, name, processes, *extra):
         "env.reward_weights={chars: 1.0}", *extra,
     ]  # fmt: skip
     args = [a for o in overrides for a in ("--set", o)]
+    if resume:
+        args = ["--resume", str(tmp_path / name), *[a for o in extra for a in ("--set", o)]]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
-    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "toolrl", "train", *args]
+    argv = [*(launcher if processes > 1 else [sys.executable]), "-m", "toolrl", "train", *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path)]), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    return argv, env
+
+
+def train(tmp_path, tiny_model_dir, name, processes, *extra, resume=False):
+    argv, env = command(tmp_path, tiny_model_dir, name, processes, *extra, resume=resume)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return load_file(str(tmp_path / name / "final" / "model.safetensors")), metrics[-1], done.stdout
@@ -61,3 +72,76 @@ def test_two_ranks_update_the_weights_as_one_process_does(tmp_path, tiny_model_d
     assert one_metrics["grad_norm"] == pytest.approx(two_metrics["grad_norm"], rel=1e-4)  # the summed gradient
     assert two_metrics["trained_trajectories"] == one_metrics["trained_trajectories"] == 6
     assert stdout.count("checkpoint: ") == 1  # rank 0 reports; the other rank is silent
+
+
+def updates_differ(before, a, b) -> float:
+    """Relative difference of two runs' weight updates from `before`."""
+    d_a = torch.cat([(a[k] - before[k]).flatten() for k in sorted(a)])
+    d_b = torch.cat([(b[k] - before[k]).flatten() for k in sorted(a)])
+    return float((d_a - d_b).norm() / d_a.norm())
+
+
+def steps_logged(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "eval" not in r]
+
+
+@pytest.mark.slow
+def test_a_sharded_run_killed_with_sigkill_resumes_in_one_process(tmp_path, tiny_model_dir):
+    """2 ranks write sharded checkpoints (torch.distributed.checkpoint); the job is killed with SIGKILL after
+    step 2's; one process resumes from it (2 -> 1) and ends where the uninterrupted 2-rank run ends."""
+    (tmp_path / "length_reward.py").write_text(PLUGIN)
+    extra = ["train.steps=4", "train.save_every=1"]
+    whole, _, _ = train(tmp_path, tiny_model_dir, "whole", 2, *extra)
+    assert (tmp_path / "whole" / "last" / "dcp" / ".metadata").is_file()
+
+    argv, env = command(tmp_path, tiny_model_dir, "killed", 2, *extra)
+    job = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    killed = tmp_path / "killed"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        last = killed / "last"
+        if last.is_symlink() and last.resolve().name == "step-000002":
+            for process in [*psutil.Process(job.pid).children(recursive=True), psutil.Process(job.pid)]:
+                process.send_signal(signal.SIGKILL)  # both ranks and torchrun
+            break
+        if job.poll() is not None:
+            pytest.fail(f"the job ended before it could be killed: {job.stderr.read()[-2000:]}")
+        time.sleep(0.01)
+    job.wait()
+    time.sleep(1)
+    assert job.returncode == -signal.SIGKILL and not (killed / "final").exists()
+    assert killed.joinpath("last").resolve().name == "step-000002"
+
+    pieced, _, _ = train(tmp_path, tiny_model_dir, "killed", 1, resume=True)
+    assert [m["step"] for m in steps_logged(killed)] == [1, 2, 3, 4]  # none lost, none repeated
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    relative = updates_differ(before, whole, pieced)
+    print(f"relative difference of the updates, 2 ranks vs 2 -> 1: {relative:.2e}")
+    assert relative < 5e-3
+    for a, b in zip(steps_logged(tmp_path / "whole"), steps_logged(killed), strict=True):
+        assert b["reward"] == pytest.approx(a["reward"], abs=1e-4), a["step"]
+
+
+@pytest.mark.slow
+def test_a_one_process_checkpoint_resumes_on_two_ranks_and_exports(tmp_path, tiny_model_dir):
+    (tmp_path / "length_reward.py").write_text(PLUGIN)
+    whole, _, _ = train(tmp_path, tiny_model_dir, "whole", 1, "train.steps=3", "train.save_every=1")
+    train(tmp_path, tiny_model_dir, "grown", 1, "train.steps=2", "train.save_every=1")
+    grown, _, _ = train(tmp_path, tiny_model_dir, "grown", 2, "train.steps=3", resume=True)  # 1 -> 2
+    assert [m["step"] for m in steps_logged(tmp_path / "grown")] == [1, 2, 3]
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert updates_differ(before, whole, grown) < 5e-3
+    sharded = tmp_path / "grown" / "last"
+    assert (sharded / "dcp" / ".metadata").is_file()
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = tmp_path / "exported"
+    done = subprocess.run([sys.executable, "-m", "toolrl", "export", str(tmp_path / "grown"), str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for name, tensor in grown.items():  # final/ of the 2-rank run: the same weights
+        assert torch.equal(exported[name], tensor), name

@@ -57,7 +57,7 @@ def train(
         try:
             trainer = Trainer(bench, run)
             if resume is not None:
-                report.start(trainer.resume())
+                report.start(trainer.resume(resume))
             summary = trainer.train(report)
         finally:
             bench.close()
@@ -129,6 +129,18 @@ def eval_(
                 f.write(json.dumps(record) + "\n")
         console.print(f"wrote {out / 'summary.json'} and {out / 'trajectories.jsonl'}")
     console.print(f"wall time {time.perf_counter() - started:.0f} s")
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="A run directory (its last checkpoint) or a checkpoint folder.")],
+    out: Annotated[Path, typer.Argument(help="Folder to write the Hugging Face model to.")],
+) -> None:
+    """Write a checkpoint, sharded (torchrun) or not, as a plain Hugging Face model folder (LoRA merged)."""
+    from toolrl.train.export import export_checkpoint
+
+    _quiet_libraries()
+    console.print(f"exported: {export_checkpoint(checkpoint, out)}")
 
 
 @app.command()

@@ -169,6 +169,14 @@ class TrainConfig(Section):
     betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = Field(1.0, gt=0)
     advantage_eps: float = Field(1e-4, gt=0)
+    tis_cap: float | None = Field(None, gt=0)
+    """Truncated importance sampling: weigh each trained token's loss by min(pi_trainer / pi_engine, cap), the
+    correction for an engine that samples with other numerics or weights than the trainer computes (vLLM, a
+    step-old copy); 2.0 is common. None: off (the mismatch is still logged as mismatch/*)."""
+    async_steps: int = Field(0, ge=0, le=1)
+    """1: one-step off-policy, the rollout of step k+1 runs (on a copy of the policy) while step k trains; the
+    trajectories are one update stale, and the ratio is against the behaviour log-probs (with tis_cap: against
+    the trainer's, with the capped weight). 0: on-policy."""
     mask_truncated: bool = False
     """Leave truncated trajectories (cut by a token limit) out of the loss, as DAPO's overlong filtering does."""
     infra_faults: Literal["mask", "keep"] = "mask"

@@ -42,6 +42,10 @@ class Engine(ABC):
     def release(self, seq: Hashable) -> None:  # noqa: B027 - optional: engines without per-sequence state
         """The sequence is finished: free what the engine keeps for it."""
 
+    def free_memory(self) -> None:  # noqa: B027 - optional: engines that keep nothing between rollouts
+        """A rollout ended and nothing runs: free what the engine keeps between rollouts (its KV cache); the
+        next `generate` allocates again."""
+
     def close(self) -> None:  # noqa: B027
         """Free the engine's resources."""
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolrl.memory import trim
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
@@ -112,6 +113,21 @@ class HFEngine(Engine):
     def release(self, seq: Hashable) -> None:
         # Freed at the start of the next step, in the worker thread: a step may be running right now.
         self._released.append(seq)
+
+    def free_memory(self) -> None:
+        """Drop the KV cache between rollouts (two engines' caches, training's and evaluation's, kept for the
+        whole run were most of a demo run's resident memory); allocating it again costs far less than a step."""
+        if self.requests or (self._driver is not None and not self._driver.done()):
+            return
+        self._worker.submit(self._drop_cache).result()  # the worker thread is the only one touching the cache
+        trim()
+
+    def _drop_cache(self) -> None:
+        self._free_released()
+        if not self.slots:
+            if self.cache is not None:
+                self.cache.clear()  # its layers point back at it: without this the cycle waits for the gc
+            self.cache, self.shared, self.free = None, None, []
 
     def close(self) -> None:
         self._worker.shutdown(wait=False)

@@ -136,7 +136,11 @@ class Rollout:
         return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
 
     def run(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
-        return asyncio.run(self.arun(tasks, seed, first))
+        """`arun` on an event loop of its own; then the engine frees what it keeps between rollouts."""
+        try:
+            return asyncio.run(self.arun(tasks, seed, first))
+        finally:
+            self.engine.free_memory()
 
     def _start(self, episode: Episode, seq: object) -> _Run:
         try:

@@ -108,6 +108,12 @@ class SlotCache(Cache):
         for layer in self.layers:
             layer.resize(self.num_slots, self.capacity)
 
+    def clear(self) -> None:
+        """Free the buffers now."""
+        for layer in self.layers:
+            layer.keys = layer.values = None
+            layer.is_initialized = False
+
     @property
     def scratch(self) -> int:
         return self.capacity

@@ -117,7 +117,8 @@ def gather(ctx: Dist, value: Any) -> list[Any]:
 
 
 def reduce_metrics(ctx: Dist, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Step metrics over ranks: sums for SUMMED, means for the other numbers, rank 0's for the rest."""
+    """Step metrics over ranks: sums for SUMMED, extremes for the ratios' max and min, means for the other
+    numbers, rank 0's for the rest."""
     if not ctx.on:
         return metrics
     every = gather(ctx, metrics)
@@ -126,8 +127,26 @@ def reduce_metrics(ctx: Dist, metrics: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
         values = [m.get(key, 0) for m in every]
-        out[key] = sum(values) if key in SUMMED else sum(values) / len(values)
+        if key in SUMMED:
+            out[key] = sum(values)
+        elif all(v == value for v in values):  # the same on every rank (the step): kept as it is
+            continue
+        elif key.endswith("max_ratio"):
+            out[key] = max(values)
+        elif key.endswith("min_ratio"):
+            out[key] = min(values)
+        else:
+            out[key] = sum(values) / len(values)
     return out
+
+
+def broadcast(ctx: Dist, value: Any) -> Any:
+    """Rank 0's `value`, on every rank."""
+    if not ctx.on:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def max_over_ranks(ctx: Dist, value: int) -> int:

@@ -14,13 +14,17 @@ import random
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from toolrl.algos.mismatch import Mismatch
 from toolrl.envs import Task
 from toolrl.errors import ConfigError
+from toolrl.memory import trim
 from toolrl.rollout import Trajectory
 from toolrl.rollout.engine import ENGINES, common_prefix_length
 from toolrl.train import checkpointing, distributed
@@ -44,6 +48,18 @@ log = logging.getLogger(__name__)
 
 STEP_SEED_STRIDE = 1_000_003
 """Step s of a run seeded r samples with seed r * STEP_SEED_STRIDE + s: a distinct stream per step and run."""
+
+
+@dataclass
+class RolloutPart:
+    """A step's rollout: its trajectories, what its tools and rubric counted, and the policy version (optimizer
+    steps taken) of the weights that sampled it."""
+
+    trajs: list[Trajectory]
+    tool_counts: Any
+    reward_counts: Any
+    rollout_s: float
+    version: int
 
 
 class Trainer:
@@ -72,6 +88,9 @@ class Trainer:
                     f"train.prompts_per_step: {t.prompts_per_step} prompts do not split over {self.dist.world} "
                     "ranks; give a multiple of the number of processes"
                 )
+            if t.async_steps:
+                raise ConfigError("train.async_steps: not supported under torchrun yet; set it to 0")
+        if self.dist.on or t.async_steps:
             self.generator = copy.deepcopy(self.model).eval()  # unsharded, refreshed after each update
             bench.model = self.generator
             bench.engines.clear()
@@ -97,6 +116,9 @@ class Trainer:
         self.order: list[int] = []
         self.step_done = 0
         self.best: float | None = None
+        self.generator_version = 0  # optimizer steps in the generator's weights
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if t.async_steps else None
+        self.pending: tuple[int, Future[RolloutPart], dict[str, Any]] | None = None
         self.loggers = open_loggers(t.report_to, run.path if run else None, self.config) if run else []
 
     # ---- data ---------------------------------------------------------------------------------------------
@@ -111,34 +133,79 @@ class Trainer:
             tasks.append(self.train_tasks[self.order.pop()])
         return tasks
 
+    def data_state(self) -> dict[str, Any]:
+        """Where the task order stands for the next step to train (before a pending rollout drew its tasks)."""
+        if self.pending is not None:
+            return self.pending[2]
+        return {"order": list(self.order), "rng": self.rng.getstate()}
+
     # ---- one step -----------------------------------------------------------------------------------------
 
-    def step(self, step: int) -> dict[str, Any]:
-        """One step: rollout -> advantages -> loss -> optimizer -> log."""
+    def roll_out(self, step: int) -> RolloutPart:
+        """The step's groups (this rank's share), scored by the rubric, sampled by the generator's weights."""
         t, bench = self.config.train, self.bench
         started = time.perf_counter()
+        version = self.generator_version
         tasks = [task for task in self.next_tasks() for _ in range(t.group_size)]
         share = len(tasks) // self.dist.world  # whole groups: prompts_per_step splits over the ranks
         first = self.dist.rank * share
         tool_counts, reward_counts = bench.executor.metrics.copy(), bench.env.rubric.stats()
         seed = self.config.seed * STEP_SEED_STRIDE + step
-        trajs = self.rollout.run(tasks[first : first + share], seed=seed, first=first)  # scored by the rubric
+        trajs = self.rollout.run(tasks[first : first + share], seed=seed, first=first)
         tool_counts, reward_counts = bench.executor.metrics - tool_counts, bench.env.rubric.stats() - reward_counts
-        rollout_s = time.perf_counter() - started
+        return RolloutPart(trajs, tool_counts, reward_counts, time.perf_counter() - started, version)
+
+    def _rollout_for(self, step: int) -> RolloutPart:
+        """This step's rollout: made now, or (train.async_steps) the one that ran during the last update; then
+        the next step's rollout starts, on the weights as they are before this step's update."""
+        part = None
+        if self.pending is not None and self.pending[0] == step:
+            part = self.pending[1].result()
+        self.pending = None
+        if part is None:
+            self.refresh_generator()
+            part = self.roll_out(step)
+        if self.pool is not None and step < self.config.train.steps:
+            self.refresh_generator()
+            mark = self.data_state()
+            self.pending = (step + 1, self.pool.submit(self.roll_out, step + 1), mark)
+        return part
+
+    def refresh_generator(self) -> None:
+        """The generation copy gets the policy's current weights (no rollout may be running on it)."""
+        if self.generator is not self.model and self.generator_version != self.step_done:
+            self.generator.load_state_dict(self.model.state_dict())
+        self.generator_version = self.step_done
+
+    def settle(self) -> None:
+        """Wait for a rollout running in the background (before evaluating on the generator's engine)."""
+        if self.pending is not None:
+            self.pending[1].result()
+
+    def step(self, step: int) -> dict[str, Any]:
+        """One step: rollout -> advantages -> loss -> optimizer -> log."""
+        bench = self.bench
+        started = time.perf_counter()
+        part = self._rollout_for(step)  # scored by the rubric
+        trajs = part.trajs
+        waited = time.perf_counter() - started
         stats = self.update(trajs)  # advantages, loss, optimizer
         generated = sum(sum(traj.loss_mask) for traj in trajs)
         metrics = {
             "step": step,
             **summarize(trajs, bench.env.rubric.success),
             **stats,
-            **{f"tools/{k}": v for k, v in tool_counts.items()},
-            **reward_counts,
+            **{f"tools/{k}": v for k, v in part.tool_counts.items()},
+            **part.reward_counts,
             "generated_tokens": generated,
-            "gen_tokens_per_s": generated / rollout_s,
-            "rollout_s": rollout_s,
-            "train_s": time.perf_counter() - started - rollout_s,
+            "gen_tokens_per_s": generated / part.rollout_s,
+            "rollout_s": part.rollout_s,
+            "train_s": time.perf_counter() - started - waited,
             "step_s": time.perf_counter() - started,
         }
+        if self.pool is not None:
+            metrics["offpolicy/staleness"] = step - 1 - part.version  # optimizer steps since its weights
+            metrics["offpolicy/rollout_wait_s"] = waited
         metrics = distributed.reduce_metrics(self.dist, metrics)
         self.log(step, metrics, trajs)
         return metrics
@@ -218,7 +285,8 @@ class Trainer:
         batches = self._micro_batches([w.traj for w in chosen.work])
         scores = partial_scores(self, entropy=t.entropy_coef > 0)
         pad_to = distributed.max_over_ranks(self.dist, len(batches))
-        sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0])
+        mismatch = Mismatch()
+        sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0], mismatch)
         backward_done = time.perf_counter()
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         any_work = distributed.max_over_ranks(self.dist, len(chosen.work)) > 0  # every rank steps its shards
@@ -229,6 +297,8 @@ class Trainer:
             self.optimizer.step()
             if self.dist.on:  # the new weights reach the generation copy before the next rollout
                 self.generator.load_state_dict(distributed.full_state(self.model))
+        if self.dist.on:
+            self.generator_version = self.step_done + 1  # this update's weights (or unchanged ones)
         with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step(); the schedule goes on
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
@@ -245,9 +315,11 @@ class Trainer:
             "kept_fraction": sum(chosen.keep) / max(len(trajs), 1),
             "fault_masked": sum(not v for v in batch.valid),
             "advantage_abs": float(est.advantages.abs().mean()) if len(est.advantages) else 0.0,
+            **mismatch.metrics(),
         }
         optional = {"kl": t.kl.coef > 0, "entropy": t.entropy_coef > 0, "value_loss": self.value_head is not None}
         stats.update({k: sums[k] for k, on in optional.items() if on})
+        trim()  # the step's activations go back to the system, not into a fragmented heap
         return stats
 
     # ---- the run ------------------------------------------------------------------------------------------
@@ -269,13 +341,15 @@ class Trainer:
                     self.save_checkpoint()
             if config.eval.at_end and t.steps:
                 summary["eval_end"] = self._eval_and_keep_best(t.steps)
+            self.save_checkpoint()  # under torchrun a collective: every rank writes its shards
             if self.run:
-                self.save_checkpoint()
                 summary["checkpoint"] = str(self.run.save("final", self._write_model))
                 from toolrl.train.report import write_plot
 
                 write_plot(self.run.path)
         finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
             for logger in self.loggers:
                 logger.close()
         return summary
@@ -284,6 +358,8 @@ class Trainer:
         if not self.dist.main:  # rank 0 evaluates on its full copy; the others wait
             distributed.barrier(self.dist)
             return {}
+        self.settle()
+        self.refresh_generator()  # evaluate the current weights
         started = time.perf_counter()
         stats = self.bench.evaluate()
         distributed.barrier(self.dist)
@@ -309,8 +385,9 @@ class Trainer:
     def save_checkpoint(self):
         return checkpointing.save_checkpoint(self)
 
-    def resume(self) -> int:
-        return checkpointing.resume(self)
+    def resume(self, folder=None) -> int:
+        """Continue from the run's last checkpoint (`folder`: the run directory, for ranks without one)."""
+        return checkpointing.resume(self, folder)
 
     def _write_model(self, folder) -> None:
         checkpointing.write_model(self, folder)

@@ -12,6 +12,7 @@ import torch
 
 from toolrl.algos import AdvantageInputs, Advantages, PolicyInputs, StepTotals, TurnInput, informative_groups
 from toolrl.algos import value_loss as clipped_value_loss
+from toolrl.algos.mismatch import Mismatch, tis_weights
 from toolrl.rollout import Trajectory
 from toolrl.train.logprobs import TokenScores
 
@@ -50,7 +51,7 @@ class StepBatch:
     counts: list[int]
     """Trained tokens per trajectory."""
     old: list[torch.Tensor]
-    """Log-probs at sampling time, per trained token."""
+    """The engine's log-probs at sampling time (the behaviour policy), per trained token."""
     refs: list[torch.Tensor | None]
     values: list[torch.Tensor | None]
     turns: list[list[TurnInput]]
@@ -104,6 +105,7 @@ class Work:
     traj: Trajectory
     advantages: torch.Tensor
     old_logprobs: torch.Tensor
+    """The engine's log-probs (behaviour policy)."""
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
@@ -157,9 +159,16 @@ def backward(
     t,
     pad_to: int = 0,
     dummy: Trajectory | None = None,
+    mismatch: Mismatch | None = None,
 ) -> tuple[dict[str, float], int]:
     """The loss over micro-batches, each backpropagated: policy loss, plus the KL term (train.kl.mode: loss),
     minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count.
+
+    The trainer recomputes every log-prob itself. The step makes one optimizer step after all its micro-batches,
+    so the log-probs of this forward pass, detached, are the old policy's: the ratio is against them, and the
+    engine's sampling log-probs (`Work.old_logprobs`, the behaviour policy) only measure the mismatch
+    (`mismatch`), or weigh each token by min(pi_trainer / pi_engine, train.tis_cap) with a cap. With
+    train.async_steps and no cap, the ratio is against the behaviour log-probs (clipped as PPO does).
     `pad_to`: run forward and backward passes of zero loss on `dummy` until there were that many (data
     parallel ranks must make the same number of sharded passes)."""
     sums = dict.fromkeys(LOSS_TERMS, 0.0)
@@ -175,15 +184,21 @@ def backward(
     for batch in batches:
         chosen = [selection.work[i] for i in batch]
         scored = scores([w.traj for w in chosen])
+        engine = _cat(chosen, "old_logprobs")
+        if mismatch is not None:
+            mismatch.add(scored.logprobs, engine, t.tis_cap)
+        against_behaviour = t.async_steps > 0 and t.tis_cap is None
         inputs = PolicyInputs(
             scored.logprobs,
-            _cat(chosen, "old_logprobs"),
+            engine if against_behaviour else scored.logprobs.detach(),
             _cat(chosen, "advantages"),
             scored.counts,
             t.clip_low,
             t.clip_high,
         )
         per_token, was_clipped = fns.policy_loss(inputs)
+        if t.tis_cap is not None:
+            per_token = per_token * tis_weights(scored.logprobs, engine, t.tis_cap)
         pg = fns.aggregate(per_token, scored.counts, totals)
         loss = pg
         sums["pg_loss"] += float(pg.detach())

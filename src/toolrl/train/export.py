@@ -1,0 +1,50 @@
+"""`toolrl export`: any checkpoint of a run (one process's or a sharded one, at any world size) as a plain
+Hugging Face folder that transformers and vLLM load (LoRA merged; the adapter beside it in adapter/)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from toolrl.config import load_config
+from toolrl.errors import ConfigError
+from toolrl.train import sharded
+from toolrl.train.checkpointing import STATE, TRAINABLE
+from toolrl.train.policy import apply_lora, load_trainable, save_model
+from toolrl.train.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def find_checkpoint(path: Path) -> tuple[RunDir, Path]:
+    """A run directory (its last checkpoint) or a checkpoint folder inside one."""
+    path = path.resolve()
+    if (path / "config.yaml").is_file():
+        run = RunDir.existing(path)
+        last = run.pointed("last")
+        if last is None:
+            raise ConfigError(f"{path}: the run has no checkpoint (no last/); train.save_every writes them")
+        return run, last
+    if not (path / STATE).is_file():
+        raise ConfigError(f"{path}: not a run directory nor a checkpoint (no config.yaml, no {STATE})")
+    return RunDir.existing(path.parent.parent), path
+
+
+def export_checkpoint(path: Path, out: Path) -> Path:
+    """Load the run's base model, put the checkpoint's trained weights in it and save it to `out`."""
+    from toolrl.models import load_model, load_tokenizer
+
+    run, checkpoint = find_checkpoint(path)
+    config = load_config(run.path / "config.yaml")
+    model = load_model(config.model.name, torch.device("cpu"), config.model.dtype)
+    if config.train.lora.r:
+        model = apply_lora(model, config.train.lora)
+    if sharded.is_sharded(checkpoint):
+        sharded.load(checkpoint, model, None)
+    else:
+        load_trainable(checkpoint / TRAINABLE, model, None)
+    save_model(model, load_tokenizer(config.model.name), out)
+    log.info("exported %s to %s", checkpoint, out)
+    return out
