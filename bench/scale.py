@@ -3,6 +3,10 @@
 the largest difference between the two runs' updated weights, for full weights and LoRA.
 Prints a table and writes bench/results/scale.json.
 
+Also one-step off-policy (train.async_steps: 1) against on-policy, 3 steps each of the same work in one
+process: the mean seconds of steps 2 and 3 (step 1 has no rollout to overlap with) and their mean staleness.
+On 2 cores the rollout and the update compete for the same cores, so no gain is expected here.
+
 Not measured here: the hf against the vllm engine for a whole training step (the vllm engine cannot train
 yet: issue 17).
 """
@@ -22,11 +26,11 @@ from common import machine, write_results
 ROOT = Path(__file__).parents[1]
 
 
-def run(out: Path, name: str, ranks: int, lora: bool) -> dict:
+def run(out: Path, name: str, ranks: int, lora: bool, *extra: str, steps: int = 1) -> dict:
     overrides = [
-        "train.steps=1", "train.prompts_per_step=4", "train.group_size=4", "rollout.max_new_tokens=48",
+        f"train.steps={steps}", "train.prompts_per_step=4", "train.group_size=4", "rollout.max_new_tokens=48",
         "eval.at_start=false", "eval.at_end=false", f"output_dir={out}", f"run_name={name}", "train.lr=1e-5",
-        *(["train.lora.r=16"] if lora else []),
+        *(["train.lora.r=16"] if lora else []), *extra,
     ]  # fmt: skip
     args = [a for o in overrides for a in ("--set", o)]
     launcher = (
@@ -38,9 +42,11 @@ def run(out: Path, name: str, ranks: int, lora: bool) -> dict:
     done = subprocess.run([*launcher, "-m", "toolrl", "train", *args], capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    metrics = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()][-1]
-    return {"step_s": round(metrics["step_s"], 1), "rollout_s": round(metrics["rollout_s"], 1),
-            "train_s": round(metrics["train_s"], 1), "reward": metrics["reward"]}  # fmt: skip
+    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    later = records[1:] or records  # after the first step
+    mean = lambda key: round(sum(r.get(key, 0.0) for r in later) / len(later), 2)  # noqa: E731
+    return {"step_s": mean("step_s"), "rollout_s": mean("rollout_s"), "train_s": mean("train_s"),
+            "reward": records[-1]["reward"], "staleness": mean("offpolicy/staleness")}  # fmt: skip
 
 
 def max_abs_diff(a: Path, b: Path) -> float:
@@ -62,6 +68,13 @@ def main() -> None:
             diff = max_abs_diff(out / f"{kind}-1", out / f"{kind}-2")
             result[kind] = {"ranks1": one, "ranks2": two, "ranks2_vs_ranks1_max_abs_weight_diff": diff}
             print(f"{kind}: 1 rank {one['step_s']} s, 2 ranks {two['step_s']} s, max |weight diff| {diff:.2e}")
+        on, off = run(out, "sync", 1, False, steps=3), run(out, "async", 1, False, "train.async_steps=1", steps=3)
+        result["async_steps"] = {
+            "on_policy": on,
+            "one_step_off_policy": off,
+            "speedup": round(on["step_s"] / off["step_s"], 2),
+        }
+        print(f"async_steps 1: {off['step_s']} s per step (staleness {off['staleness']}) vs on-policy {on['step_s']} s")
     result["vllm_sync_max_abs_logprob_diff"] = None  # the vllm engine cannot train yet (issue 17)
     workload = {"recipe": "calculator (packaged default)", "prompts_per_step": 4, "group_size": 4, "lr": 1e-5}
     write_results(args.out, {"machine": machine(), "workload": workload, **result})
