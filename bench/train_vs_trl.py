@@ -41,8 +41,8 @@ def digit_share(text: str) -> float:
 class DigitsEnv(CalculatorEnv):
     """The calculator prompts, one turn, rewarded by `digit_share` of the reply."""
 
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, config, options):
+        super().__init__(config, options)
         self.rubric = Rubric([Criterion("digits", lambda traj, task: digit_share(traj.final_text))])
 
 

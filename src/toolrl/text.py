@@ -9,9 +9,9 @@ MAX_MESSAGE_CHARS = 600
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception as one line for an observation or a status: its first line, else its type name."""
-    text = str(exc)
-    return text.splitlines()[0] if text.strip() else type(exc).__name__
+    """An exception as one line for an observation or a status: its first non-blank line, else its type name."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

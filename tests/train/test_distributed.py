@@ -145,3 +145,28 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks_and_exports(tmp_path, tin
     exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
     for name, tensor in grown.items():  # final/ of the 2-rank run: the same weights
         assert torch.equal(exported[name], tensor), name
+
+
+FAILING = """
+import os
+
+from toolrl.rewards import register_criterion
+
+@register_criterion("chars")
+def chars(trajectory, task):
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("the reward broke on this rank")
+    return len(trajectory.final_text) / 100
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_ends_the_job_with_one_line_naming_it(tmp_path, tiny_model_dir):
+    (tmp_path / "length_reward.py").write_text(FAILING)
+    argv, env = command(tmp_path, tiny_model_dir, "broken", 2)
+    env["TOOLRL_DIST_TIMEOUT_S"] = "60"
+    started = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode != 0 and time.time() - started < 120  # no hang
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error: rank 1 of 2:")]
+    assert lines == [line for line in lines if "the reward broke on this rank" in line] and len(lines) == 1

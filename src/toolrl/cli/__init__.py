@@ -17,11 +17,34 @@ def main() -> None:
     try:
         result = app(standalone_mode=False)
     except ToolRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_rank()}{exc}", file=sys.stderr)
         sys.exit(2)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
+    except Exception as exc:
+        if not _rank():
+            raise
+        # under torchrun: one line per rank that names it (the others stop at the collective timeout or when
+        # the connection to it closes), the traceback in a file
+        import tempfile
+        import traceback
+        from pathlib import Path
+
+        from toolrl.text import first_line
+
+        path = Path(tempfile.gettempdir()) / f"toolrl-{_rank().split(':')[0].replace(' ', '-')}.traceback"
+        path.write_text(traceback.format_exc())
+        print(f"error: {_rank()}{type(exc).__name__}: {first_line(exc)} (traceback: {path})", file=sys.stderr)
+        sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def _rank() -> str:
+    """'rank R of N: ' under torchrun, '' in one process."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""

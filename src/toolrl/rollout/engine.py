@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from toolrl.registry import Registry
 from toolrl.rollout.sampling import SamplingParams
 
@@ -42,6 +44,11 @@ class Engine(ABC):
     def release(self, seq: Hashable) -> None:  # noqa: B027 - optional: engines without per-sequence state
         """The sequence is finished: free what the engine keeps for it."""
 
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take the policy's new weights (a plain model's state dict, LoRA merged) before the next rollout.
+        Only engines registered with `loads_weights=True` are given them; they must override this."""
+        raise NotImplementedError(f"{type(self).__name__} samples from weights of its own and cannot load them")
+
     def free_memory(self) -> None:  # noqa: B027 - optional: engines that keep nothing between rollouts
         """A rollout ended and nothing runs: free what the engine keeps between rollouts (its KV cache); the
         next `generate` allocates again."""
@@ -52,7 +59,9 @@ class Engine(ABC):
 
 ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine")
 """Engine name -> factory(model=, chat=, device=, seed=, config=). Capabilities: can_train (it samples from the
-model being trained, so training may use it)."""
+model being trained, or from weights the trainer gives it, so training may use it); loads_weights (the trainer
+gives it the new weights after each optimizer step, `Engine.load_weights`, and one instance serves training and
+evaluation)."""
 register_engine = ENGINES.register
 
 

@@ -129,6 +129,7 @@ def resume(trainer: Trainer, folder: Path | None = None) -> int:
     if trainer.dist.on:  # the generation copy starts from the loaded weights
         trainer.generator.load_state_dict(distributed.full_state(trainer.model))
     trainer.generator_version = trainer.step_done
+    trainer.publish_weights()
     log.info("resumed %s at step %d", run.path, trainer.step_done)
     return trainer.step_done
 

@@ -31,7 +31,7 @@ from toolrl.train import checkpointing, distributed
 from toolrl.train.evaluate import summarize
 from toolrl.train.loggers import open_loggers
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens
-from toolrl.train.policy import ValueHead, apply_lora, lr_factor, make_reference, reference_context
+from toolrl.train.policy import ValueHead, apply_lora, exported, lr_factor, make_reference, reference_context
 from toolrl.train.rundir import RunDir
 from toolrl.train.update import (  # noqa: F401  (their home before update.py)
     LossFunctions,
@@ -70,7 +70,7 @@ class Trainer:
         if t.steps and not ENGINES.capability(self.config.rollout.engine, "can_train"):
             raise ConfigError(
                 f"rollout.engine: {self.config.rollout.engine} serves evaluation only; training samples from the "
-                "model being trained, so use an engine that can train (hf; weights are not synced to a server yet)"
+                "model being trained, so use an engine that can train (hf, vllm)"
             )
         self.estimate = ADVANTAGES.lookup(t.advantage)
         self.kl = KL_ESTIMATORS.lookup(t.kl.estimator)
@@ -175,7 +175,18 @@ class Trainer:
         """The generation copy gets the policy's current weights (no rollout may be running on it)."""
         if self.generator is not self.model and self.generator_version != self.step_done:
             self.generator.load_state_dict(self.model.state_dict())
+            self.publish_weights()
         self.generator_version = self.step_done
+
+    def publish_weights(self) -> None:
+        """Engines that sample from weights of their own (vLLM) get the generation copy's, LoRA merged."""
+        engines = {id(e): e for e in self.bench.engines.values()}.values()
+        if not engines or not ENGINES.capability(self.config.rollout.engine, "loads_weights"):
+            return
+        with exported(self.generator) as plain:
+            weights = {name: tensor.detach() for name, tensor in plain.state_dict().items()}
+        for engine in engines:
+            engine.load_weights(weights)
 
     def settle(self) -> None:
         """Wait for a rollout running in the background (before evaluating on the generator's engine)."""
@@ -297,6 +308,8 @@ class Trainer:
             self.optimizer.step()
             if self.dist.on:  # the new weights reach the generation copy before the next rollout
                 self.generator.load_state_dict(distributed.full_state(self.model))
+            if not self.pool:
+                self.publish_weights()
         if self.dist.on:
             self.generator_version = self.step_done + 1  # this update's weights (or unchanged ones)
         with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step(); the schedule goes on

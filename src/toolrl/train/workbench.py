@@ -16,6 +16,7 @@ from toolrl.envs import Environment, make_env
 from toolrl.models import load_model, load_tokenizer, pick_device
 from toolrl.plugins import import_modules
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
+from toolrl.rollout.engine import ENGINES
 from toolrl.tools import ToolExecutor
 from toolrl.tools.toolset import Toolset, run_executor
 from toolrl.train.evaluate import run_tasks, summarize
@@ -57,16 +58,20 @@ class Workbench:
 
     def close(self) -> None:
         """End the engines, the tools' sessions and worker threads."""
-        for engine in self.engines.values():
+        for engine in {id(e): e for e in self.engines.values()}.values():
             engine.close()
         self.executor.close()
         if self.toolset is not None:
             self.toolset.close()
 
     def engine(self, purpose: str, seed: int) -> Engine:
-        """One engine per purpose (train, eval), made on first use and kept: its cache is reused every step."""
+        """One engine per purpose (train, eval), made on first use and kept: its cache is reused every step. An
+        engine that loads the trainer's weights (vLLM) is one instance for every purpose."""
+        name = self.config.rollout.engine
+        if purpose not in self.engines and ENGINES.capability(name, "loads_weights") and self.engines:
+            self.engines[purpose] = next(iter(self.engines.values()))
         if purpose not in self.engines:
-            factory = get_engine_factory(self.config.rollout.engine)
+            factory = get_engine_factory(name)
             self.engines[purpose] = factory(
                 model=self.model, chat=self.chat, device=self.device, seed=seed, config=self.config
             )
