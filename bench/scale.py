@@ -7,8 +7,8 @@ Also one-step off-policy (train.async_steps: 1) against on-policy, 3 steps each 
 process: the mean seconds of steps 2 and 3 (step 1 has no rollout to overlap with) and their mean staleness.
 On 2 cores the rollout and the update compete for the same cores, so no gain is expected here.
 
-Not measured here: the hf against the vllm engine for a whole training step (the vllm engine cannot train
-yet: issue 17).
+The hf against the vllm engine for a whole training step, and the weight sync's log-prob difference, are
+measured by bench/vllm_train.py from vLLM's own venv (it adds its keys to scale.json).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> None:
             "speedup": round(on["step_s"] / off["step_s"], 2),
         }
         print(f"async_steps 1: {off['step_s']} s per step (staleness {off['staleness']}) vs on-policy {on['step_s']} s")
-    result["vllm_sync_max_abs_logprob_diff"] = None  # the vllm engine cannot train yet (issue 17)
+    result["vllm_sync_max_abs_logprob_diff"] = None  # filled in by bench/vllm_train.py, run from vLLM's venv
     workload = {"recipe": "calculator (packaged default)", "prompts_per_step": 4, "group_size": 4, "lr": 1e-5}
     write_results(args.out, {"machine": machine(), "workload": workload, **result})
 

@@ -7,15 +7,19 @@ its own loop, and rollouts (each on a loop of its own) hand their requests to it
 
 Training: after each optimizer step the trainer hands the engine the policy's weights (LoRA merged), which go
 into the running engine with the installed vLLM's own in-place reload (the workers' `reload_weights`, through
-`collective_rpc`), then the prefix cache is reset; no restart. The log-probs vLLM reports are those of the
-distribution it sampled from after temperature (`logprobs_mode="processed_logprobs"`), which is what the
-trainer recomputes when top-k and top-p are off; the difference is logged each step as `mismatch/*`.
+`collective_rpc`, from a safetensors file in shared memory), then the prefix cache is reset; no restart. The
+log-probs vLLM reports are those of the distribution it sampled from after temperature
+(`logprobs_mode="processed_logprobs"`), which is what the trainer recomputes when top-k and top-p are off; the
+difference is logged each step as `mismatch/*`.
 """
 
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +41,8 @@ class VLLMEngine(Engine):
             ) from None
         self.stop_ids = list(stop_ids)
         self._ids = itertools.count()
+        shm = Path("/dev/shm")
+        self._sync_dir = Path(tempfile.mkdtemp(prefix="toolrl-vllm-", dir=shm if shm.is_dir() else None))
         self._loop = LoopThread("toolrl-vllm")
         engine_args.setdefault("logprobs_mode", "processed_logprobs")
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, seed=seed, **engine_args)
@@ -77,11 +83,23 @@ class VLLMEngine(Engine):
         return await self._loop.run(self._generate(list(tokens), params))
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """The trainer's weights into the running engine (checkpoint names, as a HF state dict has them)."""
-        pairs = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in weights.items()]
+        """The trainer's weights into the running engine (checkpoint names, as a HF state dict has them). They go
+        through a safetensors file in shared memory that the workers reload from (`reload_weights` with a
+        path): vLLM's engine core runs in another process and its messages carry no tensors nested in
+        arguments, and a file keeps pickle out of it."""
+        from safetensors.torch import save_file
+
+        tensors, seen = {}, set()
+        for name, tensor in weights.items():
+            tensor = tensor.detach().to("cpu").contiguous()
+            if tensor.untyped_storage().data_ptr() in seen:  # tied weights: safetensors stores each once
+                tensor = tensor.clone()
+            seen.add(tensor.untyped_storage().data_ptr())
+            tensors[name] = tensor
+        save_file(tensors, str(self._sync_dir / "model.safetensors"))
 
         async def reload() -> None:
-            await self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._sync_dir)})
             await self.llm.reset_prefix_cache()  # cached blocks hold keys and values of the old weights
 
         self._loop.submit(reload()).result()
@@ -112,6 +130,7 @@ class VLLMEngine(Engine):
         self._loop.submit(shutdown()).result(60)
         self.llm = None
         self._loop.stop()
+        shutil.rmtree(self._sync_dir, ignore_errors=True)
 
 
 @register_engine("vllm", can_train=True, loads_weights=True)
