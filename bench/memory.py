@@ -7,8 +7,9 @@ phase left allocated counts in it, as it does in a real run). Workloads:
   `--steps` steps, with its evaluation on 25 tasks at batch 25;
 - `demo_gc`: the same with train.gradient_checkpointing;
 - `qwen05b_full`, `qwen05b_lora`: a random-weight model shaped like Qwen2.5-0.5B (24 layers, hidden 896, 14
-  heads, 2 key/value heads, intermediate 4864, tied embeddings) with the default model's tokenizer, 2 prompts
-  x 4 samples, 32 new tokens per turn, full weights and LoRA (r 16).
+  heads, 2 key/value heads, intermediate 4864, tied embeddings; 0.4B parameters with the default model's
+  49k-token vocabulary), 2 prompts x 4 samples, 32 new tokens per turn, full weights and LoRA (r 16); its
+  rewards are set to 0 and 1 alternately so that every trajectory enters the loss.
 Prints a table and writes bench/results/memory.json (`demo_peak_rss_gb` per phase and overall).
 """
 
@@ -96,6 +97,9 @@ def workload(name: str, steps: int, tmp: Path) -> dict:
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     for step in range(1, steps + 1):
         part = phases.run("rollout", lambda step=step: trainer.roll_out(step))
+        if name.startswith("qwen05b"):  # a random model's rewards are all 0: give every group two values to train on
+            for i, traj in enumerate(part.trajs):
+                traj.reward = float(i % 2)
         phases.run("train", lambda part=part: trainer.update(part.trajs))
         trainer.step_done = step
 

@@ -273,7 +273,8 @@ class Trainer:
             self._scores(self.model, [traj], values=True)
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
-        shared = common_prefix_length([traj.token_ids for traj in trajs]) if trajs else 0
+        # sharded, each row runs its whole sequence (logprobs.py): no shared prefix to leave out of the budget
+        shared = common_prefix_length([traj.token_ids for traj in trajs]) if trajs and not self.dist.on else 0
         return micro_batches([len(traj.token_ids) - shared for traj in trajs], self.config.train.micro_batch_tokens)
 
     def update(self, trajs: list[Trajectory]) -> dict[str, float]:
