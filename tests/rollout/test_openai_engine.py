@@ -109,3 +109,53 @@ def test_a_server_that_is_down_is_one_line_naming_the_setting(tokenizer):
     message = str(err.value)
     assert message.startswith("rollout.openai.base_url: POST http://127.0.0.1:9/v1/completions: ConnectError")
     assert "\n" not in message and message.endswith("is the server up at http://127.0.0.1:9/v1/completions?")
+
+
+def tagged_server(tag: int):
+    """A completions server whose every reply is one token, its tag, so a reply says who answered."""
+    from tests.fixtures.http_server import LocalHTTPServer
+
+    def complete(body):
+        return {"choices": [{"text": "", "logprobs": {"tokens": [f"token_id:{tag}"], "token_logprobs": [-0.5]}}]}
+
+    return LocalHTTPServer(complete=complete)
+
+
+def test_sequences_spread_over_servers_and_stay_on_theirs(tokenizer):
+    with tagged_server(101) as a, tagged_server(202) as b:
+        engine = OpenAIEngine([f"{a.url}/v1", f"{b.url}/v1"], "m", tokenizer, [tokenizer.eos_token_id])
+        params = SamplingParams(max_new_tokens=1)
+
+        async def two_turns(i):
+            first = await engine.generate(i, [1, 2, i], params)
+            second = await engine.generate(i, [1, 2, i, 7], params)
+            return first.ids[0], second.ids[0]
+
+        async def main():
+            return await asyncio.gather(*(two_turns(i) for i in range(8)))
+
+        answers = asyncio.run(main())
+        engine.close()
+    assert all(first == second for first, second in answers)  # a sequence stays on its server
+    by_server = [first for first, _ in answers]
+    assert by_server.count(101) == by_server.count(202) == 4  # fewest in flight first: an even spread
+
+
+def test_a_server_that_is_down_is_left_out_and_named_when_none_answers(tokenizer):
+    from toolrl.errors import EngineError
+
+    with tagged_server(303) as up:
+        engine = OpenAIEngine(["http://127.0.0.1:9/v1", f"{up.url}/v1"], "m", tokenizer, [tokenizer.eos_token_id])
+        assert engine.health()[f"{up.url}/v1"] == "ok" and "ConnectError" in engine.health()["http://127.0.0.1:9/v1"]
+        engine.servers[0].down_until = 0.0  # as if its time out were over: a request tries it again
+        outs = [asyncio.run(engine.generate(i, [1, 2], SamplingParams(max_new_tokens=1))) for i in range(4)]
+        assert [o.ids for o in outs] == [[303]] * 4
+        assert engine.servers[0].down_until > 0 and "ConnectError" in engine.servers[0].last_error
+        engine.close()
+    engine = OpenAIEngine(["http://127.0.0.1:9/v1", "http://127.0.0.1:8/v1"], "m", tokenizer, [tokenizer.eos_token_id])
+    with pytest.raises(EngineError) as err:
+        asyncio.run(engine.generate("s", [1, 2], SamplingParams(max_new_tokens=2)))
+    engine.close()
+    message = str(err.value)
+    assert message.startswith("rollout.openai.base_url: no server answered (http://127.0.0.1:9/v1/completions: ")
+    assert "http://127.0.0.1:8/v1/completions: " in message and "\n" not in message

@@ -68,7 +68,8 @@ class SamplingConfig(Section):
 
 
 class OpenAIConfig(Section):
-    base_url: str = "http://127.0.0.1:8000/v1"
+    base_url: str | list[str] = "http://127.0.0.1:8000/v1"
+    """One server, or a list: sequences are spread over them, a failing one is left out for a while."""
     model: str = ""
     """The served model's name; empty means the run's model.name."""
     api_key_env: str | None = None
@@ -79,8 +80,8 @@ class OpenAIConfig(Section):
 
 class RolloutConfig(Section):
     engine: str = "hf"
-    """hf (in-process transformers, continuous batching; the only one that trains), openai (an OpenAI-compatible
-    server) or vllm (in-process vLLM on a GPU machine); the last two serve evaluation."""
+    """hf (in-process transformers, continuous batching), vllm (in-process vLLM; both train) or openai (one or
+    more OpenAI-compatible servers; evaluation and judges)."""
     schedule: Literal["async", "lockstep"] = "async"
     """async: each trajectory goes back to generation as soon as its tools return; lockstep: turn by turn."""
     parser: str | None = None

@@ -5,7 +5,13 @@ log-probs. vLLM returns each sampled token as `token_id:N` when asked (`return_t
 keeps the trajectory token-exact. A server that returns text only is still usable, for evaluation or a
 judge: its text is encoded with the tokenizer and `token_exact` turns False (logged once).
 
-The server's weights are its own: training with this engine would sample from a policy that never changes,
+Several servers (`rollout.openai.base_url` as a list): each new sequence goes to the healthy server with the
+fewest requests in flight and stays there for its later turns (its prefix is in that server's cache). A server
+that fails (connection refused, 5xx, a reply in the wrong shape) is marked down for `RETRY_DOWN_S` and the
+request goes to another; after that time it is tried again, the request itself being the health check
+(`health()` asks every server's `/models` at once). When no server answers, one line names each URL and why.
+
+The servers' weights are their own: training with this engine would sample from a policy that never changes,
 so `toolrl train` refuses it (evaluation and judges use it).
 """
 
@@ -13,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from toolrl.errors import EngineError
-from toolrl.http import HTTPFailure, bearer_header, http_client, request_json
+from toolrl.http import HTTPFailure, HTTPTransient, bearer_header, http_client, request_json
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams, request_seed
 from toolrl.text import first_line
@@ -26,10 +35,28 @@ from toolrl.text import first_line
 log = logging.getLogger(__name__)
 
 
+RETRY_DOWN_S = 10.0
+"""How long a server that failed is left out before a request tries it again."""
+
+
+@dataclass
+class Server:
+    base: str
+    """Its API root (http://host:port/v1)."""
+    in_flight: int = 0
+    down_until: float = 0.0
+    """time.monotonic() before which it is left out; 0 when it answered last."""
+    last_error: str = ""
+
+    @property
+    def url(self) -> str:
+        return self.base + "/completions"
+
+
 class OpenAIEngine(Engine):
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str,
         tokenizer,
         stop_ids: Sequence[int],
@@ -38,11 +65,55 @@ class OpenAIEngine(Engine):
         max_concurrency: int = 64,
     ):
         self.client = http_client(headers, connect_timeout_s=10.0, read_timeout_s=timeout_s)
-        self.url = base_url.rstrip("/") + "/completions"
+        bases = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.servers = [Server(base.rstrip("/")) for base in bases]
+        self.url = self.servers[0].url  # the first server's, for messages about one server
+        self.assigned: dict[Hashable, Server] = {}
+        self._lock = threading.Lock()
         self.model, self.tokenizer, self.stop_ids = model, tokenizer, list(stop_ids)
         self.token_exact = True
         # Sync client in worker threads: one connection pool for the run, whatever event loop asks.
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="toolrl-openai")
+
+    def _pick(self, seq: Hashable, tried: list[Server]) -> Server | None:
+        """The sequence's server while it is up, else the up server with the fewest requests in flight."""
+        now = time.monotonic()
+        with self._lock:
+            server = self.assigned.get(seq)
+            if server is None or server in tried or server.down_until > now:
+                up = [s for s in self.servers if s not in tried and s.down_until <= now]
+                if not up:
+                    return None
+                server = min(up, key=lambda s: s.in_flight)
+                self.assigned[seq] = server
+            server.in_flight += 1
+            return server
+
+    def _done(self, server: Server, error: BaseException | None) -> None:
+        with self._lock:
+            server.in_flight -= 1
+            if error is None:
+                server.down_until, server.last_error = 0.0, ""
+            else:
+                server.down_until, server.last_error = time.monotonic() + RETRY_DOWN_S, first_line(error)
+                log.warning("%s failed (%s); trying the other servers", server.url, server.last_error)
+
+    def health(self) -> dict[str, str]:
+        """Each server's state by asking its /models: "ok" or why not (and it is left out for a while)."""
+        states = {}
+        for server in self.servers:
+            try:
+                request_json(self.client, "GET", server.base + "/models", {})
+                states[server.base] = "ok"
+                server.down_until, server.last_error = 0.0, ""
+            except (HTTPFailure, RuntimeError) as exc:
+                states[server.base] = server.last_error = first_line(exc)
+                server.down_until = time.monotonic() + RETRY_DOWN_S
+        return states
+
+    def release(self, seq: Hashable) -> None:
+        with self._lock:
+            self.assigned.pop(seq, None)
 
     def body(self, tokens: list[int], params: SamplingParams) -> dict[str, Any]:
         body = {
@@ -64,19 +135,36 @@ class OpenAIEngine(Engine):
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         loop = asyncio.get_running_loop()
-        try:
-            reply = await loop.run_in_executor(
-                self.pool, request_json, self.client, "POST", self.url, self.body(tokens, params)
-            )
-            return self.parse(reply)
-        except (HTTPFailure, RuntimeError) as exc:  # a down or wrong server ends the run with one line
-            raise EngineError(f"rollout.openai.base_url: {first_line(exc)}; is the server up at {self.url}?") from None
+        body, tried = self.body(tokens, params), []
+        while (server := self._pick(seq, tried)) is not None:
+            try:
+                reply = await loop.run_in_executor(self.pool, request_json, self.client, "POST", server.url, body)
+                sampled = self.parse(reply, server.url)
+            except HTTPFailure as exc:
+                if isinstance(exc, HTTPTransient):  # down or overloaded: the next server takes the request
+                    self._done(server, exc)
+                    tried.append(server)
+                    continue
+                self._done(server, None)  # the request's own fault (4xx): another server would refuse it too
+                raise EngineError(f"rollout.openai.base_url: {first_line(exc)}") from None
+            except RuntimeError as exc:  # an answer in the wrong shape: not a completions server
+                self._done(server, exc)
+                tried.append(server)
+                continue
+            self._done(server, None)
+            return sampled
+        if len(self.servers) == 1:  # one server that is down: one line naming the setting and the URL
+            server = self.servers[0]
+            raise EngineError(f"rollout.openai.base_url: {server.last_error}; is the server up at {server.url}?")
+        why = "; ".join(f"{s.url}: {s.last_error or 'left out after a failure'}" for s in self.servers)
+        raise EngineError(f"rollout.openai.base_url: no server answered ({why})")
 
-    def parse(self, reply: Any) -> Sampled:
+    def parse(self, reply: Any, url: str | None = None) -> Sampled:
+        url = url or self.url
         try:
             choice = reply["choices"][0]
         except (KeyError, IndexError, TypeError):
-            raise RuntimeError(f"{self.url} did not answer in the completions shape: {str(reply)[:200]}") from None
+            raise RuntimeError(f"{url} did not answer in the completions shape: {str(reply)[:200]}") from None
         logprobs = choice.get("logprobs") or {}
         tokens = logprobs.get("tokens") or []
         if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
@@ -84,7 +172,7 @@ class OpenAIEngine(Engine):
             lps = [float(lp if lp is not None else 0.0) for lp in logprobs.get("token_logprobs", [])]
         else:
             if self.token_exact:
-                log.warning("%s returns no token ids: encoding its text, so trajectories are not token-exact", self.url)
+                log.warning("%s returns no token ids: encoding its text, so trajectories are not token-exact", url)
                 self.token_exact = False
             ids = self.tokenizer.encode(choice.get("text", ""), add_special_tokens=False)
             lps = [0.0] * len(ids)
