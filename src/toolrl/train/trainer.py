@@ -70,7 +70,7 @@ class Trainer:
         if t.steps and not ENGINES.capability(self.config.rollout.engine, "can_train"):
             raise ConfigError(
                 f"rollout.engine: {self.config.rollout.engine} serves evaluation only; training samples from the "
-                "model being trained, so use an engine that can train (hf, vllm)"
+                "model being trained, so use an engine that can train (hf, vllm, vllm-server)"
             )
         self.estimate = ADVANTAGES.lookup(t.advantage)
         self.kl = KL_ESTIMATORS.lookup(t.kl.estimator)
