@@ -170,3 +170,14 @@ def test_a_rank_that_fails_ends_the_job_with_one_line_naming_it(tmp_path, tiny_m
     assert done.returncode != 0 and time.time() - started < 120  # no hang
     lines = [line for line in done.stderr.splitlines() if line.startswith("error: rank 1 of 2:")]
     assert lines == [line for line in lines if "the reward broke on this rank" in line] and len(lines) == 1
+
+
+@pytest.mark.slow
+def test_one_step_off_policy_on_two_ranks_updates_the_weights_as_one_process_does(tmp_path, tiny_model_dir):
+    (tmp_path / "length_reward.py").write_text(PLUGIN)
+    extra = ["train.steps=3", "train.async_steps=1"]
+    one, _, _ = train(tmp_path, tiny_model_dir, "one", 1, *extra)
+    two, _, _ = train(tmp_path, tiny_model_dir, "two", 2, *extra)
+    assert [m["offpolicy/staleness"] for m in steps_logged(tmp_path / "two")] == [0, 1, 1]
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert updates_differ(before, one, two) < 5e-3

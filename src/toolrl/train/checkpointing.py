@@ -126,10 +126,8 @@ def resume(trainer: Trainer, folder: Path | None = None) -> int:
     trainer.rng.setstate((version, tuple(internal), gauss))
     if trainer.run:
         run.truncate_logs(trainer.step_done)
-    if trainer.dist.on:  # the generation copy starts from the loaded weights
-        trainer.generator.load_state_dict(distributed.full_state(trainer.model))
-    trainer.generator_version = trainer.step_done
-    trainer.publish_weights()
+    trainer.generator_version = -1  # the generation copy and engines start from the loaded weights
+    trainer.refresh_generator()
     log.info("resumed %s at step %d", run.path, trainer.step_done)
     return trainer.step_done
 

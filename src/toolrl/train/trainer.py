@@ -82,14 +82,11 @@ class Trainer:
         self.model = bench.model
         self.dist = distributed.from_env()
         self.generator = self.model  # what the rollout engine samples from: the policy itself in one process
-        if self.dist.on:
-            if t.prompts_per_step % self.dist.world:
-                raise ConfigError(
-                    f"train.prompts_per_step: {t.prompts_per_step} prompts do not split over {self.dist.world} "
-                    "ranks; give a multiple of the number of processes"
-                )
-            if t.async_steps:
-                raise ConfigError("train.async_steps: not supported under torchrun yet; set it to 0")
+        if self.dist.on and t.prompts_per_step % self.dist.world:
+            raise ConfigError(
+                f"train.prompts_per_step: {t.prompts_per_step} prompts do not split over {self.dist.world} "
+                "ranks; give a multiple of the number of processes"
+            )
         if self.dist.on or t.async_steps:
             self.generator = copy.deepcopy(self.model).eval()  # unsharded, refreshed after each update
             bench.model = self.generator
@@ -171,12 +168,18 @@ class Trainer:
             self.pending = (step + 1, self.pool.submit(self.roll_out, step + 1), mark)
         return part
 
-    def refresh_generator(self) -> None:
-        """The generation copy gets the policy's current weights (no rollout may be running on it)."""
-        if self.generator is not self.model and self.generator_version != self.step_done:
-            self.generator.load_state_dict(self.model.state_dict())
-            self.publish_weights()
-        self.generator_version = self.step_done
+    def refresh_generator(self, version: int | None = None) -> None:
+        """The generation copy and the engines that load weights get the policy's current weights, which have
+        `version` optimizer steps (the steps done by default). No rollout may be running on the copy; under
+        torchrun every rank calls it at the same point (the full weights are gathered)."""
+        version = self.step_done if version is None else version
+        if self.generator_version == version:
+            return
+        if self.generator is not self.model:
+            state = distributed.full_state(self.model) if self.dist.on else self.model.state_dict()
+            self.generator.load_state_dict(state)
+        self.publish_weights()
+        self.generator_version = version
 
     def publish_weights(self) -> None:
         """Engines that sample from weights of their own (vLLM) get the generation copy's, LoRA merged."""
@@ -307,12 +310,8 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         if any_work:
             self.optimizer.step()
-            if self.dist.on:  # the new weights reach the generation copy before the next rollout
-                self.generator.load_state_dict(distributed.full_state(self.model))
-            if not self.pool:
-                self.publish_weights()
-        if self.dist.on:
-            self.generator_version = self.step_done + 1  # this update's weights (or unchanged ones)
+        if not self.pool:  # the new weights reach the generation copy (and engines) before the next rollout;
+            self.refresh_generator(self.step_done + 1)  # off-policy, they do when the next rollout starts
         with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step(); the schedule goes on
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
@@ -369,11 +368,11 @@ class Trainer:
         return summary
 
     def _eval(self, when: str, step: int) -> dict[str, float]:
+        self.settle()
+        self.refresh_generator()  # evaluate the current weights (on every rank: a collective under torchrun)
         if not self.dist.main:  # rank 0 evaluates on its full copy; the others wait
             distributed.barrier(self.dist)
             return {}
-        self.settle()
-        self.refresh_generator()  # evaluate the current weights
         started = time.perf_counter()
         stats = self.bench.evaluate()
         distributed.barrier(self.dist)
