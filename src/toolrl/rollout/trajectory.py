@@ -6,9 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.envs.base import Task
+from toolrl.text import clip
 from toolrl.tools.call import ToolResult
 
 PROMPT, MODEL, OBSERVATION, USER = "prompt", "model", "observation", "user"
+RECORD_RESULT_CHARS = 2000
+"""A tool result is cut to this many characters in a written record (samples.jsonl, eval trajectories)."""
 
 
 @dataclass
@@ -119,9 +122,30 @@ class Trajectory:
             "turns": self.num_turns,
             "turn_rewards": self.turn_rewards,
             "infos": self.infos,
-            "segments": [
-                {"kind": kind, "loss": kind == MODEL, "text": tokenizer.decode(self.token_ids[a:b])}
-                for kind, a, b in self.spans
-                if kind != PROMPT
+            "segments": [self._segment(tokenizer, kind, a, b) for kind, a, b in self.spans if kind != PROMPT],
+            "calls": [
+                {
+                    "name": result.call.name if result.call else None,
+                    "arguments": result.call.arguments if result.call else None,
+                    "outcome": result.outcome,
+                    "latency_s": round(result.latency_s, 4),
+                    "result": clip(result.content, RECORD_RESULT_CHARS),
+                }
+                for result in self.results
             ],
         }
+
+    def _segment(self, tokenizer, kind: str, start: int, end: int) -> dict[str, Any]:
+        """A span's text; a model turn also token by token, with each sampled token's log-prob, so that a
+        viewer can show what was trained and how likely each token was without running anything."""
+        segment: dict[str, Any] = {
+            "kind": kind,
+            "loss": kind == MODEL,
+            "text": tokenizer.decode(self.token_ids[start:end]),
+        }
+        if kind == MODEL:
+            ids = self.token_ids[start:end]
+            segment["ids"] = ids
+            segment["tokens"] = tokenizer.convert_ids_to_tokens(ids)
+            segment["logprobs"] = [round(lp, 5) for lp in self.logprobs[start:end]]
+        return segment
