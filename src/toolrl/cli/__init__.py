@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from toolrl.cli import envs, inspect, run  # noqa: F401  (register the commands)
@@ -35,7 +36,7 @@ def main() -> None:
 
         from toolrl.text import first_line
 
-        path = Path(tempfile.gettempdir()) / f"toolrl-{_rank().split(':')[0].replace(' ', '-')}.traceback"
+        path = Path(tempfile.gettempdir()) / f"toolrl-rank-{os.environ.get('RANK', '?')}.traceback"
         path.write_text(traceback.format_exc())
         print(f"error: {_rank()}{type(exc).__name__}: {first_line(exc)} (traceback: {path})", file=sys.stderr)
         sys.exit(1)
@@ -44,7 +45,5 @@ def main() -> None:
 
 def _rank() -> str:
     """'rank R of N: ' under torchrun, '' in one process."""
-    import os
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""

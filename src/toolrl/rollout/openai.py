@@ -229,20 +229,18 @@ class VLLMServers(OpenAIEngine):
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
 
-def _server_args(chat, config) -> tuple[tuple, dict]:
+def _server_args(chat, config) -> tuple:
     o = config.rollout.openai
     headers = bearer_header(o.api_key_env, "rollout.openai.api_key_env")
     model = o.model or config.model.name
-    return (o.base_url, model, chat.tokenizer, chat.stop_ids, headers, o.timeout_s, o.max_concurrency), {}
+    return o.base_url, model, chat.tokenizer, chat.stop_ids, headers, o.timeout_s, o.max_concurrency
 
 
 @register_engine("openai")
 def openai_engine(chat, config, **_: object) -> OpenAIEngine:
-    args, _kwargs = _server_args(chat, config)
-    return OpenAIEngine(*args)
+    return OpenAIEngine(*_server_args(chat, config))
 
 
 @register_engine("vllm-server", can_train=True, loads_weights=True)
 def vllm_server_engine(chat, config, **_: object) -> VLLMServers:
-    args, _kwargs = _server_args(chat, config)
-    return VLLMServers(*args, weights_dir=config.rollout.openai.weights_dir)
+    return VLLMServers(*_server_args(chat, config), weights_dir=config.rollout.openai.weights_dir)

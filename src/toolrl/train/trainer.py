@@ -183,7 +183,7 @@ class Trainer:
 
     def publish_weights(self) -> None:
         """Engines that sample from weights of their own (vLLM) get the generation copy's, LoRA merged."""
-        engines = {id(e): e for e in self.bench.engines.values()}.values()
+        engines = self.bench.distinct_engines()
         if not engines or not ENGINES.capability(self.config.rollout.engine, "loads_weights"):
             return
         with exported(self.generator) as plain:
@@ -310,8 +310,10 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         if any_work:
             self.optimizer.step()
-        if not self.pool:  # the new weights reach the generation copy (and engines) before the next rollout;
-            self.refresh_generator(self.step_done + 1)  # off-policy, they do when the next rollout starts
+        if not self.pool and any_work:  # the new weights reach the generation copy (and engines) before the next
+            self.refresh_generator(self.step_done + 1)  # rollout; off-policy, they do when the next rollout starts
+        elif not self.pool:
+            self.generator_version = self.step_done + 1  # nothing stepped: the copy and engines are current
         with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step(); the schedule goes on
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()

@@ -58,15 +58,19 @@ class Workbench:
 
     def close(self) -> None:
         """End the engines, the tools' sessions and worker threads."""
-        for engine in {id(e): e for e in self.engines.values()}.values():
+        for engine in self.distinct_engines():
             engine.close()
         self.executor.close()
         if self.toolset is not None:
             self.toolset.close()
 
+    def distinct_engines(self) -> list[Engine]:
+        """The engines made so far, each once (an engine that loads weights serves several purposes)."""
+        return list({id(e): e for e in self.engines.values()}.values())
+
     def engine(self, purpose: str, seed: int) -> Engine:
-        """One engine per purpose (train, eval), made on first use and kept: its cache is reused every step. An
-        engine that loads the trainer's weights (vLLM) is one instance for every purpose."""
+        """One engine per purpose (train, eval), made on first use and kept for the run (it frees its cache
+        between rollouts). An engine that loads the trainer's weights (vLLM) is one instance for every purpose."""
         name = self.config.rollout.engine
         if purpose not in self.engines and ENGINES.capability(name, "loads_weights") and self.engines:
             self.engines[purpose] = next(iter(self.engines.values()))
