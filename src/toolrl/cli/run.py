@@ -13,6 +13,7 @@ from rich.table import Table
 
 from toolrl.cli.app import ConfigArg, ResumeOption, SetOption, _cell, _eval_table, _quiet_libraries, app, console
 from toolrl.errors import ConfigError, ToolRLError
+from toolrl.text import first_line
 
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Print only the end of the run.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON object of metrics per step on stdout.")]
@@ -50,8 +51,13 @@ def train(
     run = (run or RunDir.create(cfg)) if ctx.main else None
     if run is not None:
         say(f"run directory: [bold]{run.path}[/]")
-    with console.status(f"loading {cfg.model.name}") if mode == "bar" else nullcontext():
-        bench = Workbench.load(cfg, log_dir=run.path / "tools" if run else None)
+    try:
+        with console.status(f"loading {cfg.model.name}") if mode == "bar" else nullcontext():
+            bench = Workbench.load(cfg, log_dir=run.path / "tools" if run else None)
+    except BaseException as exc:  # status.json says why a run never started (the UI shows it)
+        if run is not None:
+            run.write_status(state="failed" if isinstance(exc, Exception) else "stopped", error=first_line(exc))
+        raise
     log_file = run.path / "progress.log" if run else None
     with StepReporter(mode, cfg.train.steps, console, log_file) as report:
         try:
@@ -67,6 +73,8 @@ def train(
     if columns_ and mode != "json":
         say(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks)", columns_))
     end = f"checkpoint: {summary['checkpoint']}   wall time {time.perf_counter() - started:.0f} s"
+    if "stopped" in summary:  # RUN/STOP (the UI's stop button) ended it after a step
+        end = f"stopped after step {summary['stopped']} (resume: toolrl train --resume {run.path})   " + end
     if mode == "json":
         print(json.dumps({"checkpoint": summary["checkpoint"], "wall_s": round(time.perf_counter() - started, 1)}))
     elif mode == "bar":
@@ -103,7 +111,7 @@ def eval_(
             trajs = bench.evaluation(num_tasks, temperature)
             success = bench.env.rubric.success
             stats, details = summarize(trajs, success), breakdown(trajs, success)
-            records = [traj.to_record(bench.tokenizer) for traj in trajs]
+            records = [traj.to_record(bench.tokenizer, success) for traj in trajs]
         finally:
             bench.close()
     temp = cfg.eval.sampling.temperature if temperature is None else temperature

@@ -195,8 +195,12 @@ class TrainConfig(Section):
     """Write a resumable checkpoint (last/) every N steps; 0: only at the end."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on the test split every N steps and keep the best checkpoint (best/); 0 turns it off."""
-    samples_per_step: int = Field(2, ge=0)
-    """Trajectories written to samples.jsonl each step."""
+    samples_per_step: int | None = Field(None, ge=0)
+    """Trajectories written to samples.jsonl each step (records with tokens, log-probs, advantages, tool calls:
+    what `toolrl ui`'s trajectory viewer shows); None: all of them, 0: none."""
+    samples_max_mb: float = Field(200.0, gt=0)
+    """Bound on samples.jsonl and evals.jsonl, each: once a file reaches it, later records are not written (a
+    warning says so). A record of the default run is ~5 KB."""
     report_to: list[Literal["tensorboard", "wandb"]] = []
     """Loggers besides metrics.jsonl: tensorboard (runs/NAME/tensorboard), wandb (offline mode, no network)."""
 
@@ -207,6 +211,9 @@ class EvalConfig(Section):
     at_start: bool = True
     at_end: bool = True
     sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    samples_per_eval: int | None = Field(None, ge=0)
+    """Trajectories of each evaluation written to evals.jsonl (the same test tasks at every evaluation: a viewer
+    compares them across steps); None: all of them, 0: none."""
 
 
 class RunConfig(Section):

@@ -53,6 +53,11 @@ class Trajectory:
     """Seconds spent waiting for generation (generate_s) and for tool calls (tools_s)."""
     seed: int | None = None
     """Its own sampling seed (see SamplingParams.seed), or None for the engine's generator."""
+    advantages: list[float] | None = None
+    """Per trained token, the advantage the update gave it (set by the trainer; None before an update)."""
+    trainer_logprobs: list[float] | None = None
+    """Per trained token, the trainer's own log-prob (the old policy of the update; None where the update
+    skipped the trajectory: no trained tokens, all-zero advantages, or left out of the loss)."""
 
     @classmethod
     def start(cls, task: Task, prompt_ids: list[int]) -> Trajectory:
@@ -108,21 +113,34 @@ class Trajectory:
         """(start, end) of each model turn over token_ids."""
         return [(a, b) for kind, a, b in self.spans if kind == MODEL]
 
-    def to_record(self, tokenizer) -> dict[str, Any]:
-        """A JSON-ready view with the mask visible: each span's text and whether it is trained on."""
-        return {
+    def to_record(self, tokenizer, success: str | None = None) -> dict[str, Any]:
+        """A JSON-ready view with the mask visible: the prompt's text, then each span's text and whether it is
+        trained on; a model turn token by token (ids, tokens, sampling log-probs, and after an update the
+        trainer's log-probs and the advantages), and every tool call. `success`: the rubric's success
+        criterion, whose value is copied to "success"."""
+        a, b = self.spans[0][1], self.spans[0][2]
+        record: dict[str, Any] = {
             "task_id": self.task.id,
             "question": self.task.question,
             "answer": self.task.answer,
             "reward": self.reward,
             "rewards": self.rewards,
+        }
+        if success is not None:
+            record["success"] = self.rewards.get(success, 0.0)
+        trained = self._per_trained_token()
+        record |= {
             "stop_reason": self.stop_reason,
+            "truncated": self.truncated,
             "tool_calls": self.num_tool_calls,
+            "tool_errors": self.num_tool_errors,
             "tool_faults": self.num_tool_faults,
+            "format_errors": self.num_format_errors,
             "turns": self.num_turns,
             "turn_rewards": self.turn_rewards,
             "infos": self.infos,
-            "segments": [self._segment(tokenizer, kind, a, b) for kind, a, b in self.spans if kind != PROMPT],
+            "prompt": tokenizer.decode(self.token_ids[a:b]),
+            "segments": [self._segment(tokenizer, kind, a, b, trained) for kind, a, b in self.spans if kind != PROMPT],
             "calls": [
                 {
                     "name": result.call.name if result.call else None,
@@ -134,8 +152,19 @@ class Trajectory:
                 for result in self.results
             ],
         }
+        return record
 
-    def _segment(self, tokenizer, kind: str, start: int, end: int) -> dict[str, Any]:
+    def _per_trained_token(self) -> dict[int, dict[str, float]]:
+        """Token position -> the update's per-token values (advantage, trainer log-prob) that are known."""
+        positions = [i for i, m in enumerate(self.loss_mask) if m]
+        out: dict[int, dict[str, float]] = {}
+        for key, values in (("advantages", self.advantages), ("trainer_logprobs", self.trainer_logprobs)):
+            if values is not None and len(values) == len(positions):
+                for i, value in zip(positions, values, strict=True):
+                    out.setdefault(i, {})[key] = round(float(value), 5)
+        return out
+
+    def _segment(self, tokenizer, kind: str, start: int, end: int, trained: dict[int, dict[str, float]]) -> dict:
         """A span's text; a model turn also token by token, with each sampled token's log-prob, so that a
         viewer can show what was trained and how likely each token was without running anything."""
         segment: dict[str, Any] = {
@@ -148,4 +177,7 @@ class Trajectory:
             segment["ids"] = ids
             segment["tokens"] = tokenizer.convert_ids_to_tokens(ids)
             segment["logprobs"] = [round(lp, 5) for lp in self.logprobs[start:end]]
+            for key in ("advantages", "trainer_logprobs"):
+                if all(key in trained.get(i, {}) for i in range(start, end)) and end > start:
+                    segment[key] = [trained[i][key] for i in range(start, end)]
         return segment

@@ -122,9 +122,11 @@ def hidden_and_logits(model, ids, attention, positions, prefix, rows_idx, cols_i
 
 
 def score_tokens(
-    model, trajs: Sequence[Trajectory], temperature: float = 1.0, entropy: bool = False, value_head=None
+    model, trajs: Sequence[Trajectory], temperature: float = 1.0, entropy: bool | str = False, value_head=None
 ) -> TokenScores:
-    """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them)."""
+    """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them). `entropy`:
+    True for a differentiable entropy (a loss term), "measure" for its value only (logged; no activations
+    kept for a backward pass)."""
     device = next(model.parameters()).device
     first_trained = min(t.loss_mask.index(1) for t in trajs)
     # Every scored position (first_trained - 1 onward) must lie in the suffix, after the shared prefix.
@@ -159,9 +161,16 @@ def score_tokens(
     return TokenScores(
         logp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1),
         counts,
-        entropy_from_logits(logits) if entropy else None,
+        measured_entropy(logp) if entropy == "measure" else entropy_from_logits(logits) if entropy else None,
         value_head(selected).squeeze(-1).float() if value_head is not None else None,
     )
+
+
+def measured_entropy(logp: torch.Tensor, rows: int = 1024) -> torch.Tensor:
+    """[tokens] entropy of each row of log-probs, without gradient, a block of rows at a time (no second
+    vocabulary-sized tensor of all rows at once)."""
+    with torch.no_grad():
+        return torch.cat([-(part.exp() * part).sum(-1) for part in logp.detach().split(rows)])
 
 
 def trained_token_logprobs(

@@ -1,5 +1,5 @@
 """A run's summary from its metrics.jsonl: a table of where the metrics started and ended, and a PNG plot of
-reward, success, tool calls per trajectory and KL over steps."""
+reward, success, tool calls, KL, entropy, lengths, stop reasons and step time over steps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ PANELS = [
     ("success", "success"),
     ("tool_calls", "tool calls / trajectory"),
     ("kl", "KL to the reference"),
+    ("entropy", "entropy (trained tokens)"),
+    ("response_tokens", "response tokens / trajectory"),
+    ("stop/*", "stop reasons (share)"),
+    ("step_s", "step time (s)"),
 ]
+"""(metric, title): the curves of plot.png, the same as `toolrl ui` draws; a key ending in * is one line per
+matching metric."""
+EVAL_PANELS = {"reward", "success", "tool_calls", "response_tokens"}
 SUMMARY_KEYS = ["reward", "success", "tool_calls", "turns", "response_tokens", "loss", "grad_norm", "kl", "step_s"]
 
 
@@ -46,21 +53,26 @@ def write_plot(run_path: Path) -> Path | None:
     steps, evals = split_records(RunDir(run_path).read_metrics())
     if not steps:
         return None
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
-    for ax, (key, title) in zip(axes, PANELS, strict=True):
-        points = [(r["step"], r[key]) for r in steps if key in r]
-        if points:
-            ax.plot(*zip(*points, strict=True), label="train", linewidth=1.2)
-        ev = [(r["step"], r[key]) for r in evals if key in r and key != "kl"]
+    fig, axes = plt.subplots(2, len(PANELS) // 2, figsize=(3.6 * len(PANELS) // 2, 6.2))
+    for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
+        keys = sorted({k for r in steps for k in r if k.startswith(key[:-1]) and r[k]}) if key.endswith("*") else [key]
+        drawn = False
+        for k in keys:
+            points = [(r["step"], r[k]) for r in steps if isinstance(r.get(k), int | float)]
+            if points:
+                label = k.removeprefix(key[:-1]) if key.endswith("*") else "train"
+                ax.plot(*zip(*points, strict=True), label=label, linewidth=1.2)
+                drawn = True
+        ev = [(r["step"], r[key]) for r in evals if key in r and key in EVAL_PANELS]
         if ev:
             ax.plot(*zip(*ev, strict=True), "o-", label="eval (test split)", markersize=4)
-        if not points and not ev:
+        if not drawn and not ev:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if points and ev:
-            ax.legend(fontsize=7)
+        if (drawn and ev) or (key.endswith("*") and drawn):
+            ax.legend(fontsize=6)
     fig.suptitle(run_path.name, fontsize=9)
     fig.tight_layout()
     target = run_path / PLOT

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,8 @@ from toolrl.files import read_jsonl
 
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
+EVALS = "evals.jsonl"
+STATUS = "status.json"
 
 
 class RunDir:
@@ -46,8 +49,30 @@ class RunDir:
     def log_metrics(self, metrics: dict[str, Any]) -> None:
         self._append(METRICS, [metrics])
 
-    def log_samples(self, step: int, records: list[dict[str, Any]]) -> None:
-        self._append(SAMPLES, [{"step": step, **r} for r in records])
+    def log_samples(self, step: int, records: list[dict[str, Any]], filename: str = SAMPLES, **extra: Any) -> None:
+        self._append(filename, [{"step": step, **extra, **r} for r in records])
+
+    def size_of(self, filename: str) -> int:
+        path = self.path / filename
+        return path.stat().st_size if path.is_file() else 0
+
+    def write_status(self, **fields: Any) -> None:
+        """Update status.json (state: running, finished, failed or stopped; the step reached; the process),
+        replaced atomically so that a reader never sees half of it."""
+        status = self.read_status()
+        if fields.get("state") == "running" and status.get("state") != "running":
+            status = {"started_at": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
+        status |= fields | {"updated_at": time.time()}
+        tmp = self.path / f".{STATUS}.tmp"
+        tmp.write_text(json.dumps(status) + "\n")
+        os.replace(tmp, self.path / STATUS)
+
+    def read_status(self) -> dict[str, Any]:
+        try:
+            status = json.loads((self.path / STATUS).read_text())
+        except (OSError, ValueError):
+            return {}
+        return status if isinstance(status, dict) else {}
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The records of metrics.jsonl (a last line cut short by a kill is skipped with a warning)."""
@@ -56,7 +81,7 @@ class RunDir:
     def truncate_logs(self, step: int) -> None:
         """Drop records of steps after `step` (written after the checkpoint a resumed run starts from), and a
         last line cut short by a kill, so that no step appears twice and every line parses."""
-        for filename in (METRICS, SAMPLES):
+        for filename in (METRICS, SAMPLES, EVALS):
             path = self.path / filename
             if not path.is_file():
                 continue

@@ -27,7 +27,7 @@ from toolrl.errors import ConfigError
 from toolrl.memory import trim
 from toolrl.rollout import Trajectory
 from toolrl.rollout.engine import ENGINES, common_prefix_length
-from toolrl.train import checkpointing, distributed
+from toolrl.train import checkpointing, distributed, journal
 from toolrl.train.evaluate import summarize
 from toolrl.train.loggers import open_loggers
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens
@@ -116,6 +116,7 @@ class Trainer:
         self.generator_version = 0  # optimizer steps in the generator's weights
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if t.async_steps else None
         self.pending: tuple[int, Future[RolloutPart], dict[str, Any]] | None = None
+        self.journal_full: set[str] = set()  # journal files that reached train.samples_max_mb
         self.loggers = open_loggers(t.report_to, run.path if run else None, self.config) if run else []
 
     # ---- data ---------------------------------------------------------------------------------------------
@@ -225,14 +226,9 @@ class Trainer:
         return metrics
 
     def log(self, step: int, metrics: dict[str, Any], trajs: list[Trajectory]) -> None:
-        if self.run:
-            self.run.log_metrics(metrics)
-            samples = [traj.to_record(self.bench.tokenizer) for traj in trajs[: self.config.train.samples_per_step]]
-            self.run.log_samples(step, samples)
-            for logger in self.loggers:
-                logger.log(metrics, step)
+        journal.log_step(self, step, metrics, trajs)
 
-    def _scores(self, model, trajs: list[Trajectory], entropy: bool = False, values: bool = False) -> TokenScores:
+    def _scores(self, model, trajs: list[Trajectory], entropy: bool | str = False, values: bool = False) -> TokenScores:
         return score_tokens(
             model, trajs, self.config.rollout.sampling.temperature, entropy, self.value_head if values else None
         )
@@ -298,7 +294,7 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         batches = self._micro_batches([w.traj for w in chosen.work])
-        scores = partial_scores(self, entropy=t.entropy_coef > 0)
+        scores = partial_scores(self, entropy=True if t.entropy_coef > 0 else "measure")
         pad_to = distributed.max_over_ranks(self.dist, len(batches))
         mismatch = Mismatch()
         sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0], mismatch)
@@ -332,7 +328,11 @@ class Trainer:
             "advantage_abs": float(est.advantages.abs().mean()) if len(est.advantages) else 0.0,
             **mismatch.metrics(),
         }
-        optional = {"kl": t.kl.coef > 0, "entropy": t.entropy_coef > 0, "value_loss": self.value_head is not None}
+        optional = {
+            "kl": t.kl.coef > 0,
+            "entropy": sums["entropy"] is not None,
+            "value_loss": self.value_head is not None,
+        }
         stats.update({k: sums[k] for k, on in optional.items() if on})
         trim()  # the step's activations go back to the system, not into a fragmented heap
         return stats
@@ -340,8 +340,12 @@ class Trainer:
     # ---- the run ------------------------------------------------------------------------------------------
 
     def train(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """The run: evaluations, steps, checkpoints, the final model. status.json follows it; a STOP file in
+        the run directory ends it after the current step, with a checkpoint (summary["stopped"])."""
         config, t = self.config, self.config.train
         summary: dict[str, Any] = {}
+        if self.run:
+            self.run.write_status(state="running", step=self.step_done, steps=t.steps)
         try:
             if config.eval.at_start and self.step_done == 0:
                 summary["eval_start"] = self._eval("start", 0)
@@ -350,50 +354,45 @@ class Trainer:
                 self.step_done = step
                 if on_step:
                     on_step(metrics)
+                if step < t.steps and journal.stop_requested(self):
+                    self.settle()
+                    summary |= {"stopped": step, "checkpoint": str(self.save_checkpoint())}
+                    break
                 if t.eval_every and step % t.eval_every == 0 and step < t.steps:
                     self._eval_and_keep_best(step)
                 if t.save_every and step % t.save_every == 0 and step < t.steps:
                     self.save_checkpoint()
-            if config.eval.at_end and t.steps:
-                summary["eval_end"] = self._eval_and_keep_best(t.steps)
-            self.save_checkpoint()  # under torchrun a collective: every rank writes its shards
+            else:
+                self._finish(summary)
+        except BaseException as exc:
             if self.run:
-                summary["checkpoint"] = str(self.run.save("final", self._write_model))
-                from toolrl.train.report import write_plot
-
-                write_plot(self.run.path)
+                stopped = isinstance(exc, KeyboardInterrupt)
+                self.run.write_status(state="stopped" if stopped else "failed", error=f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True, cancel_futures=True)
             for logger in self.loggers:
                 logger.close()
+        if self.run:
+            self.run.write_status(state="stopped" if "stopped" in summary else "finished", step=self.step_done)
         return summary
 
-    def _eval(self, when: str, step: int) -> dict[str, float]:
-        self.settle()
-        self.refresh_generator()  # evaluate the current weights (on every rank: a collective under torchrun)
-        if not self.dist.main:  # rank 0 evaluates on its full copy; the others wait
-            distributed.barrier(self.dist)
-            return {}
-        started = time.perf_counter()
-        stats = self.bench.evaluate()
-        distributed.barrier(self.dist)
-        stats["eval_s"] = time.perf_counter() - started
-        log.info("eval at %s: %s", when, stats)
+    def _finish(self, summary: dict[str, Any]) -> None:
+        if self.config.eval.at_end and self.config.train.steps:
+            summary["eval_end"] = self._eval_and_keep_best(self.config.train.steps)
+        self.save_checkpoint()  # under torchrun a collective: every rank writes its shards
         if self.run:
-            self.run.log_metrics({"eval": when, "step": step, **stats})
-            for logger in self.loggers:
-                logger.log({f"eval/{k}": v for k, v in stats.items()}, step)
-        return stats
+            summary["checkpoint"] = str(self.run.save("final", self._write_model))
+            from toolrl.train.report import write_plot
+
+            write_plot(self.run.path)
+
+    def _eval(self, when: str, step: int) -> dict[str, float]:
+        return journal.evaluate(self, when, step)
 
     def _eval_and_keep_best(self, step: int) -> dict[str, float]:
-        stats = self._eval("end" if step == self.config.train.steps else f"step {step}", step)
-        metric = "success" if "success" in stats else "reward"  # an environment without a success criterion
-        score = stats.get(metric)
-        if self.run and score is not None and (self.best is None or score > self.best):
-            self.best = score
-            checkpointing.save_best(self, step, metric)
-        return stats
+        return journal.evaluate_and_keep_best(self, step)
 
     # ---- checkpoints (checkpointing.py) ------------------------------------------------------------------
 
@@ -408,7 +407,7 @@ class Trainer:
         checkpointing.write_model(self, folder)
 
 
-def partial_scores(trainer: Trainer, entropy: bool) -> Callable[[list[Trajectory]], TokenScores]:
+def partial_scores(trainer: Trainer, entropy: bool | str) -> Callable[[list[Trajectory]], TokenScores]:
     """The policy's log-probs (with entropy and values when the loss needs them) for a micro-batch."""
     return lambda trajs: trainer._scores(trainer.model, trajs, entropy=entropy, values=trainer.value_head is not None)
 

@@ -122,7 +122,8 @@ def select(batch: StepBatch, est: Advantages, t, only_policy: bool) -> Selection
     """The trajectories that enter the loss: trained tokens, no infrastructure fault; with
     train.dynamic_sampling only groups whose rewards differ; with train.mask_truncated none cut by a token limit.
     With `only_policy` (no other loss term), trajectories whose advantages are all 0 are skipped too: they add
-    nothing to the gradient, and they still count in the denominators (`totals`), so the loss is unchanged."""
+    nothing to the gradient, and they still count in the denominators (`totals`), so the loss is unchanged.
+    Each kept trajectory records its advantages (`Trajectory.advantages`, for its written record)."""
     advantages = est.advantages.split(batch.counts)
     returns = est.returns.split(batch.counts) if est.returns is not None else [None] * len(batch.trajs)
     keep = [n > 0 and v for n, v in zip(batch.counts, batch.valid, strict=True)]
@@ -134,6 +135,8 @@ def select(batch: StepBatch, est: Advantages, t, only_policy: bool) -> Selection
         keep = [k and not traj.truncated for k, traj in zip(keep, batch.trajs, strict=True)]
     parts = zip(batch.trajs, advantages, batch.old, batch.refs, batch.values, returns, keep, strict=True)
     work = [Work(traj, a, o, r, v, ret) for traj, a, o, r, v, ret, k in parts if k]
+    for w in work:
+        w.traj.advantages = w.advantages.tolist()
     totals = StepTotals(tokens=max(sum(len(w.advantages) for w in work), 1), sequences=max(len(work), 1))
     if only_policy:
         work = [w for w in work if bool(w.advantages.any())]
@@ -162,7 +165,8 @@ def backward(
     mismatch: Mismatch | None = None,
 ) -> tuple[dict[str, float], int]:
     """The loss over micro-batches, each backpropagated: policy loss, plus the KL term (train.kl.mode: loss),
-    minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count.
+    minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count;
+    "entropy" is the mean entropy of the tokens the update scored (None when it scored none).
 
     The trainer recomputes every log-prob itself. The step makes one optimizer step after all its micro-batches,
     so the log-probs of this forward pass, detached, are the old policy's: the ratio is against them, and the
@@ -173,6 +177,7 @@ def backward(
     parallel ranks must make the same number of sharded passes)."""
     sums = dict.fromkeys(LOSS_TERMS, 0.0)
     clipped = 0
+    measured = [0.0, 0]  # entropy: the sum over scored tokens, and their number
     totals = selection.totals
     for _ in range(pad_to - len(batches)):
         scored = scores([dummy])
@@ -185,6 +190,8 @@ def backward(
         chosen = [selection.work[i] for i in batch]
         scored = scores([w.traj for w in chosen])
         engine = _cat(chosen, "old_logprobs")
+        for w, own in zip(chosen, scored.logprobs.detach().split(scored.counts), strict=True):
+            w.traj.trainer_logprobs = own.tolist()  # for its written record
         if mismatch is not None:
             mismatch.add(scored.logprobs, engine, t.tis_cap)
         against_behaviour = t.async_steps > 0 and t.tis_cap is None
@@ -207,10 +214,11 @@ def backward(
             sums["kl"] += float(kl.detach())
             if t.kl.mode == "loss":
                 loss = loss + t.kl.coef * kl
-        if scored.entropy is not None:
-            entropy = fns.aggregate(scored.entropy, scored.counts, totals)
-            sums["entropy"] += float(entropy.detach())
-            loss = loss - t.entropy_coef * entropy
+        if scored.entropy is not None:  # a loss term with train.entropy_coef, else measured (no gradient)
+            measured[0] += float(scored.entropy.detach().sum())
+            measured[1] += len(scored.entropy)
+            if t.entropy_coef > 0:
+                loss = loss - t.entropy_coef * fns.aggregate(scored.entropy, scored.counts, totals)
         if scored.values is not None:
             v_loss = clipped_value_loss(
                 scored.values, _cat(chosen, "old_values"), _cat(chosen, "returns"), t.value_clip
@@ -221,4 +229,5 @@ def backward(
         loss.backward()
         sums["loss"] += float(loss.detach())
         clipped += int(was_clipped.sum())
+    sums["entropy"] = measured[0] / measured[1] if measured[1] else None  # mean over the tokens scored
     return sums, clipped

@@ -1,0 +1,60 @@
+"""`toolrl ui`: the web app over run directories, tools and launches (toolrl.ui)."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from toolrl.cli.app import app, console
+from toolrl.errors import ConfigError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command()
+def ui(
+    runs_dir: Annotated[Path, typer.Argument(help="Folder of run directories (output_dir).")] = Path("runs"),
+    host: Annotated[str, typer.Option(help="Interface to bind; another than 127.0.0.1 needs an access token.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 7860,
+    token: Annotated[
+        str | None, typer.Option(help="Access token for a non-loopback host (one is made when omitted).")
+    ] = None,
+    recipes: Annotated[
+        list[Path] | None, typer.Option("--recipes", help="Folders of recipe YAML files for the launch tab.")
+    ] = None,
+) -> None:
+    """Serve a web page to watch runs (live curves, overlaid), read trajectories token by token, call tools
+    by hand and launch, stop and resume runs. Everything it shows is in the run directories as plain files."""
+    import uvicorn
+
+    from toolrl.cli.app import _quiet_libraries
+    from toolrl.ui import build_app
+
+    if port < 0 or port > 65535:
+        raise ConfigError(f"--port {port}: give a port between 0 and 65535")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    loopback = host in LOOPBACK
+    if not loopback and not token:
+        token = secrets.token_urlsafe(18)
+    folders = recipes if recipes is not None else [p for p in (Path("recipes"),) if p.is_dir()]
+    _quiet_libraries()
+    application = build_app(runs_dir.resolve(), [f.resolve() for f in folders], token, loopback_only=loopback)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); try --port 0") from None
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if family == socket.AF_INET6 else ("localhost" if loopback else host)
+    url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
+    console.print(f"toolrl ui: [bold]{url}[/]  (runs: {runs_dir.resolve()}; Ctrl-C stops it)", highlight=False)
+    config = uvicorn.Config(application, log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,158 @@
+"""The UI's launch tab: recipes to start from, a config edited on the page and validated as the CLI validates
+it (the same one-line errors), runs started as `toolrl train` subprocesses that outlive the page, their console
+log followed, a stop that ends a run after its step with a checkpoint (RUN/STOP), and resume.
+
+A config from the page is data: it may change any value but not what names code to import (`plugins`), which
+must stay those of the recipe file it started from; commands of tool servers come only from tool config files
+on disk (`tools.file` names one)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toolrl.config import load_config
+from toolrl.config.loader import default_config_text
+from toolrl.errors import ConfigError
+from toolrl.files import YAMLSyntaxError, load_yaml
+from toolrl.plugins import import_modules
+from toolrl.train.journal import STOP_FILE
+from toolrl.ui.runs import read_json, resolve_run, run_state
+
+CONSOLE_LOG = "console.log"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+LOG_CHUNK = 256_000
+
+
+def find_recipes(dirs: list[Path]) -> dict[str, str]:
+    """Recipe name -> YAML text: the packaged default, then every *.yaml of `dirs`."""
+    recipes = {"default": default_config_text()}
+    for folder in dirs:
+        for path in sorted(folder.glob("*.yaml")):
+            recipes.setdefault(path.stem, path.read_text())
+    return recipes
+
+
+def _mapping(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = load_yaml(text, where)
+    except YAMLSyntaxError as exc:
+        raise ConfigError(str(exc)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def validate(text: str, base: str | None) -> dict[str, Any]:
+    """The config on the page, validated: the resolved config, or ConfigError with one line. `base`: the
+    recipe text it was edited from (its plugins are the only ones allowed)."""
+    data = _mapping(text, "config")
+    allowed = _mapping(base, "recipe").get("plugins") or [] if base is not None else []
+    if (data.get("plugins") or []) != allowed:
+        raise ConfigError(
+            "config: plugins cannot be set from the page (they import code); put them in a recipe file and "
+            "choose it, or use `toolrl train FILE`"
+        )
+    import_modules(allowed, "plugins")  # those of a file on disk, as `toolrl train FILE` would
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(yaml.safe_dump(data))
+        f.flush()
+        try:
+            config = load_config(f.name)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(f.name, "config")) from None
+    return config.model_dump(mode="json")
+
+
+class Launcher:
+    """Runs started from the page, as processes of their own session (they go on when the UI stops)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        run = self.root / name
+        run.mkdir(parents=True, exist_ok=True)
+        with (run / CONSOLE_LOG).open("ab") as log:
+            log.write(f"$ {' '.join(command)}\n".encode())
+            log.flush()
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.processes[name] = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def start(self, name: str, text: str, base: str | None) -> dict[str, Any]:
+        if not NAME.match(name):
+            raise ConfigError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (at most 100)")
+        validate(text, base)
+        with self._lock:
+            if (self.root / name).exists():
+                raise ConfigError(f"run name {name}: {self.root / name} exists; choose another name or resume it")
+            configs = self.root / ".ui"
+            configs.mkdir(parents=True, exist_ok=True)
+            path = configs / f"{name}.yaml"
+            path.write_text(text)
+            sets = ["--set", f"output_dir={self.root}", "--set", f"run_name={name}"]
+            self._spawn(name, [sys.executable, "-m", "toolrl", "train", str(path), *sets])
+        return {"name": name, "pid": self.processes[name].pid}
+
+    def resume(self, name: str) -> dict[str, Any]:
+        run = resolve_run(self.root, name)
+        if run_state(run) == "running":
+            raise ConfigError(f"{name}: the run is still running; stop it first")
+        if not (run / "last").is_symlink():
+            raise ConfigError(f"{name}: no checkpoint to resume from (train.save_every writes them)")
+        with self._lock:
+            self._spawn(name, [sys.executable, "-m", "toolrl", "train", "--resume", str(run)])
+        return {"name": name, "pid": self.processes[name].pid}
+
+    def stop(self, name: str, now: bool = False) -> dict[str, Any]:
+        """Ask the run to stop after its step (a checkpoint is written), or with `now` interrupt it (SIGINT:
+        the last checkpoint stays)."""
+        run = resolve_run(self.root, name)
+        if run_state(run) != "running":
+            raise ConfigError(f"{name}: the run is not running")
+        if not now:
+            (run / STOP_FILE).touch()
+            return {"name": name, "stopping": "after this step"}
+        process = self.processes.get(name)
+        pid = process.pid if process is not None else _status_pid(run)
+        os.kill(pid, signal.SIGINT)
+        return {"name": name, "stopping": "now"}
+
+    def log(self, name: str, offset: int = 0) -> dict[str, Any]:
+        """The console log (or progress.log of a run started elsewhere) from byte `offset` on."""
+        run = resolve_run(self.root, name, started=name in self.processes)
+        path = run / CONSOLE_LOG if (run / CONSOLE_LOG).is_file() else run / "progress.log"
+        if not path.is_file():
+            return {"text": "", "offset": 0, "file": None}
+        with path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read(LOG_CHUNK)
+        return {"text": chunk.decode(errors="replace"), "offset": offset + len(chunk), "file": path.name}
+
+    def close(self) -> None:
+        """Reap the processes that ended (the running ones go on)."""
+        for process in self.processes.values():
+            process.poll()
+
+
+def _status_pid(run: Path) -> int:
+    pid = int(read_json(run / "status.json").get("pid", 0))
+    if not pid:
+        raise ConfigError(f"{run.name}: its status names no process")
+    return pid

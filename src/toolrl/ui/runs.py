@@ -1,0 +1,209 @@
+"""The UI's reading of run directories: which runs there are and their state, their metrics from a line on,
+and their trajectory records by step, found through an index of line offsets kept up to date as the files
+grow (a run's samples.jsonl reaches tens of MB; a page asks for one step at a time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toolrl.errors import ConfigError
+from toolrl.train.rundir import EVALS, METRICS, SAMPLES, STATUS
+
+RECORD_FILES = {"train": SAMPLES, "eval": EVALS}
+STALE_S = 1800.0
+"""A run on another machine whose status says running but has not changed for this long is shown as stale
+(its process cannot be looked at from here)."""
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories (those with a config.yaml) under `root`, one or two levels down, newest first."""
+    found = [p.parent for pattern in ("*/config.yaml", "*/*/config.yaml") for p in root.glob(pattern)]
+    found = [p for p in found if not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def resolve_run(root: Path, name: str, started: bool = False) -> Path:
+    """The run `name` (a path relative to `root`), refusing anything outside it; `started`: a run just
+    launched, whose config.yaml the trainer has not written yet."""
+    path = (root / name).resolve()
+    ready = (path / "config.yaml").is_file() or (started and path.is_dir())
+    if not path.is_relative_to(root.resolve()) or not ready:
+        raise ConfigError(f"{name}: no run of that name under {root}")
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
+    """running, finished, failed, stopped, or died (said running, but its process is gone); for a run made
+    before status.json: finished when it has final/, else unknown."""
+    status = read_json(path / STATUS) if status is None else status
+    state = status.get("state")
+    if state is None:
+        return "finished" if (path / "final").is_dir() else "unknown"
+    if state == "running":
+        if status.get("host") == socket.gethostname():
+            return "running" if _alive(int(status.get("pid", 0))) else "died"
+        return "running" if time.time() - status.get("updated_at", 0) < STALE_S else "stale"
+    return str(state)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def summarize_run(root: Path, path: Path) -> dict[str, Any]:
+    """One line of the runs list: name, state, config essentials, the steps reached and the last step's
+    reward and success."""
+    status = read_json(path / STATUS)
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        config = {}
+    last = last_step(path)
+    train = config.get("train") or {}
+    return {
+        "name": str(path.relative_to(root)),
+        "state": run_state(path, status),
+        "env": (config.get("env") or {}).get("name"),
+        "model": (config.get("model") or {}).get("name"),
+        "step": last.get("step", 0),
+        "steps": status.get("steps", train.get("steps")),
+        "reward": last.get("reward"),
+        "success": last.get("success"),
+        "started_at": status.get("started_at", path.stat().st_mtime),
+        "updated_at": status.get("updated_at", (path / "config.yaml").stat().st_mtime),
+        "error": status.get("error"),
+    }
+
+
+def last_step(path: Path, tail: int = 65536) -> dict[str, Any]:
+    """The last training step's metrics line, read from the end of metrics.jsonl (a list of runs polls it)."""
+    file = path / METRICS
+    if not file.is_file():
+        return {}
+    with file.open("rb") as f:
+        f.seek(max(0, file.stat().st_size - tail))
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # torn, or the cut first line of the tail
+        if isinstance(record, dict) and "eval" not in record and "step" in record:
+            return record
+    return {}
+
+
+def read_metrics(path: Path, since: int = 0) -> list[dict[str, Any]]:
+    """The metrics records from line `since` on; a line still being written (no newline yet) waits."""
+    file = path / METRICS
+    if not file.is_file():
+        return []
+    out = []
+    with file.open() as f:
+        for i, line in enumerate(f):
+            if i < since or not line.endswith("\n"):
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({})  # a torn line (a kill mid-write): kept as a place so line numbers hold
+    return out
+
+
+@dataclass
+class _FileIndex:
+    size: int = 0
+    offsets: dict[int, list[int]] = field(default_factory=dict)
+    """step -> byte offset of each of its records."""
+    brief: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """step -> each record's summary fields (for filters and lists without reading whole records)."""
+
+
+BRIEF_KEYS = ("task_id", "sample", "group", "reward", "success", "stop_reason", "tool_calls", "tool_errors", "eval")
+
+
+class RecordIndex:
+    """Offsets of the records of samples.jsonl / evals.jsonl per step, per run, extended as files grow."""
+
+    def __init__(self) -> None:
+        self._files: dict[Path, _FileIndex] = {}
+        self._lock = threading.Lock()
+
+    def _index(self, file: Path) -> _FileIndex:
+        with self._lock:
+            index = self._files.get(file)
+            size = file.stat().st_size if file.is_file() else 0
+            if index is None or size < index.size:  # new, or rewritten shorter (a resume truncates)
+                index = self._files[file] = _FileIndex()
+            if size > index.size:
+                with file.open("rb") as f:
+                    f.seek(index.size)
+                    offset = index.size
+                    for line in f:
+                        if not line.endswith(b"\n"):
+                            break  # being written: read it next time
+                        try:
+                            record = json.loads(line)
+                        except ValueError:
+                            record = None
+                        if isinstance(record, dict):
+                            step = int(record.get("step", 0))
+                            index.offsets.setdefault(step, []).append(offset)
+                            brief = {k: record.get(k) for k in BRIEF_KEYS if k in record}
+                            index.brief.setdefault(step, []).append(brief)
+                        offset += len(line)
+                    index.size = offset
+            return index
+
+    def briefs(self, run: Path, kind: str) -> dict[int, list[dict[str, Any]]]:
+        """step -> the summary of each record (task, reward, success, stop reason, tool calls and errors)."""
+        return self._index(run / RECORD_FILES[kind]).brief
+
+    def steps(self, run: Path, kind: str) -> dict[int, dict[str, Any]]:
+        """step -> its number of records (and for evaluations, which one: start, end, step N)."""
+        return {
+            step: {"count": len(briefs), **({"eval": briefs[0]["eval"]} if "eval" in briefs[0] else {})}
+            for step, briefs in self.briefs(run, kind).items()
+        }
+
+    def record(self, run: Path, kind: str, step: int, i: int) -> dict[str, Any]:
+        file = run / RECORD_FILES[kind]
+        offsets = self._index(file).offsets.get(step, [])
+        if not 0 <= i < len(offsets):
+            raise ConfigError(f"{run.name}: no record {i} at step {step} in {file.name}")
+        with file.open("rb") as f:
+            f.seek(offsets[i])
+            return json.loads(f.readline())
+
+    def task_history(self, run: Path, task_id: str) -> list[dict[str, Any]]:
+        """Every record of one task in the run (training samples and evaluations), by step."""
+        found = []
+        for kind in RECORD_FILES:
+            for step, briefs in sorted(self.briefs(run, kind).items()):
+                for i, brief in enumerate(briefs):
+                    if brief.get("task_id") == task_id:
+                        found.append({"kind": kind, "step": step, "index": i, **brief})
+        return sorted(found, key=lambda r: (r["step"], r["kind"] != "eval"))

@@ -1,0 +1,234 @@
+"""`toolrl ui`: a Starlette app serving one static page (ui/static) and a JSON API over the run directories,
+a tool config, and runs started from the page. Every view reads the plain files a run writes (metrics.jsonl,
+samples.jsonl, evals.jsonl, status.json, console.log): the UI adds nothing a terminal cannot read.
+
+Access: bound to 127.0.0.1 by default, where only requests naming a loopback host are served (a page of
+another site cannot reach it by DNS rebinding); any other host needs an access token (`?token=` once sets a
+cookie; scripts send `Authorization: Bearer TOKEN`). Requests that change something (POST) must carry the
+header X-Toolrl: 1, which a page of another origin cannot send without a preflight this server never answers."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from toolrl.errors import ToolRLError
+from toolrl.ui.launch import Launcher, find_recipes, validate
+from toolrl.ui.runs import RECORD_FILES, RecordIndex, find_runs, read_metrics, resolve_run, summarize_run
+from toolrl.ui.tools import ToolBench, find_tool_files
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]", "::1"}
+COOKIE = "toolrl_token"
+
+
+class UIState:
+    """What the API works on: the runs folder, the record index, the tool bench and the launcher."""
+
+    def __init__(self, root: Path, recipe_dirs: list[Path]) -> None:
+        self.root = root
+        self.recipe_dirs = recipe_dirs
+        self.index = RecordIndex()
+        self.tools = ToolBench(root / ".ui" / "tools")
+        self.launcher = Launcher(root)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise ToolRLError("the request body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise ToolRLError("the request body must be a JSON object")
+    return data
+
+
+def build_app(root: Path, recipe_dirs: list[Path], token: str | None = None, loopback_only: bool = True) -> Starlette:
+    state = UIState(root, recipe_dirs)
+
+    async def runs(request: Request):
+        paths = await run_in_threadpool(find_runs, state.root)
+        return JSONResponse({"root": str(state.root), "runs": [summarize_run(state.root, p) for p in paths]})
+
+    async def run_detail(request: Request):
+        run = resolve_run(state.root, request.query_params["run"])
+        summary = summarize_run(state.root, run)
+        summary["config"] = (run / "config.yaml").read_text()
+        summary["plot"] = (run / "plot.png").is_file()
+        return JSONResponse(summary)
+
+    async def metrics(request: Request):
+        run = resolve_run(state.root, request.query_params["run"])
+        since = int(request.query_params.get("since", 0))
+        records = await run_in_threadpool(read_metrics, run, since)
+        return JSONResponse({"since": since, "records": records})
+
+    async def steps(request: Request):
+        run = resolve_run(state.root, request.query_params["run"])
+        kind = _kind(request)
+        found = await run_in_threadpool(state.index.steps, run, kind)
+        return JSONResponse({"kind": kind, "steps": {str(k): v for k, v in sorted(found.items())}})
+
+    async def briefs(request: Request):
+        run = resolve_run(state.root, request.query_params["run"])
+        kind = _kind(request)
+        found = await run_in_threadpool(state.index.briefs, run, kind)
+        return JSONResponse({"kind": kind, "records": found.get(int(request.query_params["step"]), [])})
+
+    async def record(request: Request):
+        q = request.query_params
+        run = resolve_run(state.root, q["run"])
+        kind = _kind(request)
+        found = await run_in_threadpool(state.index.record, run, kind, int(q["step"]), int(q["index"]))
+        return JSONResponse(found)
+
+    async def task(request: Request):
+        run = resolve_run(state.root, request.query_params["run"])
+        found = await run_in_threadpool(state.index.task_history, run, request.query_params["task"])
+        return JSONResponse({"task": request.query_params["task"], "records": found})
+
+    async def plot(request: Request):
+        run = resolve_run(state.root, request.query_params["run"])
+        return FileResponse(run / "plot.png") if (run / "plot.png").is_file() else PlainTextResponse("", 404)
+
+    async def tools_get(request: Request):
+        return JSONResponse({**state.tools.describe(), "suggestions": find_tool_files([Path.cwd(), state.root])})
+
+    async def tools_load(request: Request):
+        data = await _body(request)
+        return JSONResponse(await run_in_threadpool(state.tools.load, str(data.get("file", ""))))
+
+    async def tools_call(request: Request):
+        data = await _body(request)
+        name, arguments = str(data.get("name", "")), data.get("arguments", {})
+        return JSONResponse(await run_in_threadpool(state.tools.call, name, arguments))
+
+    async def recipes(request: Request):
+        return JSONResponse({"recipes": find_recipes(state.recipe_dirs)})
+
+    async def validate_config(request: Request):
+        data = await _body(request)
+        base = find_recipes(state.recipe_dirs).get(str(data.get("recipe")))
+        resolved = await run_in_threadpool(validate, str(data.get("config", "")), base)
+        return JSONResponse({"ok": True, "steps": resolved["train"]["steps"], "env": resolved["env"]["name"]})
+
+    async def launch(request: Request):
+        data = await _body(request)
+        base = find_recipes(state.recipe_dirs).get(str(data.get("recipe")))
+        started = await run_in_threadpool(state.launcher.start, str(data.get("name", "")), str(data["config"]), base)
+        return JSONResponse(started)
+
+    async def resume(request: Request):
+        data = await _body(request)
+        return JSONResponse(await run_in_threadpool(state.launcher.resume, str(data.get("run", ""))))
+
+    async def stop(request: Request):
+        data = await _body(request)
+        return JSONResponse(state.launcher.stop(str(data.get("run", "")), now=bool(data.get("now"))))
+
+    async def console(request: Request):
+        q = request.query_params
+        return JSONResponse(state.launcher.log(q["run"], int(q.get("offset", 0))))
+
+    async def index(request: Request):
+        response = FileResponse(STATIC / "index.html")
+        if token and hmac.compare_digest(request.query_params.get("token", ""), token):
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    routes = [
+        Route("/", index),
+        Route("/api/runs", runs),
+        Route("/api/run", run_detail),
+        Route("/api/metrics", metrics),
+        Route("/api/steps", steps),
+        Route("/api/briefs", briefs),
+        Route("/api/record", record),
+        Route("/api/task", task),
+        Route("/api/plot", plot),
+        Route("/api/tools", tools_get),
+        Route("/api/tools/load", tools_load, methods=["POST"]),
+        Route("/api/tools/call", tools_call, methods=["POST"]),
+        Route("/api/recipes", recipes),
+        Route("/api/validate", validate_config, methods=["POST"]),
+        Route("/api/launch", launch, methods=["POST"]),
+        Route("/api/resume", resume, methods=["POST"]),
+        Route("/api/stop", stop, methods=["POST"]),
+        Route("/api/console", console),
+        Mount("/static", StaticFiles(directory=STATIC)),
+    ]
+
+    def error(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    def missing(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": f"missing parameter {exc}"}, status_code=400)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        state.tools.close()
+        state.launcher.close()
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={ToolRLError: error, KeyError: missing, ValueError: error},
+        lifespan=lifespan,
+    )
+    app.state.ui = state
+    return _guarded(app, token, loopback_only)
+
+
+def _guarded(app, token: str | None, loopback_only: bool):
+    """Host check (loopback binding), token check (other hosts), and X-Toolrl on POST, before the app."""
+
+    async def guarded(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        request = Request(scope)
+        host = _host_name(request.headers.get("host", ""))
+        problem = None
+        if loopback_only and host not in LOOPBACK_NAMES:
+            problem = (403, f"host {host!r} is not served: this UI is bound to the loopback interface")
+        elif token and not _has_token(request, token):
+            problem = (401, "an access token is needed: open the URL `toolrl ui` printed (it has ?token=)")
+        elif request.method not in ("GET", "HEAD") and request.headers.get("x-toolrl") != "1":
+            problem = (403, "requests that change something need the header X-Toolrl: 1")
+        if problem:
+            return await JSONResponse({"error": problem[1]}, status_code=problem[0])(scope, receive, send)
+        return await app(scope, receive, send)
+
+    guarded.inner = app
+    return guarded
+
+
+def _kind(request: Request) -> str:
+    kind = request.query_params.get("kind", "train")
+    if kind not in RECORD_FILES:
+        raise ToolRLError(f"kind must be one of {', '.join(RECORD_FILES)}")
+    return kind
+
+
+def _host_name(header: str) -> str:
+    """The host of a Host header, without its port ([::1]:8000 -> [::1])."""
+    return header.split("]")[0] + "]" if header.startswith("[") else header.rsplit(":", 1)[0]
+
+
+def _has_token(request: Request, token: str) -> bool:
+    given = request.cookies.get(COOKIE) or request.query_params.get("token") or ""
+    bearer = request.headers.get("authorization", "")
+    if bearer.startswith("Bearer "):
+        given = bearer[len("Bearer ") :]
+    return hmac.compare_digest(given, token)

@@ -1,0 +1,110 @@
+// toolrl ui: shared helpers (elements built from text only, never from HTML), the API, tabs and polling.
+"use strict";
+
+const UI = { tabs: {}, timers: {}, runs: [] };
+
+function h(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function $(selector) { return document.querySelector(selector); }
+
+function showError(message) {
+  const box = $("#error");
+  box.textContent = message || "";
+  box.hidden = !message;
+}
+
+async function api(path, body) {
+  const options = body === undefined ? {} : {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "X-Toolrl": "1" },
+    body: JSON.stringify(body),
+  };
+  const response = await fetch(path, options);
+  const data = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
+  if (!response.ok) throw new Error(data.error || `${response.status}`);
+  return data;
+}
+
+// Run an async action, showing its one-line error at the top of the page.
+async function attempt(action) {
+  try {
+    const result = await action();
+    showError("");
+    return result;
+  } catch (err) {
+    showError(err.message);
+    return undefined;
+  }
+}
+
+function fmt(value, digits = 3) {
+  if (value === undefined || value === null) return "";
+  if (typeof value !== "number") return String(value);
+  if (Number.isInteger(value)) return String(value);
+  return value.toFixed(digits);
+}
+
+function percent(value) { return value === undefined || value === null ? "" : `${(100 * value).toFixed(1)}%`; }
+
+function ago(seconds) {
+  const s = Date.now() / 1000 - seconds;
+  if (s < 60) return `${Math.max(0, Math.round(s))} s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  return `${Math.round(s / 3600)} h ago`;
+}
+
+function badge(state) { return h("span", { class: `badge state-${state}` }, state); }
+
+function fillSelect(select, values, keep = true) {
+  const previous = select.value;
+  select.replaceChildren(...values.map(([value, label]) => h("option", { value }, label)));
+  if (keep && values.some(([value]) => String(value) === previous)) select.value = previous;
+}
+
+// Polling: one named timer per view; a view stops its own when it is left.
+function every(name, ms, fn) {
+  clearInterval(UI.timers[name]);
+  fn();
+  UI.timers[name] = setInterval(fn, ms);
+}
+function stop(name) { clearInterval(UI.timers[name]); delete UI.timers[name]; }
+
+function showTab(name) {
+  for (const button of document.querySelectorAll("#tabs button")) {
+    button.classList.toggle("active", button.dataset.tab === name);
+  }
+  for (const section of document.querySelectorAll("section.tab")) section.hidden = section.id !== `tab-${name}`;
+  for (const [tab, view] of Object.entries(UI.tabs)) if (tab !== name && view.leave) view.leave();
+  if (UI.tabs[name] && UI.tabs[name].enter) UI.tabs[name].enter();
+  if (location.hash !== `#${name}`) history.replaceState(null, "", `#${name}`);
+}
+
+async function refreshRuns() {
+  const data = await api("/api/runs");
+  UI.runs = data.runs;
+  $("#root").textContent = data.root;
+  return data.runs;
+}
+
+window.addEventListener("DOMContentLoaded", () => {
+  for (const button of document.querySelectorAll("#tabs button")) {
+    button.addEventListener("click", () => showTab(button.dataset.tab));
+  }
+  const fromHash = () => { const name = location.hash.slice(1); showTab(UI.tabs[name] ? name : "runs"); };
+  window.addEventListener("hashchange", fromHash);
+  fromHash();
+});

@@ -1,0 +1,83 @@
+// Line charts in SVG: one chart per metric, one line per run (or per metric of a family such as stop/*),
+// evaluations as dots; hover shows the values at the nearest step.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+
+function s(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+function ticks(lo, hi, count = 4) {
+  if (hi === lo) return [lo];
+  const step = Math.pow(10, Math.floor(Math.log10((hi - lo) / count)));
+  const nice = [1, 2, 5, 10].map((m) => m * step).find((v) => (hi - lo) / v <= count) || step * 10;
+  const out = [];
+  for (let v = Math.ceil(lo / nice) * nice; v <= hi + 1e-12; v += nice) out.push(+v.toPrecision(6));
+  return out;
+}
+
+// series: [{label, color, points: [[x, y]...], dots: bool}]
+function lineChart(title, metric, series) {
+  const W = 300, H = 170, L = 42, R = 8, T = 22, B = 24;
+  const all = series.flatMap((one) => one.points);
+  const box = h("div", { class: "chart", dataset: { metric, points: String(all.length) } });
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title });
+  svg.append(s("text", { x: L, y: 14, class: "chart-title" }, title));
+  box.append(svg);
+  if (!all.length) {
+    svg.append(s("text", { x: W / 2, y: H / 2, class: "chart-empty", "text-anchor": "middle" }, "not logged"));
+    return box;
+  }
+  let [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
+  let [y0, y1] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 0.5; y1 += Math.abs(y1) * 0.1 || 0.5; }
+  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const Y = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
+  for (const t of ticks(y0, y1)) {
+    svg.append(s("line", { x1: L, x2: W - R, y1: Y(t), y2: Y(t), class: "grid" }));
+    svg.append(s("text", { x: L - 4, y: Y(t) + 3, "text-anchor": "end", class: "tick" }, fmt(t, 2)));
+  }
+  for (const t of ticks(x0, x1, 5).filter(Number.isInteger)) {
+    svg.append(s("text", { x: X(t), y: H - 8, "text-anchor": "middle", class: "tick" }, t));
+  }
+  for (const one of series) {
+    if (!one.points.length) continue;
+    if (one.dots) {
+      for (const [x, y] of one.points) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3, fill: one.color }));
+    } else {
+      const d = one.points.map(([x, y], i) => `${i ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join("");
+      svg.append(s("path", { d, stroke: one.color, fill: "none", "stroke-width": 1.6, class: "series" }));
+    }
+  }
+  const legend = h("div", { class: "legend" }, series.filter((o) => o.points.length).map((one) =>
+    h("span", {}, h("i", { style: `background:${one.color}` }), one.label)));
+  box.append(legend);
+  const cursor = s("line", { y1: T, y2: H - B, class: "cursor", visibility: "hidden" });
+  svg.append(cursor);
+  const tip = h("div", { class: "tip", hidden: true });
+  box.append(tip);
+  svg.addEventListener("mousemove", (event) => {
+    const rect = svg.getBoundingClientRect();
+    const x = x0 + ((event.clientX - rect.left) * (W / rect.width) - L) / (W - L - R) * (x1 - x0);
+    const lines = [];
+    let nearest = null;
+    for (const one of series) {
+      let best = null;
+      for (const p of one.points) if (!best || Math.abs(p[0] - x) < Math.abs(best[0] - x)) best = p;
+      if (best) { lines.push(`${one.label}: ${fmt(best[1])} (step ${best[0]})`); nearest = nearest ?? best[0]; }
+    }
+    if (nearest === null) return;
+    cursor.setAttribute("x1", X(nearest)); cursor.setAttribute("x2", X(nearest));
+    cursor.setAttribute("visibility", "visible");
+    tip.textContent = lines.join("\n");
+    tip.hidden = false;
+  });
+  svg.addEventListener("mouseleave", () => { tip.hidden = true; cursor.setAttribute("visibility", "hidden"); });
+  return box;
+}

@@ -1,0 +1,196 @@
+// The trajectory viewer: the records of a step (training samples or an evaluation), filtered; one record
+// turn by turn with model tokens coloured by log-prob, advantage or mismatch (trained tokens underlined: the
+// loss mask), tool results and user messages apart, tool calls with arguments, results and latency; and one
+// task's records across steps side by side.
+"use strict";
+
+const Viewer = {
+  briefs: [], // the summaries of the chosen step's records
+  current: null,
+
+  async enter() {
+    await attempt(async () => {
+      const runs = UI.runs.length ? UI.runs : await refreshRuns();
+      fillSelect($("#tr-run"), runs.map((r) => [r.name, r.name]));
+      await this.loadSteps(true);
+    });
+    // a run that trains on adds steps: the list follows (the chosen step's trajectories stay as they are)
+    stop("viewer");
+    UI.timers.viewer = setInterval(() => attempt(async () => {
+      fillSelect($("#tr-run"), (await refreshRuns()).map((r) => [r.name, r.name]));
+      await this.loadSteps(false);
+    }), 5000);
+  },
+  leave() { stop("viewer"); },
+
+  async loadSteps(reload) {
+    const run = $("#tr-run").value;
+    if (!run) return;
+    const kind = $("#tr-kind").value;
+    const data = await api(`/api/steps?run=${encodeURIComponent(run)}&kind=${kind}`);
+    if (run !== $("#tr-run").value || kind !== $("#tr-kind").value) return; // a later choice is loading
+    const keys = Object.keys(data.steps).map(Number).sort((a, b) => a - b);
+    const label = (k) => data.steps[k].eval ? `${k} (${data.steps[k].eval})` : String(k);
+    const previous = $("#tr-step").value;
+    fillSelect($("#tr-step"), keys.map((k) => [k, label(k)]));
+    if (!keys.map(String).includes(previous) && keys.length) $("#tr-step").value = keys[keys.length - 1]; // the latest
+    if (reload || $("#tr-step").value !== previous) await this.loadStep();
+  },
+
+  async loadStep() {
+    const run = $("#tr-run").value, kind = $("#tr-kind").value, step = $("#tr-step").value;
+    if (!run || step === "") { this.briefs = []; this.list(); return; }
+    const data = await api(`/api/briefs?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}`);
+    if (run !== $("#tr-run").value || kind !== $("#tr-kind").value || step !== $("#tr-step").value) return;
+    this.briefs = data.records;
+    const stops = [...new Set(this.briefs.map((r) => r.stop_reason))].sort();
+    fillSelect($("#f-stop"), [["", "any"], ...stops.map((x) => [x, x])]);
+    this.list();
+  },
+
+  passes(r) {
+    const min = parseFloat($("#f-reward-min").value), max = parseFloat($("#f-reward-max").value);
+    if (!Number.isNaN(min) && r.reward < min) return false;
+    if (!Number.isNaN(max) && r.reward > max) return false;
+    const success = $("#f-success").value;
+    if (success && (success === "yes") !== (r.success >= 0.5)) return false;
+    if ($("#f-stop").value && r.stop_reason !== $("#f-stop").value) return false;
+    const errors = $("#f-errors").value;
+    if (errors && (errors === "yes") !== (r.tool_errors > 0)) return false;
+    return true;
+  },
+
+  list() {
+    const step = $("#tr-step").value;
+    const records = this.briefs.map((r, i) => ({ ...r, index: i })).filter((r) => this.passes(r));
+    $("#tr-list").replaceChildren(...records.map((r) => h("li", {
+      class: "card", dataset: { index: r.index, reward: r.reward },
+      onclick: () => attempt(() => this.open(Number(step), r.index)),
+    },
+    h("div", {}, h("b", {}, `#${r.index}`), r.group !== undefined ? h("span", { class: "muted" }, ` group ${r.group}`) : null,
+      " ", h("span", { class: "muted" }, r.task_id)),
+    h("div", {}, `reward ${fmt(r.reward)} `,
+      r.success !== undefined ? h("span", { class: `badge ${r.success >= 0.5 ? "ok" : "bad"}` }, r.success >= 0.5 ? "success" : "fail") : null,
+      " ", h("span", { class: "badge" }, r.stop_reason),
+      r.tool_errors ? h("span", { class: "badge bad" }, `${r.tool_errors} tool error${r.tool_errors > 1 ? "s" : ""}`) : null,
+      h("span", { class: "muted" }, ` ${r.tool_calls} call${r.tool_calls === 1 ? "" : "s"}`)))));
+    $("#tr-list").prepend(h("li", { class: "muted count" }, `${records.length} of ${this.briefs.length} trajectories`));
+  },
+
+  async open(step, index) {
+    const run = $("#tr-run").value, kind = $("#tr-kind").value;
+    const record = await api(`/api/record?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}&index=${index}`);
+    this.current = { run, kind, step, index, record };
+    $("#tr-detail").replaceChildren(this.render(record, true));
+    for (const card of document.querySelectorAll("#tr-list .card")) {
+      card.classList.toggle("selected", Number(card.dataset.index) === index);
+    }
+  },
+
+  render(record, full) {
+    const box = h("div", { class: "trajectory", dataset: { task: record.task_id } });
+    box.append(h("h3", {}, record.question || record.task_id));
+    if (full) {
+      box.append(h("p", {}, h("span", { class: "muted" }, "expected: "), String(record.answer ?? ""),
+        " ", h("button", { onclick: () => attempt(() => this.compare(record.task_id)), id: "tr-same-task" }, "same task across steps")));
+      const rewards = Object.entries(record.rewards || {});
+      box.append(h("table", { class: "grid small rewards" },
+        h("tr", {}, h("th", {}, "reward"), ...rewards.map(([k]) => h("th", {}, k)), h("th", {}, "stop"), h("th", {}, "turn rewards")),
+        h("tr", {}, h("td", {}, fmt(record.reward)), ...rewards.map(([, v]) => h("td", {}, fmt(v))),
+          h("td", {}, record.stop_reason), h("td", {}, (record.turn_rewards || []).map((v) => fmt(v, 2)).join(", ")))));
+      box.append(h("details", { class: "prompt" }, h("summary", {}, "prompt (system, tools, task: not trained)"),
+        h("pre", {}, record.prompt || "")));
+    } else {
+      box.append(h("p", {}, `reward ${fmt(record.reward)} · ${record.stop_reason}`));
+    }
+    for (const segment of record.segments || []) box.append(this.segment(segment));
+    if (full && (record.calls || []).length) box.append(this.calls(record.calls));
+    return box;
+  },
+
+  segment(segment) {
+    if (segment.kind !== "model") {
+      const label = segment.kind === "user" ? "user" : "tool result";
+      return h("div", { class: `segment ${segment.kind}` }, h("span", { class: "segment-label" }, `${label} · not trained`),
+        h("pre", {}, segment.text));
+    }
+    const heat = $("#tr-heat").value;
+    const tokens = (segment.tokens || []).map((token, i) => {
+      const lp = segment.logprobs[i];
+      const adv = segment.advantages ? segment.advantages[i] : undefined;
+      const own = segment.trainer_logprobs ? segment.trainer_logprobs[i] : undefined;
+      const info = [`token ${JSON.stringify(token)} (id ${segment.ids[i]})`, `log-prob ${fmt(lp, 4)} (p ${fmt(Math.exp(lp), 3)})`];
+      if (adv !== undefined) info.push(`advantage ${fmt(adv, 4)}`);
+      if (own !== undefined) info.push(`trainer log-prob ${fmt(own, 4)} (diff ${fmt(own - lp, 5)})`);
+      return h("span", {
+        class: "tok trained", title: info.join("\n"), style: `background:${this.colour(heat, lp, adv, own)}`,
+        dataset: { lp: lp, adv: adv ?? "", info: info.join(" · ") },
+      }, this.visible(token));
+    });
+    return h("div", { class: "segment model" }, h("span", { class: "segment-label" }, "model · trained (loss mask 1)"),
+      h("div", { class: "tokens" }, tokens));
+  },
+
+  visible(token) {
+    // SentencePiece / byte-level markers shown as the characters they stand for
+    return token.replace(/Ġ/g, " ").replace(/Ċ/g, "\n").replace(/▁/g, " ");
+  },
+
+  colour(heat, lp, adv, own) {
+    if (heat === "logprob") { // red where the token was unlikely
+      const t = Math.min(1, -lp / 5);
+      return `rgba(220, 38, 38, ${(0.05 + 0.6 * t).toFixed(2)})`;
+    }
+    if (heat === "advantage" && adv !== undefined) {
+      const t = Math.min(1, Math.abs(adv) / 2);
+      return adv >= 0 ? `rgba(22, 163, 74, ${(0.1 + 0.6 * t).toFixed(2)})` : `rgba(220, 38, 38, ${(0.1 + 0.6 * t).toFixed(2)})`;
+    }
+    if (heat === "mismatch" && own !== undefined) {
+      const t = Math.min(1, Math.abs(own - lp) * 20);
+      return `rgba(147, 51, 234, ${(0.05 + 0.7 * t).toFixed(2)})`;
+    }
+    return "transparent";
+  },
+
+  calls(calls) {
+    return h("table", { class: "grid small calls" },
+      h("tr", {}, ["tool", "arguments", "outcome", "latency", "result"].map((c) => h("th", {}, c))),
+      calls.map((c) => h("tr", { class: c.outcome === "ok" ? "" : "failed" },
+        h("td", {}, c.name ?? "(unparsed)"), h("td", {}, h("code", {}, JSON.stringify(c.arguments))),
+        h("td", {}, h("span", { class: `badge ${c.outcome === "ok" ? "ok" : "bad"}` }, c.outcome)),
+        h("td", {}, `${(c.latency_s * 1000).toFixed(1)} ms`), h("td", {}, h("pre", {}, c.result)))));
+  },
+
+  async compare(task) {
+    const run = $("#tr-run").value;
+    const history = await api(`/api/task?run=${encodeURIComponent(run)}&task=${encodeURIComponent(task)}`);
+    const shown = history.records.slice(0, 6);
+    const records = await Promise.all(shown.map((r) =>
+      api(`/api/record?run=${encodeURIComponent(run)}&kind=${r.kind}&step=${r.step}&index=${r.index}`)));
+    $("#cmp-task").textContent = task;
+    $("#cmp-columns").replaceChildren(...records.map((record, i) => h("div", { class: "column" },
+      h("h4", {}, `${shown[i].kind === "eval" ? `eval (${record.eval})` : "training"} · step ${shown[i].step}`),
+      this.render(record, false))));
+    $("#tr-compare").hidden = false;
+    $("#tr-compare").scrollIntoView();
+  },
+};
+UI.tabs.trajectories = Viewer;
+
+window.addEventListener("DOMContentLoaded", () => {
+  $("#tr-run").addEventListener("change", () => attempt(() => Viewer.loadSteps(true)));
+  $("#tr-kind").addEventListener("change", () => attempt(() => Viewer.loadSteps(true)));
+  $("#tr-step").addEventListener("change", () => attempt(() => Viewer.loadStep()));
+  for (const id of ["#f-reward-min", "#f-reward-max", "#f-success", "#f-stop", "#f-errors"]) {
+    $(id).addEventListener("input", () => Viewer.list());
+  }
+  $("#tr-heat").addEventListener("change", () => { if (Viewer.current) $("#tr-detail").replaceChildren(Viewer.render(Viewer.current.record, true)); });
+  $("#cmp-close").addEventListener("click", () => { $("#tr-compare").hidden = true; });
+  document.addEventListener("mouseover", (event) => {
+    const info = $("#token-info");
+    if (event.target.classList && event.target.classList.contains("tok")) {
+      info.textContent = event.target.dataset.info;
+      info.hidden = false;
+    }
+  });
+});

@@ -1,0 +1,182 @@
+"""`toolrl ui`'s JSON API, without a browser: runs and their states from plain files, metrics from a line on,
+trajectory records by step (the index follows a growing file), a task across steps; access rules (loopback
+host, token, X-Toolrl on POST); config validation with the CLI's one-line errors and no plugins from the page;
+tool calls through the run's executor and policies."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from toolrl.train.rundir import RunDir
+from toolrl.ui import build_app
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+POST = {"X-Toolrl": "1"}
+
+
+def make_run(root: Path, name: str, steps: int = 3, status: dict | None = None) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"env:\n  name: calculator\nmodel:\n  name: tiny\ntrain:\n  steps: {steps}\n")
+    with (run / "metrics.jsonl").open("w") as f:
+        f.write(json.dumps({"eval": "start", "step": 0, "reward": 0.1, "success": 0.0}) + "\n")
+        for step in range(1, steps + 1):
+            f.write(json.dumps({"step": step, "reward": step / 10, "success": step / 20}) + "\n")
+    for step in range(1, steps + 1):
+        records = [
+            {"task_id": f"t{i % 2}", "reward": float(i), "success": float(i == 1), "stop_reason": "answer",
+             "tool_calls": i, "tool_errors": int(i == 2), "segments": []}
+            for i in range(3)
+        ]  # fmt: skip
+        RunDir(run).log_samples(step, records)
+    RunDir(run).log_samples(0, [{"task_id": "t1", "reward": 0.0, "segments": []}], "evals.jsonl", eval="start")
+    if status is not None:
+        (run / "status.json").write_text(json.dumps(status))
+    return run
+
+
+@pytest.fixture
+def client(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "done", status={"state": "finished", "step": 3, "steps": 3})
+    make_run(root, "live", status={"state": "running", "pid": os.getpid(), "host": os.uname().nodename})
+    make_run(root, "gone", status={"state": "running", "pid": 2**22 + 12345, "host": os.uname().nodename})
+    make_run(root, "broke", status={"state": "failed", "error": "RuntimeError: boom"})
+    with TestClient(build_app(root, []), base_url="http://127.0.0.1:7860") as c:
+        c.root = root
+        yield c
+
+
+def test_runs_list_states_and_metrics_from_a_line_on(client):
+    runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert {n: r["state"] for n, r in runs.items()} == {
+        "done": "finished",
+        "live": "running",
+        "gone": "died",  # said running, but no process has that id
+        "broke": "failed",
+    }
+    assert runs["broke"]["error"] == "RuntimeError: boom" and runs["done"]["step"] == 3
+    records = client.get("/api/metrics", params={"run": "done", "since": 2}).json()["records"]
+    assert [r["step"] for r in records] == [2, 3]
+
+
+def test_records_by_step_follow_the_growing_file_and_a_task_across_steps(client):
+    steps = client.get("/api/steps", params={"run": "done"}).json()["steps"]
+    assert steps == {"1": {"count": 3}, "2": {"count": 3}, "3": {"count": 3}}
+    briefs = client.get("/api/briefs", params={"run": "done", "step": 2}).json()["records"]
+    assert [b["tool_errors"] for b in briefs] == [0, 0, 1] and "segments" not in briefs[0]
+    evals = client.get("/api/steps", params={"run": "done", "kind": "eval"}).json()["steps"]
+    assert evals == {"0": {"count": 1, "eval": "start"}}
+    RunDir(client.root / "done").log_samples(4, [{"task_id": "t1", "reward": 9.0, "segments": []}])
+    steps = client.get("/api/steps", params={"run": "done"}).json()["steps"]
+    assert list(steps) == ["1", "2", "3", "4"]
+    record = client.get("/api/record", params={"run": "done", "step": 4, "index": 0}).json()
+    assert record["reward"] == 9.0
+    history = client.get("/api/task", params={"run": "done", "task": "t1"}).json()["records"]
+    assert [(h["kind"], h["step"]) for h in history] == [("eval", 0)] + [("train", s) for s in (1, 2, 3, 4)]
+    missing = client.get("/api/record", params={"run": "done", "step": 9, "index": 0})
+    assert missing.status_code == 400 and "no record 0 at step 9" in missing.json()["error"]
+
+
+def test_paths_outside_the_runs_folder_are_refused(client):
+    make_run(client.root.parent, "outside")  # a run directory, but not under the UI's folder
+    for name in ("../outside", str(client.root.parent / "outside"), "/etc", "nope"):
+        answer = client.get("/api/metrics", params={"run": name})
+        assert answer.status_code == 400 and "no run of that name" in answer.json()["error"]
+
+
+def test_access_rules(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "done")
+    local = TestClient(build_app(root, []), base_url="http://evil.example:7860")
+    assert local.get("/api/runs").status_code == 403  # a rebound DNS name is not served on loopback
+    app = build_app(root, [], token="s3cret", loopback_only=False)
+    remote = TestClient(app, base_url="http://10.0.0.5:7860")
+    assert remote.get("/api/runs").status_code == 401
+    assert remote.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert remote.get("/?token=s3cret").status_code == 200 and remote.cookies.get("toolrl_token") == "s3cret"
+    assert remote.get("/api/runs").status_code == 200  # the cookie the page got
+    no_header = remote.post("/api/stop", json={"run": "done"})
+    assert no_header.status_code == 403 and "X-Toolrl" in no_header.json()["error"]
+
+
+def test_validation_gives_the_cli_one_line_errors_and_refuses_plugins(client):
+    bad = client.post("/api/validate", json={"config": "train:\n  stepz: 3\n"}, headers=POST)
+    assert bad.status_code == 400 and bad.json()["error"].startswith("config: unknown key 'train.stepz'")
+    wrong = client.post("/api/validate", json={"config": "train:\n  steps: -1\n"}, headers=POST)
+    assert "train.steps must be greater than or equal to 0" in wrong.json()["error"]
+    plugin = client.post("/api/validate", json={"config": "plugins: [os]\n"}, headers=POST)
+    assert plugin.status_code == 400 and "plugins cannot be set from the page" in plugin.json()["error"]
+    good = client.post("/api/validate", json={"config": "train:\n  steps: 3\n", "recipe": "default"}, headers=POST)
+    assert good.json() == {"ok": True, "steps": 3, "env": "calculator"}
+    named = client.post("/api/launch", json={"config": "", "name": "../x"}, headers=POST)
+    assert named.status_code == 400 and "run name" in named.json()["error"]
+    taken = client.post("/api/launch", json={"config": "", "name": "done"}, headers=POST)
+    assert taken.status_code == 400 and "exists" in taken.json()["error"]
+
+
+def test_tools_go_through_the_runs_executor_and_policies(client, tmp_path):
+    config = tmp_path / "tools.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "srv": {
+                        "command": sys.executable,
+                        "args": [str(FIXTURES / "mcp_server.py")],
+                        "allow": ["add", "slow"],
+                        "policies": {"slow": {"timeout_s": 0.3, "retries": 0}},
+                    },
+                    "down": {"command": str(tmp_path / "no-such-server")},
+                }
+            }
+        )
+    )
+    missing = client.post("/api/tools/load", json={"file": str(tmp_path / "nope.json")}, headers=POST)
+    assert missing.status_code == 400 and "no such tool config file" in missing.json()["error"]
+    loaded = client.post("/api/tools/load", json={"file": str(config)}, headers=POST).json()
+    assert loaded["servers"]["srv"] == "ok" and loaded["servers"]["down"].startswith("error:")
+    add = next(t for t in loaded["tools"] if t["name"] == "srv.add")
+    assert add["parameters"]["required"] == ["a", "b"]
+    result = client.post("/api/tools/call", json={"name": "add", "arguments": {"a": 2, "b": 40}}, headers=POST).json()
+    assert result["outcome"] == "ok" and result["result"] == "42" and result["latency_s"] > 0
+    slow = client.post("/api/tools/call", json={"name": "srv.slow", "arguments": {"seconds": 5}}, headers=POST)
+    assert slow.json()["outcome"] == "timeout"  # the file's policy, as in training
+    off_schema = client.post("/api/tools/call", json={"name": "add", "arguments": {"a": "two"}}, headers=POST)
+    assert off_schema.json()["outcome"] == "invalid_arguments"
+
+
+def test_the_command_serves_loopback_without_a_token_and_another_host_with_one(tmp_path):
+    import subprocess
+
+    import httpx
+
+    for host, needs_token in (("127.0.0.1", False), ("0.0.0.0", True)):
+        server = subprocess.Popen(
+            [sys.executable, "-m", "toolrl", "ui", str(tmp_path / "runs"), "--host", host, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            line = server.stdout.readline()
+            url = line.split()[2]
+            assert ("?token=" in url) == needs_token, line
+            base, _, token = url.partition("?token=")
+            port = base.rstrip("/").rsplit(":", 1)[1]
+            plain = httpx.get(f"http://127.0.0.1:{port}/api/runs")
+            assert plain.status_code == (401 if needs_token else 200)
+            if needs_token:
+                bearer = httpx.get(f"http://127.0.0.1:{port}/api/runs", headers={"Authorization": f"Bearer {token}"})
+                assert bearer.status_code == 200 and bearer.json()["runs"] == []
+        finally:
+            server.terminate()
+            server.wait(10)
+    busy = subprocess.run(
+        [sys.executable, "-m", "toolrl", "ui", str(tmp_path), "--port", "70000"], capture_output=True, text=True
+    )
+    assert busy.returncode == 2 and "--port 70000" in busy.stderr

@@ -1,0 +1,267 @@
+"""`toolrl ui` in a real browser: headless Chromium (Debian's package, installed by `make install-test`) driven
+by Playwright through the main flows on tiny runs made here: runs with live, overlaid curves; a trajectory
+token by token with its loss mask and log-probs, filters, tool calls, and a task across steps; a tool called
+from a form made from its schema; a run launched, followed, stopped after a step and resumed. Each view is
+saved as a screenshot (TOOLRL_SCREENSHOTS=docs/images writes the ones the docs show: `make ui-screenshots`).
+
+Without Chromium these tests skip, unless TOOLRL_BROWSER_TESTS=required (as `make test` sets): then they fail."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from toolrl.rollout.trajectory import Trajectory
+from toolrl.tools.call import ToolCall, ToolResult
+from toolrl.train.rundir import RunDir
+
+pytestmark = pytest.mark.slow
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+if not CHROMIUM:
+    if os.environ.get("TOOLRL_BROWSER_TESTS") == "required":
+        raise RuntimeError("Chromium is not installed: `make install-test` installs Debian's chromium package")
+    pytest.skip("no chromium on this machine (make install-test installs it)", allow_module_level=True)
+
+
+def toolrl(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "toolrl", *args], capture_output=True, text=True, **kwargs)
+
+
+def tiny_run(model, root, name, seed):
+    out = toolrl(
+        "train", "--quiet",
+        "--set", f"model.name={model}", "--set", f"output_dir={root}", "--set", f"run_name={name}",
+        "--set", f"seed={seed}", "--set", "train.steps=3", "--set", "train.prompts_per_step=2",
+        "--set", "train.group_size=3", "--set", "rollout.max_new_tokens=16", "--set", "eval.num_tasks=3",
+        "--set", "eval.batch_size=3", "--set", "train.save_every=1",
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def run_with_tool_calls(root, tokenizer):
+    """A run whose step-1 trajectory called tools (the tiny random model never does): a record written by
+    Trajectory.to_record, as the trainer writes it, with an observation, a failed call and a user turn."""
+    from toolrl.envs import Task
+
+    run = root / "with-calls"
+    run.mkdir()
+    shutil.copy(root / "alpha" / "config.yaml", run / "config.yaml")
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    traj = Trajectory.start(Task(id="calc-7", question="What is 6 * 7?", answer="42"), encode("What is 6 * 7?"))
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
+    traj.add_model_turn(encode(call), [-0.3] * len(encode(call)), call)
+    traj.add_observation(encode("<tool_response>42</tool_response>"))
+    traj.add_model_turn(encode("The answer is 42."), [-0.1] * len(encode("The answer is 42.")), "The answer is 42.")
+    traj.add_user_message(encode("And 6 / 0?"), "And 6 / 0?")
+    traj.results = [
+        ToolResult(ToolCall("calculator", {"expression": "6 * 7"}), "42", "ok", 0.0021),
+        ToolResult(ToolCall("calculator", {"expression": "6 / 0"}), "error: division by zero", "tool_error", 0.0013),
+    ]
+    traj.num_tool_calls, traj.num_tool_errors, traj.stop_reason, traj.reward = 2, 1, "answer", 1.0
+    traj.rewards = {"correct": 1.0, "format": 1.0}
+    traj.advantages = [0.8] * sum(traj.loss_mask)
+    record = traj.to_record(tokenizer, success="correct")
+    RunDir(run).log_samples(1, [{**record, "sample": 0, "group": 0}])
+    (run / "status.json").write_text(json.dumps({"state": "finished", "step": 1, "steps": 1}))
+
+
+@pytest.fixture(scope="module")
+def site(tiny_model_dir, tokenizer, tmp_path_factory):
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=15_000)
+
+    base = tmp_path_factory.mktemp("ui")
+    root = base / "runs"
+    tiny_run(tiny_model_dir, root, "alpha", 0)
+    tiny_run(tiny_model_dir, root, "beta", 1)
+    run_with_tool_calls(root, tokenizer)
+    recipes = base / "recipes"
+    recipes.mkdir()
+    (recipes / "tiny.yaml").write_text(
+        f"# a tiny run\nmodel:\n  name: {tiny_model_dir}\nrollout:\n  max_new_tokens: 16\n"
+        "train:\n  steps: 150\n  prompts_per_step: 2\n  group_size: 3\n  save_every: 1\n"
+        "eval:\n  num_tasks: 3\n  batch_size: 3\n  at_start: false\n"
+    )
+    tools = base / "tools.json"
+    tools.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "srv": {"command": sys.executable, "args": [str(FIXTURES / "mcp_server.py")], "allow": ["add"]},
+                    "calc": {"python": "toolrl.envs.calculator.tool:calculator"},
+                }
+            }
+        )
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "toolrl", "ui", str(root), "--port", "0", "--recipes", str(recipes)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=base,
+    )  # fmt: skip
+    line = server.stdout.readline()
+    url = re.search(r"http://\S+/", line)
+    assert url, line
+    shots = Path(os.environ.get("TOOLRL_SCREENSHOTS") or base / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1360, "height": 900})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        yield {"page": page, "url": url.group(0), "root": root, "tools": tools, "shots": shots, "errors": errors}
+        browser.close()
+    server.terminate()
+    server.wait(10)
+
+
+def shot(site, name):
+    path = site["shots"] / f"ui-{name}.png"
+    site["page"].screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    assert not site["errors"], site["errors"]
+
+
+def test_runs_list_and_live_overlaid_curves(site):
+    page, root = site["page"], site["root"]
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=alpha] .badge.state-finished")
+    assert page.locator("tr[data-run=beta] .badge").inner_text() == "finished"
+    page.check("tr[data-run=alpha] input")
+    page.check("tr[data-run=beta] input")
+    reward = page.locator(".chart[data-metric=reward]")
+    page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 2")
+    assert "alpha" in reward.inner_text() and "beta" in reward.inner_text()
+    before = int(reward.get_attribute("data-points"))
+    # the run trains on: a process is alive for it, and a step is appended to metrics.jsonl
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        status = {"state": "running", "pid": sleeper.pid, "host": os.uname().nodename, "steps": 4}
+        (root / "alpha" / "status.json").write_text(json.dumps(status))
+        with (root / "alpha" / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": 4, "reward": 0.9, "success": 0.5, "tool_calls": 1.0, "step_s": 0.2}) + "\n")
+        page.wait_for_selector("tr[data-run=alpha] .badge.state-running", timeout=10_000)
+        page.wait_for_function(
+            f"+document.querySelector('.chart[data-metric=reward]').dataset.points > {before}", timeout=10_000
+        )
+        page.hover(".chart[data-metric=reward] svg")
+        assert "step" in page.locator(".chart[data-metric=reward] .tip").inner_text()
+        shot(site, "runs")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    page.wait_for_selector("tr[data-run=alpha] .badge.state-died", timeout=10_000)  # its process is gone
+
+
+def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(site):
+    page, root = site["page"], site["root"]
+    page.goto(site["url"] + "#trajectories")
+    page.select_option("#tr-run", "alpha")
+    page.select_option("#tr-step", "1")
+    records = [json.loads(line) for line in (root / "alpha" / "samples.jsonl").read_text().splitlines()]
+    step1 = [r for r in records if r["step"] == 1]
+    expect(page.locator("#tr-list .count")).to_have_text(f"{len(step1)} of {len(step1)} trajectories")
+    page.click("#tr-list .card >> nth=0")
+    page.wait_for_selector("#tr-detail .tok")
+    tokens = [t for s in step1[0]["segments"] if s["kind"] == "model" for t in s["tokens"]]
+    assert page.locator("#tr-detail .tok.trained").count() == len(tokens)
+    page.hover("#tr-detail .tok >> nth=0")
+    info = page.locator("#token-info").inner_text()
+    assert "log-prob" in info and str(step1[0]["segments"][0]["ids"][0]) in info
+    successes = sum(r["success"] >= 0.5 for r in step1)
+    page.select_option("#f-success", "yes")
+    expect(page.locator("#tr-list .count")).to_have_text(f"{successes} of {len(step1)} trajectories")
+    page.select_option("#f-success", "")
+    top = max(r["reward"] for r in step1)
+    page.fill("#f-reward-min", str(top + 0.01))
+    expect(page.locator("#tr-list .count")).to_have_text(f"0 of {len(step1)} trajectories")
+    page.fill("#f-reward-min", str(top))
+    kept = sum(r["reward"] >= top for r in step1)
+    expect(page.locator("#tr-list .count")).to_have_text(f"{kept} of {len(step1)} trajectories")
+    page.fill("#f-reward-min", "")
+    RunDir(root / "alpha").log_samples(7, [{k: v for k, v in step1[0].items() if k != "step"}])  # it trains on
+    expect(page.locator("#tr-step option[value='7']")).to_have_count(1, timeout=10_000)
+    expect(page.locator("#tr-step")).to_have_value("1")  # the step being read stays chosen
+
+    page.select_option("#tr-kind", "eval")  # the same test tasks at the start and the end
+    expect(page.locator("#tr-step")).to_have_value("3")  # the last evaluation: the end
+    page.select_option("#tr-step", "0")
+    page.click("#tr-list .card >> nth=0")
+    page.click("#tr-same-task")
+    expect(page.locator("#cmp-columns .column h4")).to_have_text(["eval (start) · step 0", "eval (end) · step 3"])
+
+    page.select_option("#tr-kind", "train")
+    page.select_option("#tr-run", "with-calls")
+    expect(page.locator("#tr-list .count")).to_have_text("1 of 1 trajectories")  # the filter list shows its tool error
+    page.select_option("#f-errors", "yes")
+    page.click("#tr-list .card >> nth=0")
+    page.wait_for_selector("#tr-detail table.calls")
+    rows = page.locator("#tr-detail table.calls tr")
+    failed = rows.nth(2).inner_text()
+    assert rows.count() == 3 and "tool_error" in failed and "division by zero" in failed
+    labels = page.locator("#tr-detail .segment-label").all_inner_texts()
+    assert labels == [
+        "model · trained (loss mask 1)", "tool result · not trained", "model · trained (loss mask 1)",
+        "user · not trained",
+    ]  # fmt: skip
+    page.select_option("#tr-heat", "advantage")
+    assert "22, 163, 74" in page.locator("#tr-detail .tok >> nth=0").get_attribute("style")  # positive: green
+    page.select_option("#f-errors", "")
+    page.locator("#tr-compare").evaluate("e => e.hidden = true")
+    shot(site, "trajectory")
+
+
+def test_tools_load_and_call_through_a_form(site):
+    page = site["page"]
+    page.goto(site["url"] + "#tools")
+    page.fill("#tools-file", str(site["tools"]))
+    page.click("#tools-load")
+    page.wait_for_selector("[data-server=srv] .badge.ok")
+    page.click("[data-tool='srv.add']")
+    page.fill("#tools-form [name=a]", "2")
+    page.fill("#tools-form [name=b]", "40")
+    page.click("#tools-call")
+    page.wait_for_selector("#tools-result:not([hidden])")
+    assert page.locator("#tools-output").inner_text() == "42" and page.locator("#tools-outcome").inner_text() == "ok"
+    page.click("[data-tool='calc.calculator']")
+    page.fill("#tools-form [name=expression]", "__import__('os').getpid()")  # data for the tool, not code
+    page.click("#tools-call")
+    page.wait_for_function("document.querySelector('#tools-outcome').textContent !== 'ok'")
+    assert "42" not in page.locator("#tools-output").inner_text()
+    page.fill("#tools-form [name=expression]", "2 * (3 + 4)")
+    page.click("#tools-call")
+    page.wait_for_function("document.querySelector('#tools-output').textContent === '14'")
+    shot(site, "tools")
+
+
+def test_launch_follow_stop_and_resume_a_run(site):
+    page, root = site["page"], site["root"]
+    page.goto(site["url"] + "#launch")
+    page.select_option("#launch-recipe", "tiny")
+    text = page.locator("#launch-config").input_value()
+    page.fill("#launch-config", text.replace("steps: 150", "stepz: 150"))
+    page.click("#launch-validate")
+    page.wait_for_selector("#launch-check.error-text")
+    assert page.locator("#launch-check").inner_text().startswith("config: unknown key 'train.stepz'")
+    page.fill("#launch-config", text)
+    page.fill("#launch-name", "from-the-page")
+    page.click("#launch-start")
+    page.wait_for_function("document.querySelector('#follow-log').textContent.includes('step 2/150')", timeout=120_000)
+    page.click("#follow-stop")
+    page.wait_for_selector("#follow-state.state-stopped", timeout=60_000)
+    page.wait_for_function("document.querySelector('#follow-log').textContent.includes('stopped after step')")
+    run = RunDir(root / "from-the-page")
+    stopped_at = run.read_status()["step"]
+    assert run.pointed("last").name == f"step-{stopped_at:06d}" and stopped_at < 150
+    shot(site, "launch")
+    page.click("#follow-resume")
+    page.wait_for_selector("#follow-state.state-finished", timeout=180_000)
+    steps = [m["step"] for m in run.read_metrics() if "eval" not in m]
+    assert steps == list(range(1, 151))  # every step once, across the stop
