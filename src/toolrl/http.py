@@ -52,9 +52,9 @@ def http_client(headers: Mapping[str, str] | None, connect_timeout_s: float, rea
 
 def request_json(client: httpx.Client, method: str, url: str, arguments: Mapping[str, Any]) -> Any:
     """Send `arguments` (query string for GET/DELETE, JSON body otherwise) and return the decoded reply:
-    JSON when the server sends JSON, else text. A request that never reached the server (connection refused,
-    429, 503) raises Unreachable; other connection failures and 5xx raise HTTPTransient; other error statuses
-    raise HTTPFailure."""
+    JSON when the server sends JSON, the bytes of an image (image/*), else text. A request that never reached
+    the server (connection refused, 429, 503) raises Unreachable; other connection failures and 5xx raise
+    HTTPTransient; other error statuses raise HTTPFailure."""
     try:
         if method in {"GET", "DELETE"}:
             params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()}
@@ -71,9 +71,12 @@ def request_json(client: httpx.Client, method: str, url: str, arguments: Mapping
         failure = HTTPTransient if status in RETRY_STATUS else HTTPFailure
         failure = Unreachable if status in NOT_PROCESSED_STATUS else failure
         raise failure(message)
-    if "json" in response.headers.get("content-type", ""):
+    kind = response.headers.get("content-type", "")
+    if "json" in kind:
         try:
             return response.json()
         except ValueError:
             pass
+    if kind.startswith("image/"):
+        return response.content  # a tool's image (toolrl.tools.images checks it)
     return response.text

@@ -23,6 +23,8 @@ def test_the_record_holds_tokens_log_probs_and_tool_calls(tokenizer):
     assert len(model["tokens"]) == len(turn) and model["logprobs"] == [-0.25] * len(turn)
     assert observation["kind"] == "observation" and not observation["loss"] and "ids" not in observation
     first, second = record["calls"]
-    assert first == {"name": "add", "arguments": {"a": 2, "b": 3}, "outcome": "ok", "latency_s": 0.1235, "result": "5"}
+    assert first == {
+        "name": "add", "arguments": {"a": 2, "b": 3}, "outcome": "ok", "latency_s": 0.1235, "result": "5", "images": 0
+    }  # fmt: skip
     assert second["outcome"] == "tool_error" and len(second["result"]) <= RECORD_RESULT_CHARS
     assert second["result"].endswith("[cut]")

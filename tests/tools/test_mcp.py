@@ -15,7 +15,7 @@ from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
 from toolrl.tools.mcp import MCPStdioServer, result_text
 
 SERVER = Path(__file__).parent.parent / "fixtures" / "mcp_server.py"
-TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "crash"}
+TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "crash", "square"}
 
 
 @pytest.fixture

@@ -73,6 +73,23 @@ def run_with_tool_calls(root, tokenizer):
     (run / "status.json").write_text(json.dumps({"state": "finished", "step": 1, "steps": 1}))
 
 
+def vision_run(base, root):
+    """One step of a tiny random Qwen2.5-VL on the images environment: records with the task's image."""
+    from toolrl.models.vision import make_tiny_vlm
+
+    model = make_tiny_vlm(base / "vlm")
+    out = toolrl(
+        "train", "--quiet",
+        "--set", f"model.name={model}", "--set", f"output_dir={root}", "--set", "run_name=vision",
+        "--set", "env.name=images", "--set", "env.options.size=112", "--set", "env.options.num_train=4",
+        "--set", "env.options.num_test=2", "--set", "train.steps=1", "--set", "train.prompts_per_step=1",
+        "--set", "train.group_size=2", "--set", "rollout.max_new_tokens=8", "--set", "eval.at_start=false",
+        "--set", "eval.at_end=false",
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def site(tiny_model_dir, tokenizer, tmp_path_factory):
     from playwright.sync_api import expect, sync_playwright
@@ -84,6 +101,7 @@ def site(tiny_model_dir, tokenizer, tmp_path_factory):
     tiny_run(tiny_model_dir, root, "alpha", 0)
     tiny_run(tiny_model_dir, root, "beta", 1)
     run_with_tool_calls(root, tokenizer)
+    vision_run(base, root)
     recipes = base / "recipes"
     recipes.mkdir()
     (recipes / "tiny.yaml").write_text(
@@ -134,6 +152,8 @@ def test_runs_list_and_live_overlaid_curves(site):
     page.goto(site["url"] + "#runs")
     page.wait_for_selector("tr[data-run=alpha] .badge.state-finished")
     assert page.locator("tr[data-run=beta] .badge").inner_text() == "finished"
+    for box in page.locator("#runs-table tbody input:checked").all():  # the newest run is shown first
+        box.uncheck()
     page.check("tr[data-run=alpha] input")
     page.check("tr[data-run=beta] input")
     reward = page.locator(".chart[data-metric=reward]")
@@ -216,6 +236,18 @@ def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(sit
     page.select_option("#f-errors", "")
     page.locator("#tr-compare").evaluate("e => e.hidden = true")
     shot(site, "trajectory")
+
+
+def test_the_viewer_shows_a_vision_policys_images(site):
+    page = site["page"]
+    page.goto(site["url"] + "#trajectories")
+    page.select_option("#tr-run", "vision")
+    expect(page.locator("#tr-list .count")).to_have_text("2 of 2 trajectories")
+    page.click("#tr-list .card >> nth=0")
+    image = page.locator("#tr-detail .images img").first
+    expect(image).to_be_visible()
+    page.wait_for_function("document.querySelector('#tr-detail .images img').naturalWidth === 112")
+    assert "image tokens (not trained)" in page.locator("#tr-detail .images figcaption").first.inner_text()
 
 
 def test_tools_load_and_call_through_a_form(site):

@@ -32,6 +32,9 @@ _TOOL_SENTINEL = "TOOLRL_TOOL_SENTINEL_93"
 class ChatFormat:
     """Renders prompts and tool observations to token ids for one tokenizer."""
 
+    supports_images = False
+    """A vision-language policy's format (chat/vision.py) also renders images."""
+
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         if tokenizer.chat_template is None:

@@ -192,6 +192,9 @@ def report(
         console.print(ev)
     plot = write_plot(run.path)
     console.print(f"plot: {plot}" if plot else "no training steps logged yet: no plot")
+    images = sorted((run.path / "images").rglob("*.png")) if (run.path / "images").is_dir() else []
+    if images:  # a vision-language policy's trajectories: their images, as the records name them
+        console.print(f"images of sampled trajectories: {len(images)} PNG files under {run.path / 'images'}")
 
 
 def _param_delta(run_path: Path, before: str | None, after: str | None) -> None:

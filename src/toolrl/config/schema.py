@@ -191,6 +191,9 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     lora: LoRAConfig = LoRAConfig()
+    train_vision: bool = False
+    """A vision-language policy: also train its vision tower and merger (frozen by default; with LoRA, give
+    them adapters too)."""
     save_every: int = Field(0, ge=0)
     """Write a resumable checkpoint (last/) every N steps; 0: only at the end."""
     eval_every: int = Field(0, ge=0)
@@ -198,6 +201,9 @@ class TrainConfig(Section):
     samples_per_step: int | None = Field(None, ge=0)
     """Trajectories written to samples.jsonl each step (records with tokens, log-probs, advantages, tool calls:
     what `toolrl ui`'s trajectory viewer shows); None: all of them, 0: none."""
+    sample_images_per_step: int = Field(32, ge=0)
+    """Images of the written trajectories (a vision-language policy's) saved as PNG under RUN/images/ per step
+    and per evaluation, for the UI's trajectory viewer."""
     samples_max_mb: float = Field(200.0, gt=0)
     """Bound on samples.jsonl and evals.jsonl, each: once a file reaches it, later records are not written (a
     warning says so). A record of the default run is ~5 KB."""

@@ -45,6 +45,9 @@ class Task:
     answer: str
     meta: dict[str, Any] = field(default_factory=dict)
     """Anything else the task carries: all gold answers, gold SQL, sub-problems, the source record's fields."""
+    images: list[Any] = field(default_factory=list)
+    """Images shown with the task's question (PIL images or ToolImages); a vision-language policy sees them
+    after the text of the last user message, and tools may receive them by reference (envs/images)."""
 
 
 class EnvOptions(BaseModel):
@@ -168,6 +171,8 @@ class Environment(ABC):
     show_tool_schemas: bool = True
     """Put the tools' JSON schemas into the prompt; False for prompt formats that describe their own tags
     (Search-R1's `<search>`)."""
+    needs_vision: ClassVar[bool] = False
+    """Its tasks show images (Task.images): a text-only model is refused at start-up."""
 
     def __init__(self, config, options: EnvOptions):
         self.config, self.options = config, options

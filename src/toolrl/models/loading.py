@@ -32,5 +32,12 @@ def load_model(name: str, device: torch.device, dtype: str = "float32"):
         # engine's masks 1.9x faster. Not on CUDA, where a mask with grouped heads can fall back to a slow kernel.
         os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=DTYPES[dtype])
+    path = resolve_model(name)
+    from toolrl.models.vision import is_vision_model
+
+    if is_vision_model(path):  # a vision-language policy: its language model, vision tower and merger
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     return model.to(device)

@@ -6,6 +6,7 @@ from toolrl.rollout.loop import Rollout, RolloutLimits
 from toolrl.rollout.openai import OpenAIEngine
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.rollout.vision import VisionEngine
 from toolrl.rollout.vllm import VLLMEngine
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "SamplingParams",
     "Trajectory",
     "VLLMEngine",
+    "VisionEngine",
     "get_engine_factory",
 ]

@@ -84,6 +84,14 @@ def answer_reason(text: str) -> str:
     return "answer" if final_answer(text) is not None else "no_tool_call"
 
 
+def described(content: str, images: list) -> str:
+    """A result's text with its images named, for a policy that reads text only."""
+    if not images:
+        return content
+    names = " ".join(image.describe() for image in images)
+    return f"{content}\n{names} (images are not shown to a text-only model)".lstrip("\n")
+
+
 @dataclass
 class _Turn:
     """What one generated turn leads to: the next state, and what it needs."""
@@ -135,6 +143,14 @@ class Rollout:
         instructions = getattr(self.parser, "instructions", None)  # the parser's own call syntax
         return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
 
+    def prompt(self, task: Task, messages: list[dict[str, str]] | None = None, tools=None) -> tuple[list[int], list]:
+        """The prompt's ids and, for a vision-language policy, the task's images in them."""
+        if not (task.images and self.chat.supports_images):
+            return self.prompt_ids(task, messages, tools), []
+        schemas = self.tool_schemas if tools is None else self._schemas(tools)
+        instructions = getattr(self.parser, "instructions", None)
+        return self.chat.prompt_with_images(messages or self.env.messages(task), schemas, task.images, instructions)
+
     def run(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
         """`arun` on an event loop of its own; then the engine frees what it keeps between rollouts."""
         try:
@@ -155,7 +171,7 @@ class Rollout:
                 f"env {self.env.name}: reset({episode.task.id!r}).messages must be a list of "
                 "{'role': str, 'content': str} messages"
             )
-        traj = Trajectory.start(episode.task, self.prompt_ids(episode.task, episode.messages, tools))
+        traj = Trajectory.start(episode.task, *self.prompt(episode.task, episode.messages, tools))
         traj.episode = episode
         return _Run(seq, traj, episode, tools)
 
@@ -219,7 +235,8 @@ class Rollout:
         s = limits.sampling
         params = SamplingParams(s.temperature, s.top_p, s.top_k, budget, traj.seed)
         started = time.perf_counter()
-        sampled = await self.engine.generate(run.seq, traj.token_ids, params)
+        images = {"images": traj.images} if traj.images else {}  # only a vision engine is given images
+        sampled = await self.engine.generate(run.seq, traj.token_ids, params, **images)
         traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + time.perf_counter() - started
         return sampled
 
@@ -267,10 +284,16 @@ class Rollout:
             return self._stop(traj, "tool_error")
         clip = self.limits.max_observation_tokens
         contents = [clip_observation(r.content, self.tokenizer, clip) for r in results] + turn.parsed.errors
-        obs = self.chat.observation_ids(contents, model_ended_turn=turn.sampled.ended)
+        images = [list(r.images) for r in results] + [[] for _ in turn.parsed.errors]
+        ended = turn.sampled.ended
+        if self.chat.supports_images:
+            obs, seen = self.chat.observation_with_images(contents, images, ended, len(traj.token_ids))
+        else:  # a text-only policy is told what it cannot see
+            contents = [described(c, per_result) for c, per_result in zip(contents, images, strict=True)]
+            obs, seen = self.chat.observation_ids(contents, model_ended_turn=ended), []
         if over_token_budget(traj, self.limits, len(obs)):
             return self._stop(traj, "length", truncated=True)
-        traj.add_observation(obs)
+        traj.add_observation(obs, seen)
         if traj.stop_reason == "max_turns":  # the last allowed turn's calls ran (last_turn_tools)
             return _Turn(State.DONE)
         if step.done:

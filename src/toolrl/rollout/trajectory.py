@@ -53,6 +53,9 @@ class Trajectory:
     """Seconds spent waiting for generation (generate_s) and for tool calls (tools_s)."""
     seed: int | None = None
     """Its own sampling seed (see SamplingParams.seed), or None for the engine's generator."""
+    images: list[Any] = field(default_factory=list)
+    """The images in token_ids (models.vision.VisionImage: patches, grid, position of its pads), in order:
+    what a vision-language policy was given with the ids, and what training gives it again."""
     advantages: list[float] | None = None
     """Per trained token, the advantage the update gave it (set by the trainer; None before an update)."""
     trainer_logprobs: list[float] | None = None
@@ -60,10 +63,12 @@ class Trajectory:
     skipped the trajectory: no trained tokens, all-zero advantages, or left out of the loss)."""
 
     @classmethod
-    def start(cls, task: Task, prompt_ids: list[int]) -> Trajectory:
-        return cls(
+    def start(cls, task: Task, prompt_ids: list[int], images: list[Any] | None = None) -> Trajectory:
+        traj = cls(
             task, list(prompt_ids), [0] * len(prompt_ids), [0.0] * len(prompt_ids), [(PROMPT, 0, len(prompt_ids))]
         )
+        traj.images = list(images or [])
+        return traj
 
     @property
     def prompt_length(self) -> int:
@@ -97,8 +102,10 @@ class Trajectory:
         self._append(MODEL, ids, logprobs)
         self.texts.append(text)
 
-    def add_observation(self, ids: list[int]) -> None:
+    def add_observation(self, ids: list[int], images: list[Any] | None = None) -> None:
+        """Tool results (never trained), with the images their ids hold."""
         self._append(OBSERVATION, ids, None)
+        self.images.extend(images or [])
 
     def add_user_message(self, ids: list[int], text: str) -> None:
         self._append(USER, ids, None)
@@ -140,7 +147,12 @@ class Trajectory:
             "turn_rewards": self.turn_rewards,
             "infos": self.infos,
             "prompt": tokenizer.decode(self.token_ids[a:b]),
+            "prompt_tokens": b,
             "segments": [self._segment(tokenizer, kind, a, b, trained) for kind, a, b in self.spans if kind != PROMPT],
+            "images": [
+                {"start": im.start, "tokens": im.tokens, "grid": list(im.grid_thw), "size": _size(im.source)}
+                for im in self.images
+            ],
             "calls": [
                 {
                     "name": result.call.name if result.call else None,
@@ -148,6 +160,7 @@ class Trajectory:
                     "outcome": result.outcome,
                     "latency_s": round(result.latency_s, 4),
                     "result": clip(result.content, RECORD_RESULT_CHARS),
+                    "images": len(result.images),
                 }
                 for result in self.results
             ],
@@ -171,6 +184,8 @@ class Trajectory:
             "kind": kind,
             "loss": kind == MODEL,
             "text": tokenizer.decode(self.token_ids[start:end]),
+            "start": start,
+            "end": end,
         }
         if kind == MODEL:
             ids = self.token_ids[start:end]
@@ -181,3 +196,22 @@ class Trajectory:
                 if all(key in trained.get(i, {}) for i in range(start, end)) and end > start:
                     segment[key] = [trained[i][key] for i in range(start, end)]
         return segment
+
+
+def _size(image: Any) -> list[int] | None:
+    """An image's [width, height] (a ToolImage, or a PIL image)."""
+    if hasattr(image, "width") and hasattr(image, "height"):
+        return [int(image.width), int(image.height)]
+    return None
+
+
+def image_png(image: Any) -> bytes:
+    """An image of a trajectory as PNG bytes (a ToolImage's own PNG, or a PIL image saved)."""
+    import io
+
+    if getattr(image, "mime", None) == "image/png":
+        return image.data
+    pil = image.pil() if hasattr(image, "pil") else image
+    buffer = io.BytesIO()
+    pil.save(buffer, format="PNG")
+    return buffer.getvalue()

@@ -45,6 +45,8 @@ class ToolResult:
     outcome: Outcome = "ok"
     latency_s: float = 0.0
     """From the call's start (its concurrency slot taken) to its result, retries included."""
+    images: tuple[Any, ...] = ()
+    """Images the tool returned with its text (toolrl.tools.images.ToolImage), checked and within limits."""
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

@@ -24,9 +24,9 @@ from toolrl.text import clip, first_line, one_line
 from toolrl.tools.cache import ResultCache, cache_key
 from toolrl.tools.call import INFRA_FAULTS, MODEL_ERRORS, Outcome, ToolCall, ToolResult, unknown_tool_error
 from toolrl.tools.function import Tool
+from toolrl.tools.images import ImageLimits, ToolOutput, to_output
 from toolrl.tools.limits import TRANSIENT, RateLimiter, ServerCrashed, ServerUnavailable, ToolPolicy
 from toolrl.tools.runners import DeadlineExceeded, ProcessRunner, ThreadRunner
-from toolrl.tools.worker import to_text
 
 
 class ToolExecutor:
@@ -40,11 +40,13 @@ class ToolExecutor:
         policies: Mapping[str, ToolPolicy] | None = None,
         cache_path: str | Path | None = None,
         log_dir: str | Path | None = None,
+        image_limits: ImageLimits | None = None,
     ):
         self.tools = {tool.name: tool for tool in tools}
         self.default_policy = ToolPolicy(timeout_s=timeout_s)
         self.policies = dict(policies or {})
         self.max_concurrency = max_concurrency
+        self.image_limits = image_limits or ImageLimits()
         self.threads = ThreadRunner()
         self.processes = ProcessRunner(Path(log_dir) / "workers.log" if log_dir else None)
         self.cache = ResultCache(path=cache_path)
@@ -83,7 +85,9 @@ class ToolExecutor:
             self._limits[(loop, name)] = (per_tool, rate)
         return (self._global[loop], *self._limits[(loop, name)])
 
-    def _result(self, call: ToolCall, outcome: Outcome, content: str, started: float | None = None) -> ToolResult:
+    def _result(
+        self, call: ToolCall, outcome: Outcome, content: str | ToolOutput, started: float | None = None
+    ) -> ToolResult:
         if outcome != "ok":
             self.metrics[f"errors_{outcome}"] += 1
             if outcome in INFRA_FAULTS:
@@ -91,6 +95,8 @@ class ToolExecutor:
             elif outcome in MODEL_ERRORS:
                 self.metrics["model_errors"] += 1
         latency = time.monotonic() - started if started is not None else 0.0
+        if isinstance(content, ToolOutput):
+            return ToolResult(call, content.text, outcome, latency, tuple(content.images))
         return ToolResult(call, content, outcome, latency)
 
     async def invoke(self, call: ToolCall, offered: Mapping[str, Tool] | None = None) -> ToolResult:
@@ -111,7 +117,7 @@ class ToolExecutor:
             if cached is not None:
                 return ToolResult(call, cached)
         result = await self._call(tool, call, policy)
-        if key is not None and not result.error:
+        if key is not None and not result.error and not result.images:  # the cache keeps text only
             self.cache.put(key, result.content)
         return result
 
@@ -155,13 +161,16 @@ class ToolExecutor:
                 self.metrics["retries"] += 1
                 await asyncio.sleep(backoff)
 
-    async def _attempt(self, tool: Tool, arguments: dict[str, Any], timeout: float) -> str:
+    async def _attempt(self, tool: Tool, arguments: dict[str, Any], timeout: float) -> ToolOutput:
+        """The tool's value as text and checked images (an unreadable image is the tool's error)."""
         where = self.isolation(tool)
         if where == "async":
-            return to_text(await self._run_async(tool.fn(**arguments), timeout))
-        if where == "process":
-            return await self.processes.run(tool.target, arguments, timeout)
-        return to_text(await self.threads.run(tool.fn, arguments, timeout))
+            value = await self._run_async(tool.fn(**arguments), timeout)
+        elif where == "process":
+            value = await self.processes.run(tool.target, arguments, timeout)
+        else:
+            value = await self.threads.run(tool.fn, arguments, timeout)
+        return to_output(value, self.image_limits)
 
     async def _run_async(self, coro: Any, timeout: float) -> Any:
         """Await `coro` until `timeout`; past it, cancel it and go on without waiting for it (a coroutine may

@@ -42,6 +42,16 @@ STDERR_TAIL_LINES = 5
 def result_text(result: Any) -> str:
     """A CallToolResult as observation text: structured content as JSON, text parts joined, placeholders for
     non-text parts."""
+    value = result_value(result)
+    if isinstance(value, str):
+        return value
+    return "\n".join(p if isinstance(p, str) else f"[image content ({p.get('mime_type')}) not shown]" for p in value)
+
+
+def result_value(result: Any) -> str | list[Any]:
+    """A CallToolResult as a tool's value: its text (structured content as JSON, text parts joined), or with
+    image content, the parts in order (text, and images as MCP image dicts that toolrl.tools.images reads);
+    other parts (audio, resources) become placeholders."""
     structured = getattr(result, "structured_content", None)
     if structured is not None:
         if isinstance(structured, dict) and list(structured) == ["result"]:
@@ -49,13 +59,17 @@ def result_text(result: Any) -> str:
             value = structured["result"]
             return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         return json.dumps(structured, ensure_ascii=False)
-    parts = []
+    parts: list[Any] = []
     for item in result.content:
         if item.type == "text":
             parts.append(item.text)
+        elif item.type == "image":
+            parts.append({"type": "image", "data": item.data, "mime_type": getattr(item, "mime_type", None)})
         else:
             mime = getattr(item, "mime_type", None) or getattr(getattr(item, "resource", None), "mime_type", None)
             parts.append(f"[{item.type} content{f' ({mime})' if mime else ''} not shown]")
+    if any(isinstance(p, dict) for p in parts):
+        return parts
     return "\n".join(parts)
 
 
@@ -233,7 +247,7 @@ class MCPServerConnection:
 
     # ---- the interface -------------------------------------------------------------------------------------
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> str:
+    async def call(self, tool: str, arguments: dict[str, Any]) -> str | list[Any]:
         from mcp.shared.exceptions import MCPError
         from mcp.types import INVALID_PARAMS
 
@@ -243,13 +257,13 @@ class MCPServerConnection:
             if exc.code == INVALID_PARAMS:
                 raise InvalidArguments(one_line(exc.error.message)) from None
             raise RuntimeError(one_line(exc.error.message)) from None
-        text = result_text(result)
         if result.is_error:
+            text = result_text(result)
             # The Python SDK's servers prefix every message; the observation already names the tool.
             raise RuntimeError(
                 one_line(text.removeprefix(f"Error executing tool {tool}: ")) or f"{tool} reported an error"
             )
-        return text
+        return result_value(result)
 
     def tools(self) -> list[Tool]:
         """The server's tools; starts it, and raises ToolError with the cause when it cannot."""

@@ -189,7 +189,7 @@ class ProcessRunner:
             self.killed += 1
         worker.kill()
 
-    async def run(self, target: str, kwargs: dict[str, Any], timeout: float) -> str:
+    async def run(self, target: str, kwargs: dict[str, Any], timeout: float) -> str | list[Any]:
         worker = self._take()
         healthy = False
         try:
@@ -197,6 +197,8 @@ class ProcessRunner:
             healthy = True
         finally:
             self._put_back(worker, healthy)
+        if "parts" in reply:  # text and images (as base64), checked by the executor
+            return reply["parts"]
         if "ok" in reply:
             return reply["ok"]
         raise _ERRORS.get(reply["error"], RuntimeError)(reply["message"])

@@ -29,6 +29,16 @@ def to_text(value: Any) -> str:
         return str(value)
 
 
+def _reply(value: Any) -> dict[str, Any]:
+    """The reply for a tool's value; one that may hold images goes through toolrl.tools.images (imported
+    only then: a worker starts with the standard library alone)."""
+    if isinstance(value, bytes | bytearray | list | tuple) or (hasattr(value, "save") and hasattr(value, "mode")):
+        from toolrl.tools.images import to_wire
+
+        return to_wire(value)
+    return {"ok": to_text(value)}
+
+
 def write_frame(stream: BinaryIO, data: bytes) -> None:
     stream.write(HEADER.pack(len(data)) + data)
     stream.flush()
@@ -84,7 +94,7 @@ def main() -> None:
     while (frame := read_frame(requests)) is not None:
         target, arguments = pickle.loads(frame)
         try:
-            reply = {"ok": to_text(_resolve(target, functions)(**arguments))}
+            reply = _reply(_resolve(target, functions)(**arguments))
         except BaseException as exc:  # a tool's failure, even SystemExit, is an answer, not the worker's end
             reply = {"error": _kind(exc), "message": str(exc) or type(exc).__name__}
         write_frame(replies, json.dumps(reply, ensure_ascii=False).encode("utf-8", "surrogatepass"))

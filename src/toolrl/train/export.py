@@ -40,7 +40,7 @@ def export_checkpoint(path: Path, out: Path) -> Path:
     config = load_config(run.path / "config.yaml")
     model = load_model(config.model.name, torch.device("cpu"), config.model.dtype)
     if config.train.lora.r:
-        model = apply_lora(model, config.train.lora)
+        model = apply_lora(model, config.train.lora, vision=config.train.train_vision)
     if sharded.is_sharded(checkpoint):
         sharded.load(checkpoint, model, None)
     else:

@@ -31,6 +31,26 @@ def trajectory_records(trainer: Trainer, trajs: Sequence[Trajectory], limit: int
     return [traj.to_record(bench.tokenizer, bench.env.rubric.success) for traj in chosen]
 
 
+IMAGES = "images"
+
+
+def write_images(run_path, folder: str, trajs: Sequence[Trajectory], records: list[dict[str, Any]], limit: int) -> None:
+    """The images of the trajectories behind `records` as PNG files under RUN/images/FOLDER/ (at most
+    `limit`), each record's image entry given its "file" (relative to the run directory)."""
+    from toolrl.rollout.trajectory import image_png
+
+    written = 0
+    for i, (traj, record) in enumerate(zip(trajs, records, strict=False)):
+        for k, (image, entry) in enumerate(zip(traj.images, record.get("images", []), strict=True)):
+            if written >= limit:
+                return
+            path = run_path / IMAGES / folder / f"{i}-{k}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(image_png(image.source))
+            entry["file"] = str(path.relative_to(run_path))
+            written += 1
+
+
 def log_step(trainer: Trainer, step: int, metrics: dict[str, Any], trajs: list[Trajectory]) -> None:
     """The step's metrics line, its trajectories' records (every rank's, in order; train.samples_per_step of
     them, within train.samples_max_mb), the loggers and status.json. Every rank calls it (a collective under
@@ -39,6 +59,8 @@ def log_step(trainer: Trainer, step: int, metrics: dict[str, Any], trajs: list[T
     records: list[dict[str, Any]] = []
     if t.samples_per_step != 0:
         mine = trajectory_records(trainer, trajs, t.samples_per_step)
+        if trainer.run is not None:  # rank 0 keeps its trajectories' images beside the records
+            write_images(trainer.run.path, f"step-{step:06d}", trajs, mine, t.sample_images_per_step)
         records = [r for part in distributed.gather(trainer.dist, mine) for r in part]
         if t.samples_per_step is not None:
             records = records[: t.samples_per_step]
@@ -90,6 +112,8 @@ def evaluate(trainer: Trainer, when: str, step: int) -> dict[str, float]:
         limit = trainer.config.eval.samples_per_eval
         if limit != 0:
             records = trajectory_records(trainer, trajs, limit)
+            folder = f"eval-{when.replace(' ', '-')}-{step:06d}"
+            write_images(run.path, folder, trajs, records, trainer.config.train.sample_images_per_step)
             _write_within_budget(trainer, EVALS, step, records, eval=when)
         for logger in trainer.loggers:
             logger.log({f"eval/{k}": v for k, v in stats.items()}, step)

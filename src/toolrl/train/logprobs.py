@@ -17,6 +17,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from toolrl.algos import entropy_from_logits
+from toolrl.models.vision import is_vision_config
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
 
@@ -127,6 +128,8 @@ def score_tokens(
     """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them). `entropy`:
     True for a differentiable entropy (a loss term), "measure" for its value only (logged; no activations
     kept for a backward pass)."""
+    if is_vision_config(model.config):
+        return score_vision_tokens(model, trajs, temperature, entropy, value_head)
     device = next(model.parameters()).device
     first_trained = min(t.loss_mask.index(1) for t in trajs)
     # Every scored position (first_trained - 1 onward) must lie in the suffix, after the shared prefix.
@@ -163,6 +166,36 @@ def score_tokens(
         counts,
         measured_entropy(logp) if entropy == "measure" else entropy_from_logits(logits) if entropy else None,
         value_head(selected).squeeze(-1).float() if value_head is not None else None,
+    )
+
+
+def score_vision_tokens(model, trajs: Sequence[Trajectory], temperature, entropy, value_head) -> TokenScores:
+    """score_tokens for a vision-language policy: each trajectory's whole sequence with its images' patches,
+    one row at a time (its M-RoPE positions are the model's to compute; no shared prefix is taken out)."""
+    from toolrl.models.vision import model_inputs
+
+    device = next(model.parameters()).device
+    parts: list[list[torch.Tensor]] = [[], [], []]
+    counts = []
+    for traj in trajs:
+        trained = torch.tensor([p for p, m in enumerate(traj.loss_mask) if m], device=device)
+        ids = torch.tensor([traj.token_ids], device=device)
+        out = model(input_ids=ids, **model_inputs(traj.images, device), output_hidden_states=value_head is not None)
+        logits = out.logits[0, trained - 1].float()
+        if temperature > 0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        parts[0].append(logp.gather(1, ids[0, trained][:, None]).squeeze(1))
+        if entropy:
+            parts[1].append(measured_entropy(logp) if entropy == "measure" else entropy_from_logits(logits))
+        if value_head is not None:
+            parts[2].append(value_head(out.hidden_states[-1][0, trained - 1]).squeeze(-1).float())
+        counts.append(len(trained))
+    return TokenScores(
+        torch.cat(parts[0]),
+        counts,
+        torch.cat(parts[1]) if entropy else None,
+        torch.cat(parts[2]) if value_head is not None else None,
     )
 
 

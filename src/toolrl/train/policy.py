@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from toolrl.config.schema import LoRAConfig, TrainConfig
 from toolrl.errors import ConfigError
+from toolrl.models.vision import is_vision_config
 
 
 class ValueHead(torch.nn.Module):
@@ -28,20 +29,49 @@ class ValueHead(torch.nn.Module):
         return self.linear(hidden.to(self.linear.weight.dtype))
 
 
-def apply_lora(model, lora: LoRAConfig):
-    """Wrap `model` with LoRA adapters; only they train."""
+def apply_lora(model, lora: LoRAConfig, vision: bool = False):
+    """Wrap `model` with LoRA adapters; only they train. A vision-language model's "all-linear" means its
+    language model's linears unless `vision` (train.train_vision)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ConfigError("train.lora.r > 0 needs peft: pip install 'toolrl[lora]' (or pip install peft)") from None
+    targets = lora.target_modules
+    if targets == "all-linear" and is_vision_config(model.config) and not vision:
+        targets = LANGUAGE_LINEARS  # a vision-language policy: adapters on its language model only
     config = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
+        target_modules=targets,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+LANGUAGE_LINEARS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+"""peft's target_modules (a regex) for the linear layers of a vision-language model's language model."""
+VISION_PARTS = ("visual.", "vision_tower.", "multi_modal_projector.")
+
+
+def prepare_policy(model, t: TrainConfig):
+    """The model as training takes it: LoRA-wrapped when train.lora.r, and a vision-language model's vision
+    tower frozen unless train.train_vision."""
+    if t.lora.r:
+        model = apply_lora(model, t.lora, vision=t.train_vision)
+    if not t.train_vision:
+        freeze_vision(model)
+    return model
+
+
+def freeze_vision(model) -> int:
+    """Stop training the vision tower and its merger (train.train_vision: false); returns the tensors frozen."""
+    frozen = 0
+    for name, param in model.named_parameters():
+        if any(part in name for part in VISION_PARTS) and param.requires_grad:
+            param.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 def is_lora(model) -> bool:

@@ -31,7 +31,7 @@ from toolrl.train import checkpointing, distributed, journal
 from toolrl.train.evaluate import summarize
 from toolrl.train.loggers import open_loggers
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens
-from toolrl.train.policy import ValueHead, apply_lora, exported, lr_factor, make_reference, reference_context
+from toolrl.train.policy import ValueHead, exported, lr_factor, make_reference, prepare_policy, reference_context
 from toolrl.train.rundir import RunDir
 from toolrl.train.update import (  # noqa: F401  (their home before update.py)
     LossFunctions,
@@ -67,17 +67,17 @@ class Trainer:
         self.bench, self.run = bench, run
         self.config = bench.config
         t = self.config.train
-        if t.steps and not ENGINES.capability(self.config.rollout.engine, "can_train"):
+        if t.steps and not ENGINES.capability(bench.engine_name, "can_train"):
             raise ConfigError(
-                f"rollout.engine: {self.config.rollout.engine} serves evaluation only; training samples from the "
+                f"rollout.engine: {bench.engine_name} serves evaluation only; training samples from the "
                 "model being trained, so use an engine that can train (hf, vllm, vllm-server)"
             )
         self.estimate = ADVANTAGES.lookup(t.advantage)
         self.kl = KL_ESTIMATORS.lookup(t.kl.estimator)
         self.loss_fns = LossFunctions(POLICY_LOSSES.lookup(t.loss), AGGREGATIONS.lookup(t.aggregation), self.kl)
         torch.manual_seed(self.config.seed)
-        if t.lora.r:
-            bench.model = apply_lora(bench.model, t.lora)
+        if t.lora.r or not t.train_vision:
+            bench.model = prepare_policy(bench.model, t)  # LoRA; a vision tower frozen
             bench.engines.clear()  # engines made before hold the unwrapped model
         self.model = bench.model
         self.dist = distributed.from_env()
@@ -185,7 +185,7 @@ class Trainer:
     def publish_weights(self) -> None:
         """Engines that sample from weights of their own (vLLM) get the generation copy's, LoRA merged."""
         engines = self.bench.distinct_engines()
-        if not engines or not ENGINES.capability(self.config.rollout.engine, "loads_weights"):
+        if not engines or not ENGINES.capability(self.bench.engine_name, "loads_weights"):
             return
         with exported(self.generator) as plain:
             weights = {name: tensor.detach() for name, tensor in plain.state_dict().items()}

@@ -13,6 +13,7 @@ from toolrl.chat import ChatFormat
 from toolrl.config import RunConfig
 from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, make_env
+from toolrl.errors import ConfigError
 from toolrl.models import load_model, load_tokenizer, pick_device
 from toolrl.plugins import import_modules
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
@@ -20,6 +21,25 @@ from toolrl.rollout.engine import ENGINES
 from toolrl.tools import ToolExecutor
 from toolrl.tools.toolset import Toolset, run_executor
 from toolrl.train.evaluate import run_tasks, summarize
+
+
+def chat_format(config: RunConfig, name: str, tokenizer, model, env: Environment) -> ChatFormat:
+    """The policy's chat format: with images for a vision-language model. An environment whose tasks show
+    images refuses a text-only model, in one line."""
+    from toolrl.models.vision import ImageProcessor, is_vision_config
+
+    if is_vision_config(model.config):
+        from toolrl.chat.vision import VisionChatFormat
+        from toolrl.models import resolve_model
+
+        return VisionChatFormat(tokenizer, ImageProcessor.load(resolve_model(name), tokenizer))
+    if env.needs_vision:
+        raise ConfigError(
+            f"env {env.name} shows images, but model.name {name} reads text only; use a vision-language model "
+            "(a Qwen2-VL-family folder: docs/vision.md)"
+        )
+    return ChatFormat(tokenizer)
+
 
 EVAL_ENGINE_SEED = 1
 """The evaluation engine's seed is the run's seed plus this (the training engine's is the run's seed)."""
@@ -51,10 +71,11 @@ class Workbench:
         device = distributed.device_for(distributed.from_env(), pick_device(config.device))
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
-        model = load_model(name, device, config.model.dtype)
         env = make_env(config.env, name, config.rollout.parser)
+        model = load_model(name, device, config.model.dtype)
+        chat = chat_format(config, name, tokenizer, model, env)
         executor, toolset = run_executor(env.tools(), config.tools, log_dir)
-        return cls(config, device, tokenizer, model, ChatFormat(tokenizer), env, executor, toolset)
+        return cls(config, device, tokenizer, model, chat, env, executor, toolset)
 
     def close(self) -> None:
         """End the engines, the tools' sessions and worker threads."""
@@ -64,6 +85,12 @@ class Workbench:
         if self.toolset is not None:
             self.toolset.close()
 
+    @property
+    def engine_name(self) -> str:
+        """rollout.engine; for a vision-language policy the default `hf` means its own engine, hf-vision."""
+        name = self.config.rollout.engine
+        return "hf-vision" if name == "hf" and self.chat.supports_images else name
+
     def distinct_engines(self) -> list[Engine]:
         """The engines made so far, each once (an engine that loads weights serves several purposes)."""
         return list({id(e): e for e in self.engines.values()}.values())
@@ -71,7 +98,7 @@ class Workbench:
     def engine(self, purpose: str, seed: int) -> Engine:
         """One engine per purpose (train, eval), made on first use and kept for the run (it frees its cache
         between rollouts). An engine that loads the trainer's weights (vLLM) is one instance for every purpose."""
-        name = self.config.rollout.engine
+        name = self.engine_name
         if purpose not in self.engines and ENGINES.capability(name, "loads_weights") and self.engines:
             self.engines[purpose] = next(iter(self.engines.values()))
         if purpose not in self.engines:

@@ -103,6 +103,14 @@ def build_app(root: Path, recipe_dirs: list[Path], token: str | None = None, loo
         run = resolve_run(state.root, request.query_params["run"])
         return FileResponse(run / "plot.png") if (run / "plot.png").is_file() else PlainTextResponse("", 404)
 
+    async def image(request: Request):
+        """A trajectory's image file (RUN/images/*.png only)."""
+        run = resolve_run(state.root, request.query_params["run"])
+        path = (run / request.query_params["path"]).resolve()
+        if not path.is_relative_to((run / "images").resolve()) or path.suffix != ".png" or not path.is_file():
+            raise ToolRLError(f"{request.query_params['path']}: no image of that name in the run")
+        return FileResponse(path, media_type="image/png")
+
     async def tools_get(request: Request):
         return JSONResponse({**state.tools.describe(), "suggestions": find_tool_files([Path.cwd(), state.root])})
 
@@ -158,6 +166,7 @@ def build_app(root: Path, recipe_dirs: list[Path], token: str | None = None, loo
         Route("/api/record", record),
         Route("/api/task", task),
         Route("/api/plot", plot),
+        Route("/api/image", image),
         Route("/api/tools", tools_get),
         Route("/api/tools/load", tools_load, methods=["POST"]),
         Route("/api/tools/call", tools_call, methods=["POST"]),

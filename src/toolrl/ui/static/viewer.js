@@ -100,12 +100,26 @@ const Viewer = {
           h("td", {}, record.stop_reason), h("td", {}, (record.turn_rewards || []).map((v) => fmt(v, 2)).join(", ")))));
       box.append(h("details", { class: "prompt" }, h("summary", {}, "prompt (system, tools, task: not trained)"),
         h("pre", {}, record.prompt || "")));
+      box.append(this.images(record, 0, record.prompt_tokens || 0));
     } else {
       box.append(h("p", {}, `reward ${fmt(record.reward)} · ${record.stop_reason}`));
     }
-    for (const segment of record.segments || []) box.append(this.segment(segment));
+    for (const segment of record.segments || []) {
+      box.append(this.segment(segment));
+      if (segment.start !== undefined) box.append(this.images(record, segment.start, segment.end));
+    }
     if (full && (record.calls || []).length) box.append(this.calls(record.calls));
     return box;
+  },
+
+  // The images whose tokens lie in [start, end) (a vision-language policy's), from RUN/images.
+  images(record, start, end) {
+    const shown = (record.images || []).filter((im) => im.file && im.start >= start && im.start < end);
+    if (!shown.length) return h("span", {});
+    const run = encodeURIComponent(this.current ? this.current.run : $("#tr-run").value);
+    return h("div", { class: "images" }, shown.map((im) => h("figure", {},
+      h("img", { src: `/api/image?run=${run}&path=${encodeURIComponent(im.file)}`, alt: `image at token ${im.start}` }),
+      h("figcaption", { class: "muted" }, `${im.size ? im.size.join("x") : ""} · ${im.tokens} image tokens (not trained)`))));
   },
 
   segment(segment) {

@@ -1,0 +1,60 @@
+"""The chat format of a vision-language policy: the text format's prompts and continuations, with images as
+message parts that the template renders as image places, then each place expanded to the image's tokens
+(models/vision.py). What comes back is token ids plus the images they hold, with their positions: the truth a
+rollout appends and training reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from toolrl.chat.format import TOOL_RESPONSE_FALLBACK, ChatFormat
+from toolrl.models.vision import ImageProcessor, VisionImage
+
+
+class VisionChatFormat(ChatFormat):
+    supports_images = True
+
+    def __init__(self, tokenizer, images: ImageProcessor):
+        super().__init__(tokenizer)
+        self.images = images
+
+    def _parts(self, text: str, count: int) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": text}, *({"type": "image"} for _ in range(count))]
+
+    def tool_messages_with_images(self, contents: Sequence[str], counts: Sequence[int]) -> list[dict[str, Any]]:
+        """Tool results as messages, each with its images after its text."""
+        if self.template_has_tool_role:
+            return [{"role": "tool", "content": self._parts(c, n)} for c, n in zip(contents, counts, strict=True)]
+        wrapped = [TOOL_RESPONSE_FALLBACK.format(content=c) for c in contents]
+        return [{"role": "user", "content": self._parts(c, n)} for c, n in zip(wrapped, counts, strict=True)]
+
+    def observation_with_images(
+        self, contents: Sequence[str], images: Sequence[Sequence[Any]], model_ended_turn: bool, offset: int
+    ) -> tuple[list[int], list[VisionImage]]:
+        """The observation's ids with each result's images after its text, and those images processed (their
+        positions counted from `offset`, where the observation starts in the sequence)."""
+        flat = [image for per_result in images for image in per_result]
+        if not flat:
+            return self.observation_ids(contents, model_ended_turn), []
+        messages = self.tool_messages_with_images(contents, [len(per_result) for per_result in images])
+        ids = self._continuation_ids(messages, model_ended_turn)
+        processed = self.images.process(flat)
+        return self.images.expand(ids, processed, offset), processed
+
+    def prompt_with_images(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        images: Sequence[Any],
+        instructions: str | None = None,
+    ) -> tuple[list[int], list[VisionImage]]:
+        """The prompt's ids with the task's `images` after the text of its last user message, and the images."""
+        if not images:
+            return self.prompt_ids(messages, tools, instructions), []
+        messages = self.prompt_messages(messages, tools, instructions)
+        last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        messages[last] = {**messages[last], "content": self._parts(messages[last]["content"], len(images))}
+        text = self._render(messages, tools=list(tools) or None, add_generation_prompt=True)
+        processed = self.images.process(list(images))
+        return self.images.expand(self.encode(text), processed, 0), processed

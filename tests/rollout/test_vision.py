@@ -1,0 +1,131 @@
+"""Vision-language policies on a tiny random Qwen2.5-VL (the real architecture, tokenizer with Qwen2-VL's vision
+tokens, Qwen2-VL's image processor): the task's image and tool-returned images enter the token ids as
+expanded image pads with their patches beside them; no image token is ever trained; what was generated is
+what is trained, and the trainer's log-probs of a generated turn (images in its context) equal the
+engine's; a training step moves the language model and leaves the vision tower alone; a text-only model is
+refused an image environment in one line."""
+
+import asyncio
+
+import pytest
+import torch
+
+from tests.fixtures.vision_env import EvenImagesEnv  # noqa: F401  (registers images-even)
+from toolrl.config import load_config
+from toolrl.errors import ConfigError
+from toolrl.rollout.engine import Engine, Sampled
+from toolrl.train import RunDir, Trainer, Workbench
+from toolrl.train.logprobs import score_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory):
+    from toolrl.models.vision import make_tiny_vlm
+
+    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
+
+
+def config(model, tmp_path, *more):
+    base = [
+        f"model.name={model}", "env.name=images-even", "device=cpu", "rollout.max_new_tokens=10",
+        "rollout.max_turns=2", "train.prompts_per_step=2", "train.group_size=2", "train.lr=0.01",
+        f"output_dir={tmp_path}", "run_name=run", "eval.at_start=false", "eval.at_end=false", "eval.num_tasks=2",
+        "env.options.num_train=8", "env.options.num_test=2", "env.options.size=112",
+    ]  # fmt: skip
+    return load_config(overrides=base + list(more))
+
+
+class RotateFirst(Engine):
+    """Turn 1: a scripted call of the image tool (as if sampled); later turns: the real vision engine."""
+
+    def __init__(self, real, chat):
+        self.real, self.chat, self.seen = real, chat, []
+        call = '<tool_call>{"name": "rotate", "arguments": {"image": "task", "degrees": 90}}</tool_call>'
+        self.call_ids = chat.encode(call) + [chat.end_of_turn_id]
+
+    async def generate(self, seq, tokens, params, images=()):
+        self.seen.append(len(images))
+        if len(self.seen) == 1:
+            return Sampled(list(self.call_ids), [-1.0] * len(self.call_ids), True)
+        return await self.real.generate(seq, tokens, params, images=images)
+
+
+def test_images_from_the_task_and_a_tool_enter_the_ids_masked_and_scored_as_generated(tiny_vlm, tmp_path):
+    bench = Workbench.load(config(tiny_vlm, tmp_path))
+    try:
+        assert bench.chat.supports_images and bench.engine_name == "hf-vision"
+        rollout = bench.rollout(bench.config.rollout.sampling, seed=0)
+        engine = RotateFirst(rollout.engine, bench.chat)
+        rollout.engine = engine
+        task = bench.env.tasks("train")[0]
+        [traj] = asyncio.run(rollout.arun([task], seed=5))
+    finally:
+        bench.close()
+    assert engine.seen == [1, 2]  # the second turn was generated with the task's image and the rotated one
+    assert traj.num_tool_calls == 1 and traj.results[0].outcome == "ok" and len(traj.results[0].images) == 1
+    pad = bench.chat.images.pad_id
+    first, second = traj.images
+    _, obs_start, obs_end = next(s for s in traj.spans if s[0] == "observation")
+    assert first.start < traj.prompt_length and obs_start <= second.start < obs_end
+    for image in traj.images:
+        assert traj.token_ids[image.start : image.start + image.tokens] == [pad] * image.tokens
+    assert sum(t == pad for t in traj.token_ids) == first.tokens + second.tokens
+    assert all(not traj.loss_mask[i] for i, t in enumerate(traj.token_ids) if t == pad)  # never trained
+    model_turns = [traj.token_ids[a:b] for a, b in traj.model_spans()]
+    trained = [t for t, m in zip(traj.token_ids, traj.loss_mask, strict=True) if m]
+    assert model_turns[0] == engine.call_ids  # what was generated, turn by turn, is exactly what is trained
+    assert trained == [t for turn in model_turns for t in turn]
+    # the trainer recomputes the real engine's turn with both images in context: the same log-probs
+    scores = score_tokens(bench.model, [traj], bench.config.rollout.sampling.temperature)
+    second_turn = scores.logprobs[len(model_turns[0]) :]
+    engine_lps = torch.tensor(traj.trained_logprobs[len(model_turns[0]) :])
+    assert len(second_turn) == len(engine_lps) > 0
+    assert torch.allclose(second_turn, engine_lps, atol=1e-4)
+
+
+def test_a_training_step_moves_the_language_model_and_not_the_vision_tower(tiny_vlm, tmp_path):
+    for lora in (0, 4):
+        cfg = config(tiny_vlm, tmp_path / f"lora{lora}", "train.steps=1", f"train.lora.r={lora}")
+        bench = Workbench.load(cfg)
+        try:
+            before = {k: v.clone() for k, v in bench.model.state_dict().items()}
+            trainer = Trainer(bench, RunDir.create(cfg))
+            metrics = trainer.step(1)
+            assert metrics["trained_trajectories"] > 0 and metrics["mismatch/abs_logprob_diff"] < 1e-4
+            trained = dict(trainer.model.named_parameters())
+            moving = {n for n, p in trained.items() if p.requires_grad}
+            assert moving and not any("visual" in n for n in moving)
+            if lora:
+                assert all("lora_" in n and "language_model" in n for n in moving)
+            else:
+                after = bench.model.state_dict()
+                changed = [k for k in before if not torch.equal(before[k], after[k])]
+                assert changed and not any("visual" in k for k in changed)
+                viewed_images_are_kept(tmp_path / "lora0")
+        finally:
+            bench.close()
+
+
+def test_a_text_only_model_is_refused_an_image_environment(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match=r"env images shows images, but model.name .* reads text only"):
+        Workbench.load(load_config(overrides=[f"model.name={tiny_model_dir}", "env.name=images"]))
+
+
+def viewed_images_are_kept(root):
+    """The step's records name their images' PNG files in RUN/images; the UI serves them, and nothing else."""
+    import json
+
+    from starlette.testclient import TestClient
+
+    from toolrl.ui import build_app
+
+    run = root / "run"
+    records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    entries = [image for record in records for image in record["images"]]
+    assert len(entries) == len(records) == 4 and all((run / e["file"]).read_bytes()[:4] == b"\x89PNG" for e in entries)
+    assert all(e["start"] < r["prompt_tokens"] for r in records for e in r["images"])  # the task's image
+    client = TestClient(build_app(root, []), base_url="http://127.0.0.1")
+    served = client.get("/api/image", params={"run": "run", "path": entries[0]["file"]})
+    assert served.status_code == 200 and served.headers["content-type"] == "image/png"
+    refused = client.get("/api/image", params={"run": "run", "path": "config.yaml"})
+    assert refused.status_code == 400 and "no image of that name" in refused.json()["error"]
