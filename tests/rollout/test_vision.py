@@ -1,9 +1,10 @@
-"""Vision-language policies on a tiny random Qwen2.5-VL (the real architecture, tokenizer with Qwen2-VL's vision
-tokens, Qwen2-VL's image processor): the task's image and tool-returned images enter the token ids as
-expanded image pads with their patches beside them; no image token is ever trained; what was generated is
-what is trained, and the trainer's log-probs of a generated turn (images in its context) equal the
-engine's; a training step moves the language model and leaves the vision tower alone; a text-only model is
-refused an image environment in one line."""
+"""Vision-language policies on tiny random models of two real families, Qwen2.5-VL (vision tower, merger,
+M-RoPE; Qwen2-VL's image processor) and LLaVA (a CLIP tower, a projector, a Llama; CLIP's image processor
+through transformers' LLaVA processor), with the default tokenizer plus their image tokens: the task's image
+and tool-returned images enter the token ids as the family's image tokens with their inputs beside them; no
+image token is ever trained; what was generated is what is trained, and the trainer's log-probs of a
+generated turn (images in its context) equal the engine's; a training step moves the language model and
+leaves the vision tower alone; a text-only model is refused an image environment in one line."""
 
 import asyncio
 
@@ -18,11 +19,11 @@ from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.logprobs import score_tokens
 
 
-@pytest.fixture(scope="module")
-def tiny_vlm(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])
+def tiny_vlm(request, tmp_path_factory):
     from toolrl.models.vision import make_tiny_vlm
 
-    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
+    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model", request.param)
 
 
 def config(model, tmp_path, *more):
@@ -63,13 +64,13 @@ def test_images_from_the_task_and_a_tool_enter_the_ids_masked_and_scored_as_gene
         bench.close()
     assert engine.seen == [1, 2]  # the second turn was generated with the task's image and the rotated one
     assert traj.num_tool_calls == 1 and traj.results[0].outcome == "ok" and len(traj.results[0].images) == 1
-    pad = bench.chat.images.pad_id
+    pad = bench.chat.images.image_token_id
     first, second = traj.images
     _, obs_start, obs_end = next(s for s in traj.spans if s[0] == "observation")
     assert first.start < traj.prompt_length and obs_start <= second.start < obs_end
     for image in traj.images:
-        assert traj.token_ids[image.start : image.start + image.tokens] == [pad] * image.tokens
-    assert sum(t == pad for t in traj.token_ids) == first.tokens + second.tokens
+        assert traj.token_ids[image.start : image.start + image.tokens] == image.ids and pad in image.ids
+    assert sum(t == pad for t in traj.token_ids) == sum(im.ids.count(pad) for im in traj.images) > 0
     assert all(not traj.loss_mask[i] for i, t in enumerate(traj.token_ids) if t == pad)  # never trained
     model_turns = [traj.token_ids[a:b] for a, b in traj.model_spans()]
     trained = [t for t, m in zip(traj.token_ids, traj.loss_mask, strict=True) if m]
@@ -95,12 +96,13 @@ def test_a_training_step_moves_the_language_model_and_not_the_vision_tower(tiny_
             trained = dict(trainer.model.named_parameters())
             moving = {n for n, p in trained.items() if p.requires_grad}
             assert moving and not any("visual" in n for n in moving)
+            assert not any("vision_tower" in n or "multi_modal_projector" in n for n in moving)
             if lora:
                 assert all("lora_" in n and "language_model" in n for n in moving)
             else:
                 after = bench.model.state_dict()
                 changed = [k for k in before if not torch.equal(before[k], after[k])]
-                assert changed and not any("visual" in k for k in changed)
+                assert changed and not any(part in k for k in changed for part in ("visual", "vision_tower"))
                 viewed_images_are_kept(tmp_path / "lora0")
         finally:
             bench.close()
@@ -129,3 +131,40 @@ def viewed_images_are_kept(root):
     assert served.status_code == 200 and served.headers["content-type"] == "image/png"
     refused = client.get("/api/image", params={"run": "run", "path": "config.yaml"})
     assert refused.status_code == 400 and "no image of that name" in refused.json()["error"]
+
+
+def test_images_past_rollout_max_images_are_named_not_shown(tiny_vlm, tmp_path):
+    bench = Workbench.load(config(tiny_vlm, tmp_path, "rollout.max_images=1"))
+    try:
+        rollout = bench.rollout(bench.config.rollout.sampling, seed=0)
+        engine = RotateFirst(rollout.engine, bench.chat)
+        rollout.engine = engine
+        [traj] = asyncio.run(rollout.arun([bench.env.tasks("train")[0]], seed=5))
+    finally:
+        bench.close()
+    assert engine.seen == [1, 1] and len(traj.images) == 1  # the task's image only
+    _, start, end = next(s for s in traj.spans if s[0] == "observation")
+    text = bench.tokenizer.decode(traj.token_ids[start:end])
+    assert "image-1: task turned by 90 degrees" in text and "(over rollout.max_images: not shown)" in text
+
+
+def test_toolrl_eval_out_keeps_the_images_of_a_vision_policy(tiny_vlm, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    sets = [
+        "env.name=images", "env.options.size=56", "env.options.num_train=2", "env.options.num_test=2",
+        "rollout.max_new_tokens=4", "eval.batch_size=2",
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "toolrl", "eval", "--model", str(tiny_vlm), "--num-tasks", "2", "--out", str(tmp_path)]
+        + [arg for s in sets for arg in ("--set", s)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    files = [image["file"] for record in records for image in record["images"]]
+    assert len(files) == 2 and all((tmp_path / f).read_bytes().startswith(b"\x89PNG") for f in files)

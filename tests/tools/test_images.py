@@ -137,3 +137,22 @@ def test_mcp_image_content_and_http_images_arrive_as_images(tmp_path):
             executor.close()
         finally:
             toolset.close()
+
+
+def test_the_runs_image_limits_come_from_its_tools_config():
+    from toolrl.config.schema import ToolsConfig
+    from toolrl.tools.toolset import run_executor
+
+    tools = [tool_from_function(picture), tool_from_function(captioned)]
+    executor, _ = run_executor(tools, ToolsConfig(image_max_pixels=400, images_per_result=0))
+    try:
+        shrunk = call(executor, "picture", size=100)
+        assert shrunk.outcome == "tool_error" and "at most 0" in shrunk.content
+    finally:
+        executor.close()
+    executor, _ = run_executor(tools, ToolsConfig(image_max_pixels=400))
+    try:
+        image = call(executor, "picture", size=100).images[0]
+        assert (image.width, image.height) == (20, 20)
+    finally:
+        executor.close()

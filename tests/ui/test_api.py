@@ -128,7 +128,7 @@ def test_tools_go_through_the_runs_executor_and_policies(client, tmp_path):
                     "srv": {
                         "command": sys.executable,
                         "args": [str(FIXTURES / "mcp_server.py")],
-                        "allow": ["add", "slow"],
+                        "allow": ["add", "slow", "square"],
                         "policies": {"slow": {"timeout_s": 0.3, "retries": 0}},
                     },
                     "down": {"command": str(tmp_path / "no-such-server")},
@@ -148,6 +148,8 @@ def test_tools_go_through_the_runs_executor_and_policies(client, tmp_path):
     assert slow.json()["outcome"] == "timeout"  # the file's policy, as in training
     off_schema = client.post("/api/tools/call", json={"name": "add", "arguments": {"a": "two"}}, headers=POST)
     assert off_schema.json()["outcome"] == "invalid_arguments"
+    square = client.post("/api/tools/call", json={"name": "square", "arguments": {"size": 5}}, headers=POST).json()
+    assert square["result"] == "a red square of 5 pixels" and square["images"][0].startswith("data:image/png;base64,")
 
 
 def test_the_command_serves_loopback_without_a_token_and_another_host_with_one(tmp_path):

@@ -132,6 +132,9 @@ def eval_(
         out.mkdir(parents=True, exist_ok=True)
         summary = {"model": model or cfg.model.name, "temperature": temp, "tasks": len(trajs), **stats, **details}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        from toolrl.train.journal import write_images
+
+        write_images(out, "eval", trajs, records, len(trajs) * cfg.rollout.max_images)  # a vision policy's
         with (out / "trajectories.jsonl").open("w") as f:
             for record in records:
                 f.write(json.dumps(record) + "\n")

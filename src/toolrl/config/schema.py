@@ -96,6 +96,9 @@ class RolloutConfig(Section):
     max_response_tokens: int = Field(384, ge=1)
     """Token budget of one trajectory after its prompt: generated plus observation tokens."""
     max_observation_tokens: int = Field(128, ge=1)
+    max_images: int = Field(16, ge=0)
+    """Images per trajectory a vision-language policy is shown (the task's and the tools'); past it, further
+    images are named in the observation's text instead."""
     stop_on_tool_error: bool = False
     """End a trajectory when a tool call fails (stop reason tool_error) instead of showing the model the error."""
     last_turn_tools: bool = False
@@ -113,6 +116,10 @@ class ToolsConfig(Section):
     """Tool calls in flight at once, over all trajectories."""
     cache_file: str | None = None
     """sqlite file that keeps results of tools whose policy has cache: true across runs; in memory if unset."""
+    image_max_pixels: int = Field(1024 * 1024, ge=64)
+    """A tool's image with more pixels is scaled down to this many (aspect kept)."""
+    images_per_result: int = Field(8, ge=0)
+    """More images in one tool result are the tool's error."""
 
 
 class KLConfig(Section):

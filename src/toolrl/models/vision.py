@@ -1,39 +1,47 @@
-"""Vision-language policies: which models are, their image processor next to their tokenizer, and the images
-of a sequence as the model consumes them (pixel patches and the grid each image makes).
-
-A Qwen2-VL-family prompt holds each image as `<|vision_start|><|image_pad|><|vision_end|>`; the image
-processor turns the image into patches on a (t, h, w) grid, and the one pad becomes grid.prod() / merge**2
-pads, one per token the vision tower gives. transformers' composite processor does the same expansion but
-also builds a video processor, which needs torchvision; toolrl composes the image processor and the tokenizer
-itself, so token ids stay the truth and no video stack is needed."""
+"""Vision-language policies: which models are, how a family turns images into model inputs and tokens, and the
+images of a sequence as the model consumes them. The chat template renders one marker token per image part
+(Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`, LLaVA: `<image>`); the family's processor
+replaces the marker with the image's own tokens, and the trajectory keeps ids and each image's inputs (the
+truth training gives the model again). Families: Qwen2-VL / Qwen2.5-VL (QwenImages) and those whose
+transformers processor expands one image token, LLaVA first (ProcessorImages); tiny random models of both for
+tests (make_tiny_vlm)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from toolrl.text import first_line
+
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 IMAGE_MARK = VISION_START + IMAGE_PAD + VISION_END
-"""How the template renders an image part of a message (Qwen2-VL's)."""
+"""How a Qwen2-VL template renders an image part of a message."""
+LLAVA_IMAGE = "<image>"
+QWEN_FAMILY = ("qwen2_vl", "qwen2_5_vl")
 
 
 @dataclass
 class VisionImage:
-    """One image of a sequence as the model reads it: its patches, its grid, where its tokens start in the
-    sequence's ids, and the image file it came from (for records and viewers)."""
+    """One image of a sequence as the model reads it: the tokens that stand for it, where they start in the
+    sequence's ids, its model inputs (pixel patches, grid), and the image it came from (for records)."""
 
-    pixel_values: torch.Tensor = field(repr=False)
-    """[patches, channels x temporal x patch x patch], as the image processor gives them."""
-    grid_thw: tuple[int, int, int]
+    ids: list[int]
+    """The image's tokens, in place of the one marker token the chat template rendered for it."""
+    inputs: dict[str, torch.Tensor] = field(repr=False)
+    """Its share of the model's image inputs (pixel_values; Qwen2-VL also image_grid_thw): a sequence's images
+    concatenate them along the first dimension."""
     start: int = 0
-    """Index in the sequence's token ids of its first image pad."""
-    tokens: int = 0
-    """Its number of image pads."""
+    """Index in the sequence's token ids of its first token."""
     source: Any = field(default=None, repr=False)
-    """The ToolImage (or task image) it was made from."""
+    """The ToolImage or task image it was made from."""
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
 
 
 def is_vision_config(config: Any) -> bool:
@@ -50,108 +58,193 @@ def is_vision_model(name_or_path: str | Path) -> bool:
         return False
 
 
-class ImageProcessor:
-    """A model's image processor and the tokens its images take."""
+def _pil(image: Any):
+    return image.pil() if hasattr(image, "pil") else image.convert("RGB")
 
-    def __init__(self, processor: Any, tokenizer: Any, limits: Any = None) -> None:
-        self.processor = processor
-        self.merge = int(getattr(processor, "merge_size", 2))
-        self.pad_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
-        if self.pad_id is None or self.pad_id == tokenizer.unk_token_id:
-            raise ValueError(f"the tokenizer has no {IMAGE_PAD} token: not a Qwen2-VL-family model")
 
-    @classmethod
-    def load(cls, name_or_path: str | Path, tokenizer: Any) -> ImageProcessor:
-        from transformers import AutoImageProcessor
+class ImageProcessor(ABC):
+    """A family's way from images to model inputs and tokens. `marker_id`: the one token the chat template
+    renders for an image part, which `expand` replaces with the image's own tokens."""
 
-        return cls(AutoImageProcessor.from_pretrained(name_or_path), tokenizer)
+    marker_id: int
+    image_token_id: int
+    """The token repeated for an image's features (never trained)."""
 
-    def process(self, images: list[Any]) -> list[VisionImage]:
-        """Each image (a ToolImage, or anything with .pil()) as patches and grid."""
-        out = []
-        for image in images:
-            pil = image.pil() if hasattr(image, "pil") else image
-            batch = self.processor(images=[pil], return_tensors="pt")
-            grid = tuple(int(v) for v in batch["image_grid_thw"][0])
-            tokens = grid[0] * grid[1] * grid[2] // (self.merge * self.merge)
-            out.append(VisionImage(batch["pixel_values"], grid, tokens=tokens, source=image))
-        return out
+    @abstractmethod
+    def process(self, images: list[Any]) -> list[VisionImage]: ...
 
     def expand(self, ids: list[int], images: list[VisionImage], offset: int = 0) -> list[int]:
-        """`ids` with its k-th single image pad replaced by image k's pads; sets each image's start (counted
-        from `offset`, where `ids` will sit in the sequence)."""
-        pads = [i for i, t in enumerate(ids) if t == self.pad_id]
-        if len(pads) != len(images):
-            raise ValueError(f"{len(pads)} image places in the text for {len(images)} images")
+        """`ids` with its k-th marker replaced by image k's tokens; sets each image's start (counted from
+        `offset`, where `ids` will sit in the sequence)."""
+        places = [i for i, t in enumerate(ids) if t == self.marker_id]
+        if len(places) != len(images):
+            raise ValueError(f"{len(places)} image places in the text for {len(images)} images")
         out: list[int] = []
         last = 0
-        for at, image in zip(pads, images, strict=True):
+        for at, image in zip(places, images, strict=True):
             out.extend(ids[last:at])
             image.start = offset + len(out)
-            out.extend([self.pad_id] * image.tokens)
+            out.extend(image.ids)
             last = at + 1
         out.extend(ids[last:])
         return out
 
 
+class QwenImages(ImageProcessor):
+    """Qwen2-VL / Qwen2.5-VL: the image processor cuts an image into patches on a (t, h, w) grid; the image's
+    one pad becomes grid.prod() / merge**2 pads. transformers' composite processor does the same but builds a
+    video processor that needs torchvision; this composes the image processor and the tokenizer directly."""
+
+    def __init__(self, processor: Any, tokenizer: Any) -> None:
+        self.processor = processor
+        self.merge = int(getattr(processor, "merge_size", 2))
+        self.marker_id = self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        if self.marker_id is None or self.marker_id == tokenizer.unk_token_id:
+            raise ValueError(f"the tokenizer has no {IMAGE_PAD} token: not a Qwen2-VL-family model")
+
+    def process(self, images: list[Any]) -> list[VisionImage]:
+        out = []
+        for image in images:
+            batch = self.processor(images=[_pil(image)], return_tensors="pt")
+            grid = batch["image_grid_thw"]
+            count = int(grid[0].prod()) // (self.merge * self.merge)
+            inputs = {"pixel_values": batch["pixel_values"], "image_grid_thw": grid}
+            out.append(VisionImage([self.image_token_id] * count, inputs, source=image))
+        return out
+
+
+class ProcessorImages(ImageProcessor):
+    """Families whose transformers processor expands one image token (LLaVA and its kin): each image's tokens
+    are what the processor makes of that token with the image, its inputs what the processor gives."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        token = getattr(processor, "image_token", None)
+        if token is None:
+            raise ValueError("its processor names no image token")
+        self.marker_id = self.image_token_id = processor.tokenizer.convert_tokens_to_ids(token)
+        self.token = token
+
+    def process(self, images: list[Any]) -> list[VisionImage]:
+        out = []
+        for image in images:
+            pil = _pil(image)
+            batch = self.processor(text=[self.token], images=[pil], return_tensors="pt", add_special_tokens=False)
+            inputs = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+            out.append(VisionImage(batch["input_ids"][0].tolist(), inputs, source=image))
+        return out
+
+
+def image_processor_for(path: str | Path, tokenizer: Any, config: Any) -> ImageProcessor:
+    """The image processor of a vision-language model folder, by its family."""
+    from toolrl.errors import ConfigError
+
+    try:
+        if getattr(config, "model_type", None) in QWEN_FAMILY:
+            from transformers import AutoImageProcessor
+
+            return QwenImages(AutoImageProcessor.from_pretrained(path), tokenizer)
+        from transformers import AutoProcessor
+
+        return ProcessorImages(AutoProcessor.from_pretrained(path))
+    except (OSError, ValueError, ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"model.name {path}: its image processor cannot be used ({first_line(exc)}); toolrl runs the Qwen2-VL "
+            "family and models whose transformers processor expands one image token (LLaVA)"
+        ) from None
+
+
 def model_inputs(images: list[VisionImage], device: torch.device) -> dict[str, torch.Tensor]:
-    """pixel_values and image_grid_thw of a sequence's images, for the model's forward or generate."""
+    """A sequence's images' model inputs (pixel_values, and image_grid_thw for Qwen2-VL), for forward or
+    generate."""
     if not images:
         return {}
-    return {
-        "pixel_values": torch.cat([im.pixel_values for im in images]).to(device),
-        "image_grid_thw": torch.tensor([im.grid_thw for im in images], device=device),
-    }
+    return {key: torch.cat([im.inputs[key] for im in images]).to(device) for key in images[0].inputs}
 
 
-TINY_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}{{ '"
-    + IMAGE_MARK
-    + "' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-"""ChatML with image parts rendered as Qwen2-VL renders them (the tiny test model's template)."""
+def tiny_template(image_mark: str) -> str:
+    """ChatML with image parts rendered as `image_mark` (the tiny test models' template)."""
+    return (
+        "{% for message in messages %}"
+        "{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}{{ '" + image_mark + "' }}"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}"
+        "{{ '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
 
 
-def make_tiny_vlm(target: Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
-    """A tiny randomly initialised Qwen2.5-VL (the real architecture at a tiny size: vision tower, merger,
-    M-RoPE) with the default model's tokenizer plus Qwen2-VL's vision tokens, a ChatML template with image
-    parts, and Qwen2-VL's image processor, saved to `target`."""
-    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+def make_tiny_vlm(target: Path, family: str = "qwen2_5_vl", seed: int = 0, hidden: int = 64) -> Path:
+    """A tiny randomly initialised vision-language model of a real family, saved to `target` with the default
+    model's tokenizer plus the family's image tokens, a ChatML template with image parts, and the family's
+    real image processor. qwen2_5_vl: Qwen2.5-VL's architecture (vision tower, merger, M-RoPE) and Qwen2-VL's
+    image processor; llava: LLaVA (a CLIP vision tower, a projector, a Llama) and CLIP's image processor."""
+    from transformers import AutoTokenizer
 
     from toolrl.models.resolve import DEFAULT_MODEL, resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL))
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    text = dict(
+        hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=0.3, **ids,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    if family == "qwen2_5_vl":
+        model, processor = _tiny_qwen(tokenizer, text, ids)
+    elif family == "llava":
+        model, processor = _tiny_llava(tokenizer, text)
+    else:
+        raise ValueError(f"family must be qwen2_5_vl or llava, got {family!r}")
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    processor.save_pretrained(target)
+    return target
+
+
+def _tiny_qwen(tokenizer, text: dict, ids: dict):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
     tokenizer.add_special_tokens({"additional_special_tokens": [VISION_START, VISION_END, IMAGE_PAD, "<|video_pad|>"]})
-    tokenizer.chat_template = TINY_TEMPLATE
+    tokenizer.chat_template = tiny_template(IMAGE_MARK)
     special = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
         ("vision_start_token_id", VISION_START), ("vision_end_token_id", VISION_END),
         ("image_token_id", IMAGE_PAD), ("video_token_id", "<|video_pad|>"),
     )}  # fmt: skip
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
-    text = dict(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, initializer_range=0.3, **ids,
-    )  # fmt: skip
+    text = {**text, "vocab_size": len(tokenizer), "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
     vision = dict(
-        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden, patch_size=14,
-        spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
+        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
     )  # fmt: skip
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **special, **ids)
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config)
-    model.save_pretrained(target, safe_serialization=True)
-    tokenizer.save_pretrained(target)
-    Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64).save_pretrained(target)
-    return target
+    processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
+    return Qwen2_5_VLForConditionalGeneration(config), processor
+
+
+def _tiny_llava(tokenizer, text: dict):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    tokenizer.add_special_tokens({"additional_special_tokens": [LLAVA_IMAGE]})
+    tokenizer.chat_template = tiny_template(LLAVA_IMAGE)
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=LlamaConfig(vocab_size=len(tokenizer), **text),
+        image_token_index=tokenizer.convert_tokens_to_ids(LLAVA_IMAGE),
+    )
+    images = CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    processor = LlavaProcessor(
+        image_processor=images, tokenizer=tokenizer, patch_size=14, vision_feature_select_strategy="default",
+        image_token=LLAVA_IMAGE, num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
+    )  # fmt: skip
+    return LlavaForConditionalGeneration(config), processor

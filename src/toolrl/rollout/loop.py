@@ -64,6 +64,8 @@ class RolloutLimits:
     last_turn_tools: bool = False
     """Run the calls of the last allowed turn too (their results end the trajectory, masked out of the loss):
     for rewards that look at the final tool result, such as the rows a final SQL query returns."""
+    max_images: int = 16
+    """Images per trajectory a vision-language policy is shown; further ones are named in text."""
 
 
 # ---- stop rules: each says whether (and why) a trajectory ends at this point -------------------------------
@@ -90,6 +92,20 @@ def described(content: str, images: list) -> str:
         return content
     names = " ".join(image.describe() for image in images)
     return f"{content}\n{names} (images are not shown to a text-only model)".lstrip("\n")
+
+
+def within_image_budget(contents: list[str], images: list[list], room: int) -> tuple[list[str], list[list]]:
+    """At most `room` images over the results (in order); the rest are named in their result's text."""
+    kept_contents, kept_images = [], []
+    for content, per_result in zip(contents, images, strict=True):
+        shown, over = per_result[: max(room, 0)], per_result[max(room, 0) :]
+        room -= len(shown)
+        if over:
+            names = " ".join(image.describe() for image in over)
+            content = f"{content}\n{names} (over rollout.max_images: not shown)"
+        kept_contents.append(content)
+        kept_images.append(shown)
+    return kept_contents, kept_images
 
 
 @dataclass
@@ -287,6 +303,8 @@ class Rollout:
         images = [list(r.images) for r in results] + [[] for _ in turn.parsed.errors]
         ended = turn.sampled.ended
         if self.chat.supports_images:
+            room = self.limits.max_images - len(traj.images)
+            contents, images = within_image_budget(contents, images, room)
             obs, seen = self.chat.observation_with_images(contents, images, ended, len(traj.token_ids))
         else:  # a text-only policy is told what it cannot see
             contents = [described(c, per_result) for c, per_result in zip(contents, images, strict=True)]

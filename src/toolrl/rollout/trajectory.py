@@ -149,10 +149,7 @@ class Trajectory:
             "prompt": tokenizer.decode(self.token_ids[a:b]),
             "prompt_tokens": b,
             "segments": [self._segment(tokenizer, kind, a, b, trained) for kind, a, b in self.spans if kind != PROMPT],
-            "images": [
-                {"start": im.start, "tokens": im.tokens, "grid": list(im.grid_thw), "size": _size(im.source)}
-                for im in self.images
-            ],
+            "images": [{"start": im.start, "tokens": im.tokens, "size": _size(im.source)} for im in self.images],
             "calls": [
                 {
                     "name": result.call.name if result.call else None,

@@ -353,6 +353,7 @@ def run_executor(
     the file's policies over the run's default timeout; servers' and workers' stderr under `log_dir`. Close
     the toolset, when there is one, at the end."""
     from toolrl.tools.executor import ToolExecutor
+    from toolrl.tools.images import ImageLimits
 
     log_dir = Path(log_dir) if log_dir else default_log_dir()
     toolset = Toolset.load(config.file, log_dir) if config.file else None
@@ -373,6 +374,7 @@ def run_executor(
             policies=policies,
             cache_path=config.cache_file,
             log_dir=log_dir,
+            image_limits=ImageLimits(max_pixels=config.image_max_pixels, max_per_result=config.images_per_result),
         )
     except ToolError as exc:
         if toolset:

@@ -26,13 +26,13 @@ from toolrl.train.evaluate import run_tasks, summarize
 def chat_format(config: RunConfig, name: str, tokenizer, model, env: Environment) -> ChatFormat:
     """The policy's chat format: with images for a vision-language model. An environment whose tasks show
     images refuses a text-only model, in one line."""
-    from toolrl.models.vision import ImageProcessor, is_vision_config
+    from toolrl.models.vision import image_processor_for, is_vision_config
 
     if is_vision_config(model.config):
         from toolrl.chat.vision import VisionChatFormat
         from toolrl.models import resolve_model
 
-        return VisionChatFormat(tokenizer, ImageProcessor.load(resolve_model(name), tokenizer))
+        return VisionChatFormat(tokenizer, image_processor_for(resolve_model(name), tokenizer, model.config))
     if env.needs_vision:
         raise ConfigError(
             f"env {env.name} shows images, but model.name {name} reads text only; use a vision-language model "
@@ -119,6 +119,7 @@ class Workbench:
             params,
             r.stop_on_tool_error,
             r.last_turn_tools,
+            r.max_images,
         )
         engine = self.engine(purpose, seed)
         parser = self.env.syntax  # rollout.parser, else the environment's own, else hermes (make_env)

@@ -68,6 +68,7 @@ class ToolBench:
             "outcome": result.outcome,
             "latency_s": round(result.latency_s, 4),
             "result": result.content,
+            "images": [f"data:{image.mime};base64,{image.b64()}" for image in result.images],
         }
 
     def close(self) -> None:

@@ -81,6 +81,7 @@ const Tools = {
     $("#tools-outcome").className = `badge ${result.outcome === "ok" ? "ok" : "bad"}`;
     $("#tools-latency").textContent = `${(result.latency_s * 1000).toFixed(1)} ms`;
     $("#tools-output").textContent = result.result;
+    $("#tools-images").replaceChildren(...(result.images || []).map((src) => h("img", { src, alt: "image the tool returned" })));
   },
 };
 UI.tabs.tools = Tools;
