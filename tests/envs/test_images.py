@@ -70,3 +70,45 @@ def test_a_turned_number_is_the_upright_drawing_turned_and_rotate_undoes_it():
     traj = Trajectory.start(task, [1, 2])
     traj.add_model_turn([3], [-0.1], f"<answer>{task.answer}</answer>")
     assert images.rubric.criteria[0].fn(traj, task) == 1.0
+
+
+def test_image_tasks_from_a_file_with_paths_and_data_urls(tmp_path):
+    import base64
+    import io
+    import json
+
+    import pytest
+    from PIL import Image
+
+    from toolrl.errors import DataError
+
+    (tmp_path / "pics").mkdir()
+    Image.new("RGB", (30, 20), (200, 0, 0)).save(tmp_path / "pics" / "red.png")
+    buffer = io.BytesIO()
+    Image.new("RGB", (10, 10), (0, 0, 200)).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    rows = [
+        {"id": "a", "question": "What colour?", "answer": "Red", "image": "pics/red.png"},
+        {"id": "b", "question": "Which two?", "answer": "red blue", "images": ["pics/red.png", url]},
+    ]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = load_config(overrides=["env.name=images", f"env.train_file={tasks}", f"env.test_file={tasks}"])
+    images = make_env(config.env, config.model.name, None)
+    first, second = images.tasks("train")
+    assert first.images == [tmp_path / "pics" / "red.png"] and "image" not in first.meta
+    shown = images.reset(second).task.images
+    assert [im.size for im in shown] == [(30, 20), (10, 10)] and shown[1].getpixel((5, 5)) == (0, 0, 200)
+    book = images.reset(second)
+    executor = ToolExecutor([])
+    try:
+        step = asyncio.run(book.step([ToolCall("rotate", {"image": "task-2", "degrees": 90})], executor))
+    finally:
+        executor.close()
+    assert step.observations[0].content.startswith("image-1: task-2 turned")
+    traj = Trajectory.start(first, [1])
+    traj.add_model_turn([2], [-0.1], "<answer> red </answer>")
+    assert images.rubric.criteria[0].fn(traj, first) == 1.0  # spaces and case aside
+    tasks.write_text(json.dumps({"question": "q", "answer": "a", "image": "pics/none.png"}) + "\n")
+    with pytest.raises(DataError, match=r"row 0 image: no image file .*none.png; paths are relative"):
+        make_env(config.env, config.model.name, None).tasks("train")

@@ -27,6 +27,9 @@ from toolrl.text import clip, first_line
 QUESTION_FIELDS = ("question", "query", "problem", "prompt")
 ANSWER_FIELDS = ("answer", "answers", "golden_answers", "reward_model.ground_truth.target", "reward_model.ground_truth")
 ID_FIELDS = ("id", "extra_info.index")
+IMAGE_FIELDS = ("images", "image")
+"""A record's images: file paths (relative to the task file's folder), data: URLs, or a dataset's image values
+(PIL images, {"bytes": ...}); read when a trajectory shows them (toolrl.tools.images checks each)."""
 
 
 def _get(record: Mapping[str, Any], dotted: str) -> Any:
@@ -71,11 +74,31 @@ def task_from_record(record: Mapping[str, Any], row: int, where: str) -> Task:
         raise DataError(f"{where}: row {row} has no answer; give one of the fields {', '.join(ANSWER_FIELDS)}")
     answers = [str(a) for a in answer] if isinstance(answer, list) else [str(answer)]
     _, task_id = _first(record, ID_FIELDS)
-    top = {answer_field.split(".")[0], "id", "question", "query", "problem", "prompt"}
+    top = {answer_field.split(".")[0], "id", "question", "query", "problem", "prompt", *IMAGE_FIELDS}
     meta = {k: v for k, v in record.items() if k not in top}
     if len(answers) > 1:
         meta["answers"] = answers
-    return Task(str(task_id if task_id is not None else row), question, answers[0], meta)
+    images = _images(record, row, where)
+    return Task(str(task_id if task_id is not None else row), question, answers[0], meta, images)
+
+
+def _images(record: Mapping[str, Any], row: int, where: str) -> list[Any]:
+    """The record's image references; a file path is made absolute and must exist."""
+    field, value = _first(record, IMAGE_FIELDS)
+    if value is None:
+        return []
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    images = []
+    for image in values:
+        if isinstance(image, str) and not image.startswith("data:"):
+            path = Path(image).expanduser()
+            path = path if path.is_absolute() else Path(where).parent / path
+            if not path.is_file():
+                hint = "paths are relative to the task file"
+                raise DataError(f"{where}: row {row} {field}: no image file {path}; {hint}")
+            image = path
+        images.append(image)
+    return images
 
 
 def _records(path: Path) -> Iterator[Mapping[str, Any]]:

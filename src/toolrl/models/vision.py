@@ -58,8 +58,16 @@ def is_vision_model(name_or_path: str | Path) -> bool:
         return False
 
 
-def _pil(image: Any):
-    return image.pil() if hasattr(image, "pil") else image.convert("RGB")
+def as_pil(image: Any):
+    """A PIL image in RGB from a ToolImage, a PIL image, or a task file's reference (path, data: URL, bytes),
+    read and checked by toolrl.tools.images."""
+    if hasattr(image, "pil"):
+        return image.pil()
+    if hasattr(image, "convert"):
+        return image.convert("RGB")
+    from toolrl.tools.images import load_image
+
+    return load_image(image).pil()
 
 
 class ImageProcessor(ABC):
@@ -105,7 +113,7 @@ class QwenImages(ImageProcessor):
     def process(self, images: list[Any]) -> list[VisionImage]:
         out = []
         for image in images:
-            batch = self.processor(images=[_pil(image)], return_tensors="pt")
+            batch = self.processor(images=[as_pil(image)], return_tensors="pt")
             grid = batch["image_grid_thw"]
             count = int(grid[0].prod()) // (self.merge * self.merge)
             inputs = {"pixel_values": batch["pixel_values"], "image_grid_thw": grid}
@@ -128,7 +136,7 @@ class ProcessorImages(ImageProcessor):
     def process(self, images: list[Any]) -> list[VisionImage]:
         out = []
         for image in images:
-            pil = _pil(image)
+            pil = as_pil(image)
             batch = self.processor(text=[self.token], images=[pil], return_tensors="pt", add_special_tokens=False)
             inputs = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
             out.append(VisionImage(batch["input_ids"][0].tolist(), inputs, source=image))

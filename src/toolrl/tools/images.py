@@ -10,7 +10,9 @@ import base64
 import binascii
 import io
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif", b"RIFF": "image/webp"}
@@ -94,6 +96,13 @@ def load_image(value: Any, limits: ImageLimits = ImageLimits()) -> ToolImage:
         data = _decode_b64(payload, "data: URL")
     elif isinstance(value, dict) and value.get("type") == "image":
         data = _decode_b64(str(value.get("data", "")), "image content")
+    elif isinstance(value, dict) and isinstance(value.get("bytes"), bytes | bytearray):
+        data = bytes(value["bytes"])  # a datasets Image value, undecoded
+    elif isinstance(value, os.PathLike):
+        try:
+            data = Path(value).read_bytes()
+        except OSError as exc:
+            raise ImageError(f"{value}: cannot be read ({exc.strerror})") from None
     else:
         raise ImageError(f"not an image: {type(value).__name__}")
     mime = _sniff(data)

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from toolrl.envs.base import Environment, Episode, Task, final_answer, register_env
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
+from toolrl.models.vision import as_pil
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
 from toolrl.tools.function import tool_from_function
@@ -63,6 +64,8 @@ def generate_tasks(seed: int, options: ImagesOptions) -> dict[str, list[Task]]:
 def with_image(task: Task, size: int) -> Task:
     """The task with its image drawn (from its own seed: the same image every time); drawn per episode, so a
     long run does not keep thousands of images."""
+    if task.images or "draw_seed" not in task.meta:  # a task file's own images (env.train_file), read now
+        return dataclasses.replace(task, images=[as_pil(image) for image in task.images])
     image = draw_number(task.answer, size, task.meta["kind"], random.Random(task.meta["draw_seed"]))
     return dataclasses.replace(task, images=[image])
 
@@ -71,7 +74,8 @@ class ImageBook:
     """One trajectory's images by name: the task's, then each one a tool made."""
 
     def __init__(self, task_images: list) -> None:
-        self.images = {"task": task_images[0]} if task_images else {}
+        names = ["task", *(f"task-{k}" for k in range(2, len(task_images) + 1))]
+        self.images = dict(zip(names, task_images, strict=False))
 
     def get(self, name: str):
         if name not in self.images:
@@ -79,7 +83,7 @@ class ImageBook:
         return self.images[name]
 
     def add(self, image, what: str) -> list:
-        name = f"image-{len(self.images)}"
+        name = f"image-{sum(not n.startswith('task') for n in self.images) + 1}"
         self.images[name] = image
         return [f"{name}: {what}", image]
 
@@ -119,7 +123,8 @@ class ImageBook:
 
 
 def correct(trajectory, task: Task) -> float:
-    return float((final_answer(trajectory.final_text) or "").strip() == task.answer)
+    """The answer in <answer> tags equals the task's (spaces and case aside)."""
+    return float((final_answer(trajectory.final_text) or "").strip().casefold() == task.answer.strip().casefold())
 
 
 @register_env("images")
