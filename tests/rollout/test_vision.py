@@ -168,3 +168,20 @@ def test_toolrl_eval_out_keeps_the_images_of_a_vision_policy(tiny_vlm, tmp_path)
     records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     files = [image["file"] for record in records for image in record["images"]]
     assert len(files) == 2 and all((tmp_path / f).read_bytes().startswith(b"\x89PNG") for f in files)
+
+
+def test_turns_generated_together_sample_as_they_would_alone_and_score_as_sampled(tiny_vlm, tmp_path):
+    bench = Workbench.load(config(tiny_vlm, tmp_path, "rollout.max_turns=1", "rollout.max_new_tokens=12"))
+    try:
+        rollout = bench.rollout(bench.config.rollout.sampling, seed=0)
+        tasks = bench.env.tasks("train")[:3]
+        together = asyncio.run(rollout.arun(tasks, seed=11))  # one batch of three, left-padded
+        alone = [asyncio.run(rollout.arun([task], seed=11, first=i))[0] for i, task in enumerate(tasks)]
+        for a, b in zip(together, alone, strict=True):
+            assert a.token_ids == b.token_ids  # seeded draws depend on (seed, position), not on the batch
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+        scores = score_tokens(bench.model, together, bench.config.rollout.sampling.temperature)
+        sampled = torch.tensor([lp for t in together for lp in t.trained_logprobs])
+        assert torch.allclose(scores.logprobs, sampled, atol=1e-4)
+    finally:
+        bench.close()

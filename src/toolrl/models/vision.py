@@ -226,7 +226,9 @@ def _tiny_qwen(tokenizer, text: dict, ids: dict):
         ("vision_start_token_id", VISION_START), ("vision_end_token_id", VISION_END),
         ("image_token_id", IMAGE_PAD), ("video_token_id", "<|video_pad|>"),
     )}  # fmt: skip
-    text = {**text, "vocab_size": len(tokenizer), "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+    half = text["hidden_size"] // text["num_attention_heads"] // 2  # M-RoPE splits it as Qwen2.5-VL does (1:1.5:1.5)
+    sections = [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]
+    text = {**text, "vocab_size": len(tokenizer), "rope_scaling": {"type": "mrope", "mrope_section": sections}}
     vision = dict(
         depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
         patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
