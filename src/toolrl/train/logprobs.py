@@ -170,33 +170,38 @@ def score_tokens(
 
 
 def score_vision_tokens(model, trajs: Sequence[Trajectory], temperature, entropy, value_head) -> TokenScores:
-    """score_tokens for a vision-language policy: each trajectory's whole sequence with its images' patches,
-    one row at a time (its M-RoPE positions are the model's to compute; no shared prefix is taken out)."""
+    """score_tokens for a vision-language policy: the trajectories' whole sequences in one forward (padded on
+    the right; the model computes M-RoPE positions from the ids, the images and the mask), with all their
+    images' inputs in row order. No shared prefix is taken out (image tokens have 3-D positions)."""
     from toolrl.models.vision import model_inputs
 
     device = next(model.parameters()).device
-    parts: list[list[torch.Tensor]] = [[], [], []]
-    counts = []
-    for traj in trajs:
-        trained = torch.tensor([p for p, m in enumerate(traj.loss_mask) if m], device=device)
-        ids = torch.tensor([traj.token_ids], device=device)
-        out = model(input_ids=ids, **model_inputs(traj.images, device), output_hidden_states=value_head is not None)
-        logits = out.logits[0, trained - 1].float()
-        if temperature > 0:
-            logits = logits / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        parts[0].append(logp.gather(1, ids[0, trained][:, None]).squeeze(1))
-        if entropy:
-            parts[1].append(measured_entropy(logp) if entropy == "measure" else entropy_from_logits(logits))
-        if value_head is not None:
-            parts[2].append(value_head(out.hidden_states[-1][0, trained - 1]).squeeze(-1).float())
+    width = max(len(t.token_ids) for t in trajs)
+    ids = torch.zeros(len(trajs), width, dtype=torch.long)
+    mask = torch.zeros(len(trajs), width, dtype=torch.long)
+    rows, cols, counts = [], [], []
+    for i, traj in enumerate(trajs):
+        ids[i, : len(traj.token_ids)] = torch.tensor(traj.token_ids)
+        mask[i, : len(traj.token_ids)] = 1
+        trained = [p for p, m in enumerate(traj.loss_mask) if m]
+        rows += [i] * len(trained)
+        cols += trained
         counts.append(len(trained))
-    return TokenScores(
-        torch.cat(parts[0]),
-        counts,
-        torch.cat(parts[1]) if entropy else None,
-        torch.cat(parts[2]) if value_head is not None else None,
-    )
+    ids, mask = ids.to(device), mask.to(device)
+    images = model_inputs([im for traj in trajs for im in traj.images], device)
+    out = model(input_ids=ids, attention_mask=mask, **images, output_hidden_states=value_head is not None)
+    rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+    logits = out.logits[rows_t, cols_t - 1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    measured = None
+    if entropy:
+        measured = measured_entropy(logp) if entropy == "measure" else entropy_from_logits(logits)
+    values = None
+    if value_head is not None:
+        values = value_head(out.hidden_states[-1][rows_t, cols_t - 1]).squeeze(-1).float()
+    return TokenScores(logp.gather(1, ids[rows_t, cols_t][:, None]).squeeze(1), counts, measured, values)
 
 
 def measured_entropy(logp: torch.Tensor, rows: int = 1024) -> torch.Tensor:

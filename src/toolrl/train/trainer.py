@@ -272,8 +272,9 @@ class Trainer:
             self._scores(self.model, [traj], values=True)
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
-        # sharded, each row runs its whole sequence (logprobs.py): no shared prefix to leave out of the budget
-        shared = common_prefix_length([traj.token_ids for traj in trajs]) if trajs and not self.dist.on else 0
+        # sharded or a vision policy, each row runs its whole sequence (logprobs.py): no shared prefix to leave out
+        whole = self.dist.on or self.bench.chat.supports_images  # rows that run their whole sequence
+        shared = common_prefix_length([traj.token_ids for traj in trajs]) if trajs and not whole else 0
         return micro_batches([len(traj.token_ids) - shared for traj in trajs], self.config.train.micro_batch_tokens)
 
     def update(self, trajs: list[Trajectory]) -> dict[str, float]:
