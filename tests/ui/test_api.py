@@ -182,3 +182,19 @@ def test_the_command_serves_loopback_without_a_token_and_another_host_with_one(t
         [sys.executable, "-m", "toolrl", "ui", str(tmp_path), "--port", "70000"], capture_output=True, text=True
     )
     assert busy.returncode == 2 and "--port 70000" in busy.stderr
+
+
+def test_a_run_on_another_machine_is_stopped_by_file_and_never_signalled_here(tmp_path):
+    import time
+
+    root = tmp_path / "runs"
+    status = {"state": "running", "pid": os.getpid(), "host": "elsewhere", "updated_at": time.time()}
+    make_run(root, "remote", status=status)
+    client = TestClient(build_app(root, []), base_url="http://127.0.0.1:7860")
+    assert client.get("/api/runs").json()["runs"][0]["state"] == "running"
+    now = client.post("/api/stop", json={"run": "remote", "now": True}, headers=POST)
+    assert now.status_code == 400 and "runs on elsewhere" in now.json()["error"]  # not our pid to signal
+    after_step = client.post("/api/stop", json={"run": "remote"}, headers=POST)
+    assert after_step.json()["stopping"] == "after this step" and (root / "remote" / "STOP").exists()
+    (root / "remote" / "status.json").write_text(json.dumps({**status, "updated_at": time.time() - 4000}))
+    assert client.get("/api/runs").json()["runs"][0]["state"] == "stale"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -130,7 +131,7 @@ class Launcher:
             (run / STOP_FILE).touch()
             return {"name": name, "stopping": "after this step"}
         process = self.processes.get(name)
-        pid = process.pid if process is not None else _status_pid(run)
+        pid = process.pid if process is not None else _status_pid(run)  # a run started here or by hand here
         os.kill(pid, signal.SIGINT)
         return {"name": name, "stopping": "now"}
 
@@ -152,7 +153,11 @@ class Launcher:
 
 
 def _status_pid(run: Path) -> int:
-    pid = int(read_json(run / "status.json").get("pid", 0))
+    """The run's process, when it runs on this machine (a pid from elsewhere means another process here)."""
+    status = read_json(run / "status.json")
+    if status.get("host") != socket.gethostname():
+        raise ConfigError(f"{run.name}: it runs on {status.get('host')}; interrupt it there (or use the stop button)")
+    pid = int(status.get("pid", 0))
     if not pid:
         raise ConfigError(f"{run.name}: its status names no process")
     return pid
