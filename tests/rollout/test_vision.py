@@ -185,3 +185,56 @@ def test_turns_generated_together_sample_as_they_would_alone_and_score_as_sample
         assert torch.allclose(scores.logprobs, sampled, atol=1e-4)
     finally:
         bench.close()
+
+
+def strip(length: int):
+    """An image one pixel high and `length` wide (Qwen2-VL's processor refuses aspect ratios over 200)."""
+    from PIL import Image
+
+    return ["a strip", Image.new("RGB", (length, 1), (9, 9, 9))]
+
+
+class CallStrip(RotateFirst):
+    def __init__(self, real, chat):
+        super().__init__(real, chat)
+        call = '<tool_call>{"name": "strip", "arguments": {"length": 1000}}</tool_call>'
+        self.call_ids = chat.encode(call) + [chat.end_of_turn_id]
+
+
+def test_an_image_the_model_cannot_take_is_the_tools_error_not_a_crash(tiny_vlm, tmp_path):
+    from toolrl.tools import ToolExecutor
+    from toolrl.tools.function import tool_from_function
+
+    bench = Workbench.load(config(tiny_vlm, tmp_path))
+    try:
+        rollout = bench.rollout(bench.config.rollout.sampling, seed=0)
+        rollout.executor = ToolExecutor([tool_from_function(strip)])
+        rollout.engine = CallStrip(rollout.engine, bench.chat)
+        [traj] = asyncio.run(rollout.arun([bench.env.tasks("train")[0]], seed=5))
+    finally:
+        bench.close()
+    _, start, end = next(s for s in traj.spans if s[0] == "observation")
+    shown = bench.tokenizer.decode(traj.token_ids[start:end])
+    if bench.chat.images.__class__.__name__ == "QwenImages":  # refused: an error observation, counted
+        assert "Error: the tool's image cannot be shown to the model (absolute aspect ratio" in shown
+        assert traj.num_tool_errors == 1 and len(traj.images) == 1
+    else:  # LLaVA's processor resizes it: shown
+        assert traj.num_tool_errors == 0 and len(traj.images) == 2
+
+
+def test_a_task_image_the_model_cannot_take_fails_in_one_line_naming_the_task(tiny_vlm, tmp_path):
+    import dataclasses
+
+    from toolrl.errors import DataError
+
+    bench = Workbench.load(config(tiny_vlm, tmp_path))
+    try:
+        rollout = bench.rollout(bench.config.rollout.sampling, seed=0)
+        task = dataclasses.replace(bench.env.tasks("train")[0], images=[strip(1000)[1]])
+        if bench.chat.images.__class__.__name__ != "QwenImages":
+            assert len(rollout.prompt(task)[1]) == 1  # LLaVA's processor takes it
+            return
+        with pytest.raises(DataError, match=rf"env images-even, task {task.id}: a task's image cannot be shown"):
+            rollout.prompt(task)
+    finally:
+        bench.close()

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolrl.chat.format import TOOL_RESPONSE_FALLBACK, ChatFormat
+from toolrl.errors import DataError
 from toolrl.models.vision import ImageProcessor, VisionImage
+from toolrl.text import clip, first_line
 
 
 class VisionChatFormat(ChatFormat):
@@ -31,16 +33,25 @@ class VisionChatFormat(ChatFormat):
 
     def observation_with_images(
         self, contents: Sequence[str], images: Sequence[Sequence[Any]], model_ended_turn: bool, offset: int
-    ) -> tuple[list[int], list[VisionImage]]:
-        """The observation's ids with each result's images after its text, and those images processed (their
-        positions counted from `offset`, where the observation starts in the sequence)."""
-        flat = [image for per_result in images for image in per_result]
+    ) -> tuple[list[int], list[VisionImage], int]:
+        """The observation's ids with each result's images after its text, those images processed (their
+        positions counted from `offset`, where the observation starts in the sequence), and how many results
+        had an image the model cannot take (an extreme aspect ratio, say): such a result's text becomes an
+        error for the model, without its images (the caller counts them as tool errors)."""
+        processed, failed, texts = [], 0, list(contents)
+        for k, per_result in enumerate(images):
+            try:
+                processed.append(self.images.process(list(per_result)) if per_result else [])
+            except Exception as exc:  # the image processor's refusal must not end the rollout
+                processed.append([])
+                failed += 1
+                texts[k] = f"Error: the tool's image cannot be shown to the model ({clip(first_line(exc), 200)})"
+        flat = [image for per_result in processed for image in per_result]
         if not flat:
-            return self.observation_ids(contents, model_ended_turn), []
-        messages = self.tool_messages_with_images(contents, [len(per_result) for per_result in images])
+            return self.observation_ids(texts, model_ended_turn), [], failed
+        messages = self.tool_messages_with_images(texts, [len(per_result) for per_result in processed])
         ids = self._continuation_ids(messages, model_ended_turn)
-        processed = self.images.process(flat)
-        return self.images.expand(ids, processed, offset), processed
+        return self.images.expand(ids, flat, offset), flat, failed
 
     def prompt_with_images(
         self,
@@ -56,5 +67,8 @@ class VisionChatFormat(ChatFormat):
         last = max(i for i, m in enumerate(messages) if m["role"] == "user")
         messages[last] = {**messages[last], "content": self._parts(messages[last]["content"], len(images))}
         text = self._render(messages, tools=list(tools) or None, add_generation_prompt=True)
-        processed = self.images.process(list(images))
+        try:
+            processed = self.images.process(list(images))
+        except Exception as exc:
+            raise DataError(f"a task's image cannot be shown to the model: {clip(first_line(exc), 200)}") from None
         return self.images.expand(self.encode(text), processed, 0), processed

@@ -23,7 +23,7 @@ from typing import Literal
 
 from toolrl.chat.format import ChatFormat
 from toolrl.envs.base import Environment, Episode, StepResult, Task, final_answer
-from toolrl.errors import ConfigError
+from toolrl.errors import ConfigError, DataError
 from toolrl.parsers.base import Parser, ParseResult
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.sampling import SamplingParams
@@ -165,7 +165,10 @@ class Rollout:
             return self.prompt_ids(task, messages, tools), []
         schemas = self.tool_schemas if tools is None else self._schemas(tools)
         instructions = getattr(self.parser, "instructions", None)
-        return self.chat.prompt_with_images(messages or self.env.messages(task), schemas, task.images, instructions)
+        try:
+            return self.chat.prompt_with_images(messages or self.env.messages(task), schemas, task.images, instructions)
+        except DataError as exc:
+            raise DataError(f"env {self.env.name}, task {task.id}: {exc}") from None
 
     def run(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
         """`arun` on an event loop of its own; then the engine frees what it keeps between rollouts."""
@@ -305,7 +308,8 @@ class Rollout:
         if self.chat.supports_images:
             room = self.limits.max_images - len(traj.images)
             contents, images = within_image_budget(contents, images, room)
-            obs, seen = self.chat.observation_with_images(contents, images, ended, len(traj.token_ids))
+            obs, seen, unshown = self.chat.observation_with_images(contents, images, ended, len(traj.token_ids))
+            traj.num_tool_errors += unshown  # an image the model cannot take: the tool's error, not a crash
         else:  # a text-only policy is told what it cannot see
             contents = [described(c, per_result) for c, per_result in zip(contents, images, strict=True)]
             obs, seen = self.chat.observation_ids(contents, model_ended_turn=ended), []
