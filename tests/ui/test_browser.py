@@ -64,8 +64,9 @@ def run_with_tool_calls(root, tokenizer):
     traj.results = [
         ToolResult(ToolCall("calculator", {"expression": "6 * 7"}), "42", "ok", 0.0021),
         ToolResult(ToolCall("calculator", {"expression": "6 / 0"}), "error: division by zero", "tool_error", 0.0013),
+        ToolResult(ToolCall("fetch", {"url": "x"}), '<img src=x onerror="document.title=1"><b>bold</b>', "ok", 0.001),
     ]
-    traj.num_tool_calls, traj.num_tool_errors, traj.stop_reason, traj.reward = 2, 1, "answer", 1.0
+    traj.num_tool_calls, traj.num_tool_errors, traj.stop_reason, traj.reward = 3, 1, "answer", 1.0
     traj.rewards = {"correct": 1.0, "format": 1.0}
     traj.advantages = [0.8] * sum(traj.loss_mask)
     record = traj.to_record(tokenizer, success="correct")
@@ -213,7 +214,10 @@ def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(sit
     page.select_option("#tr-kind", "eval")  # the same test tasks at the start and the end
     expect(page.locator("#tr-step")).to_have_value("3")  # the last evaluation: the end
     page.select_option("#tr-step", "0")
+    expect(page.locator("#tr-list .count")).to_have_text("3 of 3 trajectories")  # the start's three tasks
     page.click("#tr-list .card >> nth=0")
+    evals = [json.loads(line) for line in (root / "alpha" / "evals.jsonl").read_text().splitlines()]
+    expect(page.locator("#tr-detail .trajectory")).to_have_attribute("data-task", evals[0]["task_id"])
     page.click("#tr-same-task")
     expect(page.locator("#cmp-columns .column h4")).to_have_text(["eval (start) · step 0", "eval (end) · step 3"])
 
@@ -225,7 +229,10 @@ def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(sit
     page.wait_for_selector("#tr-detail table.calls")
     rows = page.locator("#tr-detail table.calls tr")
     failed = rows.nth(2).inner_text()
-    assert rows.count() == 3 and "tool_error" in failed and "division by zero" in failed
+    assert rows.count() == 4 and "tool_error" in failed and "division by zero" in failed
+    hostile = rows.nth(3)  # a tool's HTML is shown as text: no element made, no script run
+    assert '<img src=x onerror="document.title=1"><b>bold</b>' in hostile.inner_text()
+    assert hostile.locator("img, b").count() == 0 and page.title() == "toolrl"
     labels = page.locator("#tr-detail .segment-label").all_inner_texts()
     assert labels == [
         "model · trained (loss mask 1)", "tool result · not trained", "model · trained (loss mask 1)",
@@ -241,6 +248,7 @@ def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(sit
 def test_the_viewer_shows_a_vision_policys_images(site):
     page = site["page"]
     page.goto(site["url"] + "#trajectories")
+    page.select_option("#tr-kind", "train")
     page.select_option("#tr-run", "vision")
     expect(page.locator("#tr-list .count")).to_have_text("2 of 2 trajectories")
     page.click("#tr-list .card >> nth=0")
@@ -248,6 +256,7 @@ def test_the_viewer_shows_a_vision_policys_images(site):
     expect(image).to_be_visible()
     page.wait_for_function("document.querySelector('#tr-detail .images img').naturalWidth === 112")
     assert "image tokens (not trained)" in page.locator("#tr-detail .images figcaption").first.inner_text()
+    shot(site, "vision")
 
 
 def test_tools_load_and_call_through_a_form(site):

@@ -39,7 +39,9 @@ const Viewer = {
 
   async loadStep() {
     const run = $("#tr-run").value, kind = $("#tr-kind").value, step = $("#tr-step").value;
-    if (!run || step === "") { this.briefs = []; this.list(); return; }
+    this.briefs = []; // no card of the step before stays clickable while this one loads
+    this.list();
+    if (!run || step === "") return;
     const data = await api(`/api/briefs?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}`);
     if (run !== $("#tr-run").value || kind !== $("#tr-kind").value || step !== $("#tr-step").value) return;
     this.briefs = data.records;
@@ -79,6 +81,7 @@ const Viewer = {
 
   async open(step, index) {
     const run = $("#tr-run").value, kind = $("#tr-kind").value;
+    $("#tr-detail").replaceChildren(h("p", { class: "muted" }, "loading…")); // no stale record to act on
     const record = await api(`/api/record?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}&index=${index}`);
     this.current = { run, kind, step, index, record };
     $("#tr-detail").replaceChildren(this.render(record, true));
