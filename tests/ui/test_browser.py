@@ -207,6 +207,11 @@ def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(sit
     kept = sum(r["reward"] >= top for r in step1)
     expect(page.locator("#tr-list .count")).to_have_text(f"{kept} of {len(step1)} trajectories")
     page.fill("#f-reward-min", "")
+    reason = step1[0]["stop_reason"]
+    page.select_option("#f-stop", reason)
+    same = sum(r["stop_reason"] == reason for r in step1)
+    expect(page.locator("#tr-list .count")).to_have_text(f"{same} of {len(step1)} trajectories")
+    page.select_option("#f-stop", "")
     RunDir(root / "alpha").log_samples(7, [{k: v for k, v in step1[0].items() if k != "step"}])  # it trains on
     expect(page.locator("#tr-step option[value='7']")).to_have_count(1, timeout=10_000)
     expect(page.locator("#tr-step")).to_have_value("1")  # the step being read stays chosen
