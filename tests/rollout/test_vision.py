@@ -238,3 +238,32 @@ def test_a_task_image_the_model_cannot_take_fails_in_one_line_naming_the_task(ti
             rollout.prompt(task)
     finally:
         bench.close()
+
+
+def test_image_tokens_per_trajectory_are_bounded(tiny_vlm, tmp_path):
+    from toolrl.errors import DataError
+
+    probe = Workbench.load(config(tiny_vlm, tmp_path))
+    try:
+        task = probe.env.tasks("train")[0]
+        shown = probe.env.reset(task).task  # with its image drawn
+        task_tokens = sum(im.tokens for im in probe.rollout(probe.config.rollout.sampling, 0).prompt(shown)[1])
+    finally:
+        probe.close()
+    bench = Workbench.load(config(tiny_vlm, tmp_path, f"rollout.max_image_tokens={task_tokens}"))
+    try:
+        rollout = bench.rollout(bench.config.rollout.sampling, seed=0)
+        engine = RotateFirst(rollout.engine, bench.chat)
+        rollout.engine = engine
+        [traj] = asyncio.run(rollout.arun([task], seed=5))
+        assert len(traj.images) == 1 and sum(im.tokens for im in traj.images) == task_tokens
+        _, start, end = next(s for s in traj.spans if s[0] == "observation")
+        assert "(over rollout.max_image_tokens: not shown)" in bench.tokenizer.decode(traj.token_ids[start:end])
+        small = Workbench.load(config(tiny_vlm, tmp_path, f"rollout.max_image_tokens={task_tokens - 1}"))
+        try:
+            with pytest.raises(DataError, match=rf"task {task.id}: its images take {task_tokens} image tokens, over"):
+                small.rollout(small.config.rollout.sampling, 0).prompt(shown)
+        finally:
+            small.close()
+    finally:
+        bench.close()

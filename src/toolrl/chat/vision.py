@@ -32,20 +32,36 @@ class VisionChatFormat(ChatFormat):
         return [{"role": "user", "content": self._parts(c, n)} for c, n in zip(wrapped, counts, strict=True)]
 
     def observation_with_images(
-        self, contents: Sequence[str], images: Sequence[Sequence[Any]], model_ended_turn: bool, offset: int
+        self,
+        contents: Sequence[str],
+        images: Sequence[Sequence[Any]],
+        model_ended_turn: bool,
+        offset: int,
+        token_room: int | None = None,
     ) -> tuple[list[int], list[VisionImage], int]:
         """The observation's ids with each result's images after its text, those images processed (their
         positions counted from `offset`, where the observation starts in the sequence), and how many results
         had an image the model cannot take (an extreme aspect ratio, say): such a result's text becomes an
-        error for the model, without its images (the caller counts them as tool errors)."""
+        error for the model, without its images (the caller counts them as tool errors). Images past
+        `token_room` image tokens (rollout.max_image_tokens) are named in their result's text instead."""
         processed, failed, texts = [], 0, list(contents)
+        room = token_room if token_room is not None else float("inf")
         for k, per_result in enumerate(images):
             try:
-                processed.append(self.images.process(list(per_result)) if per_result else [])
+                done = self.images.process(list(per_result)) if per_result else []
             except Exception as exc:  # the image processor's refusal must not end the rollout
                 processed.append([])
                 failed += 1
                 texts[k] = f"Error: the tool's image cannot be shown to the model ({clip(first_line(exc), 200)})"
+                continue
+            kept = []
+            for image in done:
+                if image.tokens <= room:
+                    kept.append(image)
+                    room -= image.tokens
+                else:
+                    texts[k] += f"\n{image.source.describe()} (over rollout.max_image_tokens: not shown)"
+            processed.append(kept)
         flat = [image for per_result in processed for image in per_result]
         if not flat:
             return self.observation_ids(texts, model_ended_turn), [], failed
@@ -59,8 +75,10 @@ class VisionChatFormat(ChatFormat):
         tools: Sequence[dict[str, Any]],
         images: Sequence[Any],
         instructions: str | None = None,
+        token_room: int | None = None,
     ) -> tuple[list[int], list[VisionImage]]:
-        """The prompt's ids with the task's `images` after the text of its last user message, and the images."""
+        """The prompt's ids with the task's `images` after the text of its last user message, and the images
+        (at most `token_room` image tokens: rollout.max_image_tokens)."""
         if not images:
             return self.prompt_ids(messages, tools, instructions), []
         messages = self.prompt_messages(messages, tools, instructions)
@@ -71,4 +89,10 @@ class VisionChatFormat(ChatFormat):
             processed = self.images.process(list(images))
         except Exception as exc:
             raise DataError(f"a task's image cannot be shown to the model: {clip(first_line(exc), 200)}") from None
+        tokens = sum(image.tokens for image in processed)
+        if token_room is not None and tokens > token_room:
+            raise DataError(
+                f"its images take {tokens} image tokens, over rollout.max_image_tokens ({token_room}); raise it, "
+                "or lower the image size"
+            )
         return self.images.expand(self.encode(text), processed, 0), processed

@@ -99,6 +99,9 @@ class RolloutConfig(Section):
     max_images: int = Field(16, ge=0)
     """Images per trajectory a vision-language policy is shown (the task's and the tools'); past it, further
     images are named in the observation's text instead."""
+    max_image_tokens: int = Field(8192, ge=0)
+    """Image tokens per trajectory (what images cost in the sequence, hence in memory): a tool's image past
+    it is named in the observation's text instead; a task whose own images exceed it fails in one line."""
     stop_on_tool_error: bool = False
     """End a trajectory when a tool call fails (stop reason tool_error) instead of showing the model the error."""
     last_turn_tools: bool = False

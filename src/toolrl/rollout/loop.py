@@ -66,6 +66,8 @@ class RolloutLimits:
     for rewards that look at the final tool result, such as the rows a final SQL query returns."""
     max_images: int = 16
     """Images per trajectory a vision-language policy is shown; further ones are named in text."""
+    max_image_tokens: int = 8192
+    """Image tokens per trajectory (the task's images and the tools'); images past it are named in text."""
 
 
 # ---- stop rules: each says whether (and why) a trajectory ends at this point -------------------------------
@@ -166,7 +168,9 @@ class Rollout:
         schemas = self.tool_schemas if tools is None else self._schemas(tools)
         instructions = getattr(self.parser, "instructions", None)
         try:
-            return self.chat.prompt_with_images(messages or self.env.messages(task), schemas, task.images, instructions)
+            messages = messages or self.env.messages(task)
+            room = self.limits.max_image_tokens
+            return self.chat.prompt_with_images(messages, schemas, task.images, instructions, room)
         except DataError as exc:
             raise DataError(f"env {self.env.name}, task {task.id}: {exc}") from None
 
@@ -308,7 +312,8 @@ class Rollout:
         if self.chat.supports_images:
             room = self.limits.max_images - len(traj.images)
             contents, images = within_image_budget(contents, images, room)
-            obs, seen, unshown = self.chat.observation_with_images(contents, images, ended, len(traj.token_ids))
+            tokens = self.limits.max_image_tokens - sum(image.tokens for image in traj.images)
+            obs, seen, unshown = self.chat.observation_with_images(contents, images, ended, len(traj.token_ids), tokens)
             traj.num_tool_errors += unshown  # an image the model cannot take: the tool's error, not a crash
         else:  # a text-only policy is told what it cannot see
             contents = [described(c, per_result) for c, per_result in zip(contents, images, strict=True)]

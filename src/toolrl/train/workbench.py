@@ -120,6 +120,7 @@ class Workbench:
             r.stop_on_tool_error,
             r.last_turn_tools,
             r.max_images,
+            r.max_image_tokens,
         )
         engine = self.engine(purpose, seed)
         parser = self.env.syntax  # rollout.parser, else the environment's own, else hermes (make_env)
