@@ -28,6 +28,11 @@ def _read_yaml(path: Path | None) -> dict[str, Any]:
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist; pass a YAML file or omit it for the default")
         text, where = read_text(path, "config file"), str(path)
+    return config_data(text, where)
+
+
+def config_data(text: str, where: str) -> dict[str, Any]:
+    """A config's YAML text as its mapping of sections (empty text: no keys)."""
     data = load_yaml(text, where)
     if data is None:
         return {}
@@ -104,12 +109,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = _read_yaml(file)
     for override in overrides or []:
         apply_override(data, override)
-    where = str(file) if file else "config"
+    return validate_config(data, str(file) if file else "config")
+
+
+def validate_config(data: dict[str, Any], where: str) -> RunConfig:
+    """A config's data validated (`where` names it in the one-line errors), the environment's own options
+    checked now (before a model loads) and written out in full."""
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, where)) from None
-    # The environment's own options: checked now (before a model loads) and written out in full.
     from toolrl.envs.base import environment_options
 
     config.env.options = environment_options(config.env).model_dump(mode="json")

@@ -14,20 +14,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from toolrl.config import load_config
-from toolrl.config.loader import default_config_text
+from toolrl.config.loader import config_data, default_config_text, validate_config
 from toolrl.errors import ConfigError
-from toolrl.files import YAMLSyntaxError, load_yaml
 from toolrl.plugins import import_modules
 from toolrl.train.journal import STOP_FILE
-from toolrl.ui.runs import read_json, resolve_run, run_state
+from toolrl.train.rundir import RunDir
+from toolrl.ui.runs import resolve_run, run_state
 
 CONSOLE_LOG = "console.log"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -43,37 +39,18 @@ def find_recipes(dirs: list[Path]) -> dict[str, str]:
     return recipes
 
 
-def _mapping(text: str, where: str) -> dict[str, Any]:
-    try:
-        data = load_yaml(text, where)
-    except YAMLSyntaxError as exc:
-        raise ConfigError(str(exc)) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return data
-
-
 def validate(text: str, base: str | None) -> dict[str, Any]:
     """The config on the page, validated: the resolved config, or ConfigError with one line. `base`: the
     recipe text it was edited from (its plugins are the only ones allowed)."""
-    data = _mapping(text, "config")
-    allowed = _mapping(base, "recipe").get("plugins") or [] if base is not None else []
+    data = config_data(text, "config")
+    allowed = config_data(base, "recipe").get("plugins") or [] if base is not None else []
     if (data.get("plugins") or []) != allowed:
         raise ConfigError(
             "config: plugins cannot be set from the page (they import code); put them in a recipe file and "
             "choose it, or use `toolrl train FILE`"
         )
     import_modules(allowed, "plugins")  # those of a file on disk, as `toolrl train FILE` would
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        f.write(yaml.safe_dump(data))
-        f.flush()
-        try:
-            config = load_config(f.name)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace(f.name, "config")) from None
-    return config.model_dump(mode="json")
+    return validate_config(data, "config").model_dump(mode="json")
 
 
 class Launcher:
@@ -154,7 +131,7 @@ class Launcher:
 
 def _status_pid(run: Path) -> int:
     """The run's process, when it runs on this machine (a pid from elsewhere means another process here)."""
-    status = read_json(run / "status.json")
+    status = RunDir(run).read_status()
     if status.get("host") != socket.gethostname():
         raise ConfigError(f"{run.name}: it runs on {status.get('host')}; interrupt it there (or use the stop button)")
     pid = int(status.get("pid", 0))

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from toolrl.errors import ConfigError
-from toolrl.train.rundir import EVALS, METRICS, SAMPLES, STATUS
+from toolrl.train.rundir import EVALS, METRICS, SAMPLES, RunDir
 
 RECORD_FILES = {"train": SAMPLES, "eval": EVALS}
 STALE_S = 1800.0
@@ -54,7 +54,7 @@ def _alive(pid: int) -> bool:
 def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
     """running, finished, failed, stopped, or died (said running, but its process is gone); for a run made
     before status.json: finished when it has final/, else unknown."""
-    status = read_json(path / STATUS) if status is None else status
+    status = RunDir(path).read_status() if status is None else status
     state = status.get("state")
     if state is None:
         return "finished" if (path / "final").is_dir() else "unknown"
@@ -65,18 +65,10 @@ def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
     return str(state)
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def summarize_run(root: Path, path: Path) -> dict[str, Any]:
     """One line of the runs list: name, state, config essentials, the steps reached and the last step's
     reward and success."""
-    status = read_json(path / STATUS)
+    status = RunDir(path).read_status()
     try:
         config = yaml.safe_load((path / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
