@@ -135,7 +135,7 @@ class Trajectory:
         }
         if success is not None:
             record["success"] = self.rewards.get(success, 0.0)
-        trained = self._per_trained_token()
+        trained = self._update_values()
         record |= {
             "stop_reason": self.stop_reason,
             "truncated": self.truncated,
@@ -164,17 +164,23 @@ class Trajectory:
         }
         return record
 
-    def _per_trained_token(self) -> dict[int, dict[str, float]]:
-        """Token position -> the update's per-token values (advantage, trainer log-prob) that are known."""
-        positions = [i for i, m in enumerate(self.loss_mask) if m]
-        out: dict[int, dict[str, float]] = {}
-        for key, values in (("advantages", self.advantages), ("trainer_logprobs", self.trainer_logprobs)):
-            if values is not None and len(values) == len(positions):
-                for i, value in zip(positions, values, strict=True):
-                    out.setdefault(i, {})[key] = round(float(value), 5)
+    def _update_values(self) -> dict[int, dict[str, list[float]]]:
+        """Model span start -> its share of the update's per-token values (advantages, trainer log-probs) that
+        are known; a model span is trained throughout, so spans take the trained tokens' values in order."""
+        known = {
+            key: values
+            for key, values in (("advantages", self.advantages), ("trainer_logprobs", self.trainer_logprobs))
+            if values is not None and len(values) == sum(self.loss_mask)
+        }
+        out: dict[int, dict[str, list[float]]] = {}
+        offset = 0
+        for start, end in self.model_spans():
+            out[start] = {key: [round(float(v), 5) for v in values[offset : offset + end - start]]
+                          for key, values in known.items()}  # fmt: skip
+            offset += end - start
         return out
 
-    def _segment(self, tokenizer, kind: str, start: int, end: int, trained: dict[int, dict[str, float]]) -> dict:
+    def _segment(self, tokenizer, kind: str, start: int, end: int, trained: dict[int, dict[str, list[float]]]) -> dict:
         """A span's text; a model turn also token by token, with each sampled token's log-prob, so that a
         viewer can show what was trained and how likely each token was without running anything."""
         segment: dict[str, Any] = {
@@ -189,9 +195,7 @@ class Trajectory:
             segment["ids"] = ids
             segment["tokens"] = tokenizer.convert_ids_to_tokens(ids)
             segment["logprobs"] = [round(lp, 5) for lp in self.logprobs[start:end]]
-            for key in ("advantages", "trainer_logprobs"):
-                if all(key in trained.get(i, {}) for i in range(start, end)) and end > start:
-                    segment[key] = [trained[i][key] for i in range(start, end)]
+            segment |= trained.get(start, {})
         return segment
 
 
