@@ -12,6 +12,7 @@ from toolrl.chat.format import TOOL_RESPONSE_FALLBACK, ChatFormat
 from toolrl.errors import DataError
 from toolrl.models.vision import ImageProcessor, VisionImage
 from toolrl.text import clip, first_line
+from toolrl.tools.images import name_images
 
 
 class VisionChatFormat(ChatFormat):
@@ -37,30 +38,37 @@ class VisionChatFormat(ChatFormat):
         images: Sequence[Sequence[Any]],
         model_ended_turn: bool,
         offset: int,
+        image_room: int | None = None,
         token_room: int | None = None,
     ) -> tuple[list[int], list[VisionImage], int]:
         """The observation's ids with each result's images after its text, those images processed (their
         positions counted from `offset`, where the observation starts in the sequence), and how many results
         had an image the model cannot take (an extreme aspect ratio, say): such a result's text becomes an
         error for the model, without its images (the caller counts them as tool errors). Images past
-        `token_room` image tokens (rollout.max_image_tokens) are named in their result's text instead."""
+        `image_room` images (rollout.max_images) or `token_room` image tokens (rollout.max_image_tokens) are
+        named in their result's text instead, unprocessed past the first."""
         processed, failed, texts = [], 0, list(contents)
-        room = token_room if token_room is not None else float("inf")
+        count = image_room if image_room is not None else len([i for per_result in images for i in per_result])
+        tokens = token_room if token_room is not None else float("inf")
         for k, per_result in enumerate(images):
+            shown, over = list(per_result[: max(count, 0)]), list(per_result[max(count, 0) :])
+            count -= len(shown)
+            texts[k] = name_images(texts[k], over, "over rollout.max_images: not shown")
             try:
-                done = self.images.process(list(per_result)) if per_result else []
+                done = self.images.process(shown) if shown else []
             except Exception as exc:  # the image processor's refusal must not end the rollout
                 processed.append([])
                 failed += 1
                 texts[k] = f"Error: the tool's image cannot be shown to the model ({clip(first_line(exc), 200)})"
                 continue
-            kept = []
+            kept, too_big = [], []
             for image in done:
-                if image.tokens <= room:
+                if image.tokens <= tokens:
                     kept.append(image)
-                    room -= image.tokens
+                    tokens -= image.tokens
                 else:
-                    texts[k] += f"\n{image.source.describe()} (over rollout.max_image_tokens: not shown)"
+                    too_big.append(image.source)
+            texts[k] = name_images(texts[k], too_big, "over rollout.max_image_tokens: not shown")
             processed.append(kept)
         flat = [image for per_result in processed for image in per_result]
         if not flat:

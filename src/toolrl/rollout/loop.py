@@ -31,6 +31,7 @@ from toolrl.rollout.trajectory import Trajectory
 from toolrl.text import first_line
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.function import Tool
+from toolrl.tools.images import name_images
 from toolrl.tools.observation import clip_observation
 
 log = logging.getLogger(__name__)
@@ -86,28 +87,6 @@ def out_of_turns(traj: Trajectory, limits: RolloutLimits) -> bool:
 def answer_reason(text: str) -> str:
     """Why a turn without tool calls ended the trajectory: a final <answer>, or none."""
     return "answer" if final_answer(text) is not None else "no_tool_call"
-
-
-def described(content: str, images: list) -> str:
-    """A result's text with its images named, for a policy that reads text only."""
-    if not images:
-        return content
-    names = " ".join(image.describe() for image in images)
-    return f"{content}\n{names} (images are not shown to a text-only model)".lstrip("\n")
-
-
-def within_image_budget(contents: list[str], images: list[list], room: int) -> tuple[list[str], list[list]]:
-    """At most `room` images over the results (in order); the rest are named in their result's text."""
-    kept_contents, kept_images = [], []
-    for content, per_result in zip(contents, images, strict=True):
-        shown, over = per_result[: max(room, 0)], per_result[max(room, 0) :]
-        room -= len(shown)
-        if over:
-            names = " ".join(image.describe() for image in over)
-            content = f"{content}\n{names} (over rollout.max_images: not shown)"
-        kept_contents.append(content)
-        kept_images.append(shown)
-    return kept_contents, kept_images
 
 
 @dataclass
@@ -311,12 +290,13 @@ class Rollout:
         ended = turn.sampled.ended
         if self.chat.supports_images:
             room = self.limits.max_images - len(traj.images)
-            contents, images = within_image_budget(contents, images, room)
             tokens = self.limits.max_image_tokens - sum(image.tokens for image in traj.images)
-            obs, seen, unshown = self.chat.observation_with_images(contents, images, ended, len(traj.token_ids), tokens)
+            at = len(traj.token_ids)
+            obs, seen, unshown = self.chat.observation_with_images(contents, images, ended, at, room, tokens)
             traj.num_tool_errors += unshown  # an image the model cannot take: the tool's error, not a crash
         else:  # a text-only policy is told what it cannot see
-            contents = [described(c, per_result) for c, per_result in zip(contents, images, strict=True)]
+            why = "images are not shown to a text-only model"
+            contents = [name_images(c, per_result, why) for c, per_result in zip(contents, images, strict=True)]
             obs, seen = self.chat.observation_ids(contents, model_ended_turn=ended), []
         if over_token_budget(traj, self.limits, len(obs)):
             return self._stop(traj, "length", truncated=True)

@@ -161,6 +161,13 @@ def to_output(value: Any, limits: ImageLimits = ImageLimits()) -> ToolOutput:
     return ToolOutput("\n".join(texts), images)
 
 
+def name_images(text: str, images: list, why: str) -> str:
+    """`text` with `images` named after it, and why they are not shown (for the model's observation)."""
+    if not images:
+        return text
+    return f"{text}\n{' '.join(image.describe() for image in images)} ({why})".lstrip("\n")
+
+
 def to_wire(value: Any) -> dict[str, Any]:
     """A worker process's reply for a tool's value: text, and images as base64 (checked by the parent)."""
     parts = list(value) if isinstance(value, list | tuple) and any(is_image(v) for v in value) else [value]
