@@ -57,9 +57,10 @@ def log_step(trainer: Trainer, step: int, metrics: dict[str, Any], trajs: list[T
     torchrun when records are written)."""
     t = trainer.config.train
     records: list[dict[str, Any]] = []
+    room = trainer.run is not None and _has_room(trainer, SAMPLES)  # rank 0 writes, within the bound
     if t.samples_per_step != 0:
         mine = trajectory_records(trainer, trajs, t.samples_per_step)
-        if trainer.run is not None:  # rank 0 keeps its trajectories' images beside the records
+        if room:  # rank 0 keeps its trajectories' images beside the records
             write_images(trainer.run.path, f"step-{step:06d}", trajs, mine, t.sample_images_per_step)
         records = [r for part in distributed.gather(trainer.dist, mine) for r in part]
         if t.samples_per_step is not None:
@@ -70,25 +71,25 @@ def log_step(trainer: Trainer, step: int, metrics: dict[str, Any], trajs: list[T
     if run is None:
         return
     run.log_metrics(metrics)
-    if records:
-        _write_within_budget(trainer, SAMPLES, step, records)
+    if records and room:
+        run.log_samples(step, records, SAMPLES)
     for logger in trainer.loggers:
         logger.log(metrics, step)
     run.write_status(state="running", step=step)
 
 
-def _write_within_budget(trainer: Trainer, filename: str, step: int, records: list[dict[str, Any]], **extra) -> None:
-    budget = trainer.config.train.samples_max_mb * 1e6
-    if trainer.run.size_of(filename) >= budget:
-        if filename not in trainer.journal_full:
-            trainer.journal_full.add(filename)
-            log.warning(
-                "%s reached train.samples_max_mb (%g MB): later trajectories are not written; raise it to keep more",
-                filename,
-                trainer.config.train.samples_max_mb,
-            )
-        return
-    trainer.run.log_samples(step, records, filename, **extra)
+def _has_room(trainer: Trainer, filename: str) -> bool:
+    """Whether `filename` is still under train.samples_max_mb; the first time it is not, a warning says so."""
+    if trainer.run.size_of(filename) < trainer.config.train.samples_max_mb * 1e6:
+        return True
+    if filename not in trainer.journal_full:
+        trainer.journal_full.add(filename)
+        log.warning(
+            "%s reached train.samples_max_mb (%g MB): later trajectories are not written; raise it to keep more",
+            filename,
+            trainer.config.train.samples_max_mb,
+        )
+    return False
 
 
 def evaluate(trainer: Trainer, when: str, step: int) -> dict[str, float]:
@@ -110,11 +111,11 @@ def evaluate(trainer: Trainer, when: str, step: int) -> dict[str, float]:
     if run:
         run.log_metrics({"eval": when, "step": step, **stats})
         limit = trainer.config.eval.samples_per_eval
-        if limit != 0:
+        if limit != 0 and _has_room(trainer, EVALS):
             records = trajectory_records(trainer, trajs, limit)
             folder = f"eval-{when.replace(' ', '-')}-{step:06d}"
             write_images(run.path, folder, trajs, records, trainer.config.train.sample_images_per_step)
-            _write_within_budget(trainer, EVALS, step, records, eval=when)
+            run.log_samples(step, records, EVALS, eval=when)
         for logger in trainer.loggers:
             logger.log({f"eval/{k}": v for k, v in stats.items()}, step)
     return stats
