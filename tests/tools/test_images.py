@@ -7,7 +7,6 @@ import asyncio
 import base64
 import io
 import struct
-import sys
 import zlib
 from pathlib import Path
 
@@ -102,27 +101,16 @@ def test_python_tools_return_images_through_the_executor(isolation):
 
 
 def test_mcp_image_content_and_http_images_arrive_as_images(tmp_path):
-    import json
-
+    from tests.fixtures import mcp_server_entry, write_tool_config
     from tests.fixtures.http_server import LocalHTTPServer
     from toolrl.tools.toolset import Toolset
 
     with LocalHTTPServer() as server:
-        config = tmp_path / "tools.json"
-        config.write_text(
-            json.dumps(
-                {
-                    "mcpServers": {
-                        "srv": {
-                            "command": sys.executable,
-                            "args": [str(FIXTURES / "mcp_server.py")],
-                            "allow": ["square"],
-                        },
-                        "web": {"http": {"map": {"url": f"{server.url}/map.png", "method": "GET"}}},
-                    }
-                }
-            )
-        )
+        servers = {
+            "srv": mcp_server_entry("square"),
+            "web": {"http": {"map": {"url": f"{server.url}/map.png", "method": "GET"}}},
+        }
+        config = write_tool_config(tmp_path / "tools.json", servers)
         toolset = Toolset.load(config)
         try:
             executor = ToolExecutor(toolset.tools)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import mcp_server_entry, write_tool_config
 from tests.rollout.test_loop import ScriptedEngine
 from toolrl.config import load_config
 from toolrl.config.schema import EnvConfig, ToolsConfig
@@ -21,13 +22,11 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 @pytest.fixture
 def tools_file(tmp_path):
-    path = tmp_path / "tools.yaml"
     servers = {
-        "srv": {"command": sys.executable, "args": [str(FIXTURES / "mcp_server.py")], "allow": ["add"]},
+        "srv": mcp_server_entry("add"),
         "notes": {"python": "tests.fixtures.pytools:Notes", "policy": {"timeout_s": 2.5}},
     }
-    path.write_text(json.dumps({"mcpServers": servers}))
-    return path
+    return write_tool_config(tmp_path / "tools.yaml", servers)
 
 
 def test_file_tools_join_the_environment_tools_with_their_policies(tools_file):

@@ -2,11 +2,11 @@
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures import mcp_server_entry
 from tests.fixtures.http_server import LocalHTTPServer
 from toolrl.errors import ConfigError
 from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
@@ -143,7 +143,7 @@ def test_local_model_tool_answers_like_generate(tmp_path, tiny_model_dir, tiny_m
 def test_agent_tools_run_a_workflow_of_other_tools(tmp_path, web, monkeypatch):
     monkeypatch.setenv("HELPER_KEY", "sk-test")
     servers = {
-        "srv": {"command": sys.executable, "args": [str(FIXTURES / "mcp_server.py")]},
+        "srv": mcp_server_entry(),
         "notes": {"python": "tests.fixtures.pytools:Notes"},
         "helper": {"model": {"base_url": f"{web.url}/v1", "model": "m", "api_key_env": "HELPER_KEY"}},
         "double": {"agent": "tests.fixtures.pytools:double_then_echo"},

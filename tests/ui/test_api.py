@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from tests.fixtures import mcp_server_entry, write_tool_config
 from toolrl.train.rundir import RunDir
 from toolrl.ui import build_app
 
@@ -120,22 +121,12 @@ def test_validation_gives_the_cli_one_line_errors_and_refuses_plugins(client):
 
 
 def test_tools_go_through_the_runs_executor_and_policies(client, tmp_path):
-    config = tmp_path / "tools.json"
-    config.write_text(
-        json.dumps(
-            {
-                "mcpServers": {
-                    "srv": {
-                        "command": sys.executable,
-                        "args": [str(FIXTURES / "mcp_server.py")],
-                        "allow": ["add", "slow", "square"],
-                        "policies": {"slow": {"timeout_s": 0.3, "retries": 0}},
-                    },
-                    "down": {"command": str(tmp_path / "no-such-server")},
-                }
-            }
-        )
-    )
+    slow = {"slow": {"timeout_s": 0.3, "retries": 0}}
+    servers = {
+        "srv": mcp_server_entry("add", "slow", "square", policies=slow),
+        "down": {"command": str(tmp_path / "no-such-server")},
+    }
+    config = write_tool_config(tmp_path / "tools.json", servers)
     missing = client.post("/api/tools/load", json={"file": str(tmp_path / "nope.json")}, headers=POST)
     assert missing.status_code == 400 and "no such tool config file" in missing.json()["error"]
     loaded = client.post("/api/tools/load", json={"file": str(config)}, headers=POST).json()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from tests.fixtures import mcp_server_entry, write_tool_config
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.train.rundir import RunDir
@@ -110,16 +111,9 @@ def site(tiny_model_dir, tokenizer, tmp_path_factory):
         "train:\n  steps: 150\n  prompts_per_step: 2\n  group_size: 3\n  save_every: 1\n"
         "eval:\n  num_tasks: 3\n  batch_size: 3\n  at_start: false\n"
     )
-    tools = base / "tools.json"
-    tools.write_text(
-        json.dumps(
-            {
-                "mcpServers": {
-                    "srv": {"command": sys.executable, "args": [str(FIXTURES / "mcp_server.py")], "allow": ["add"]},
-                    "calc": {"python": "toolrl.envs.calculator.tool:calculator"},
-                }
-            }
-        )
+    tools = write_tool_config(
+        base / "tools.json",
+        {"srv": mcp_server_entry("add"), "calc": {"python": "toolrl.envs.calculator.tool:calculator"}},
     )
     server = subprocess.Popen(
         [sys.executable, "-m", "toolrl", "ui", str(root), "--port", "0", "--recipes", str(recipes)],
