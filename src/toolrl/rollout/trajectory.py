@@ -208,11 +208,8 @@ def _size(image: Any) -> list[int] | None:
 
 def image_png(image: Any) -> bytes:
     """An image of a trajectory as PNG bytes (a ToolImage's own PNG, or a PIL image saved)."""
-    import io
+    from toolrl.tools.images import png_bytes
 
     if getattr(image, "mime", None) == "image/png":
         return image.data
-    pil = image.pil() if hasattr(image, "pil") else image
-    buffer = io.BytesIO()
-    pil.save(buffer, format="PNG")
-    return buffer.getvalue()
+    return png_bytes(image.pil() if hasattr(image, "pil") else image)

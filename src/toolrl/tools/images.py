@@ -9,11 +9,12 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from toolrl.tools.worker import to_text
 
 MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif", b"RIFF": "image/webp"}
 SUPPORTED = {"image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp"}
@@ -83,10 +84,8 @@ def load_image(value: Any, limits: ImageLimits = ImageLimits()) -> ToolImage:
 
     if isinstance(value, ToolImage):
         data = value.data
-    elif hasattr(value, "save") and hasattr(value, "mode"):  # a PIL image
-        buffer = io.BytesIO()
-        value.save(buffer, format="PNG")
-        data = buffer.getvalue()
+    elif _is_pil(value):
+        data = png_bytes(value)
     elif isinstance(value, bytes | bytearray):
         data = bytes(value)
     elif isinstance(value, str) and value.startswith("data:image/"):
@@ -118,9 +117,7 @@ def load_image(value: Any, limits: ImageLimits = ImageLimits()) -> ToolImage:
                 scale = min(1.0, (limits.max_pixels / (width * height)) ** 0.5)
                 size = (max(1, int(width * scale)), max(1, int(height * scale)))
                 converted = image.convert("RGB").resize(size) if scale < 1 else image.convert("RGB")
-                buffer = io.BytesIO()
-                converted.save(buffer, format="PNG")
-                data, mime, (width, height) = buffer.getvalue(), "image/png", converted.size
+                data, mime, (width, height) = png_bytes(converted), "image/png", converted.size
     except ImageError:
         raise
     except Image.DecompressionBombError:  # PIL's own guard, on opening a header that claims even more
@@ -132,7 +129,7 @@ def load_image(value: Any, limits: ImageLimits = ImageLimits()) -> ToolImage:
 
 def is_image(value: Any) -> bool:
     """Whether a tool's value is an image (and not text or data to show as JSON)."""
-    if isinstance(value, ToolImage) or (hasattr(value, "save") and hasattr(value, "mode")):
+    if isinstance(value, ToolImage) or _is_pil(value):
         return True
     if isinstance(value, bytes | bytearray):
         return _sniff(bytes(value)) is not None
@@ -144,18 +141,12 @@ def is_image(value: Any) -> bool:
 def to_output(value: Any, limits: ImageLimits = ImageLimits()) -> ToolOutput:
     """A tool's return value as observation text and images: a string as it is, an image alone, a list or tuple
     of parts (text parts joined by newlines, images in order), anything else as JSON where it can be."""
-    parts = list(value) if isinstance(value, list | tuple) and any(is_image(v) for v in value) else [value]
     texts, images = [], []
-    for part in parts:
+    for part in _parts(value):
         if is_image(part):
             images.append(load_image(part, limits))
-        elif isinstance(part, str):
-            texts.append(part)
         else:
-            try:
-                texts.append(json.dumps(part, ensure_ascii=False))
-            except (TypeError, ValueError):
-                texts.append(str(part))
+            texts.append(to_text(part))
     if len(images) > limits.max_per_result:
         raise ImageError(f"{len(images)} images in one result; at most {limits.max_per_result}")
     return ToolOutput("\n".join(texts), images)
@@ -170,18 +161,16 @@ def name_images(text: str, images: list, why: str) -> str:
 
 def to_wire(value: Any) -> dict[str, Any]:
     """A worker process's reply for a tool's value: text, and images as base64 (checked by the parent)."""
-    parts = list(value) if isinstance(value, list | tuple) and any(is_image(v) for v in value) else [value]
+    parts = _parts(value)
     if not any(is_image(p) for p in parts):
-        return {"ok": value if isinstance(value, str) else _json_or_str(value)}
-    wire = []
+        return {"ok": to_text(value)}
+    wire: list[Any] = []
     for part in parts:
         if not is_image(part):
-            wire.append(part if isinstance(part, str) else _json_or_str(part))
+            wire.append(to_text(part))
             continue
-        if hasattr(part, "save") and hasattr(part, "mode"):
-            buffer = io.BytesIO()
-            part.save(buffer, format="PNG")
-            part = buffer.getvalue()
+        if _is_pil(part):
+            part = png_bytes(part)
         if isinstance(part, ToolImage):
             part = part.data
         if isinstance(part, bytes | bytearray):
@@ -190,8 +179,17 @@ def to_wire(value: Any) -> dict[str, Any]:
     return {"ok": "", "parts": wire}
 
 
-def _json_or_str(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
+def _parts(value: Any) -> list[Any]:
+    """A list or tuple that holds an image is parts; any other value is one part."""
+    return list(value) if isinstance(value, list | tuple) and any(is_image(v) for v in value) else [value]
+
+
+def _is_pil(value: Any) -> bool:
+    return hasattr(value, "save") and hasattr(value, "mode")
+
+
+def png_bytes(image: Any) -> bytes:
+    """A PIL image as the bytes of a PNG file."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
