@@ -58,7 +58,7 @@ def log_step(trainer: Trainer, step: int, metrics: dict[str, Any], trajs: list[T
     t = trainer.config.train
     records: list[dict[str, Any]] = []
     room = trainer.run is not None and _has_room(trainer, SAMPLES)  # rank 0 writes, within the bound
-    if t.samples_per_step != 0:
+    if t.samples_per_step != 0 and (trainer.run is not None or trainer.dist.on):  # records someone writes
         mine = trajectory_records(trainer, trajs, t.samples_per_step)
         if room:  # rank 0 keeps its trajectories' images beside the records
             write_images(trainer.run.path, f"step-{step:06d}", trajs, mine, t.sample_images_per_step)
