@@ -24,3 +24,38 @@ def machine() -> dict[str, str | int]:
 def write_results(path: str, result: dict[str, Any]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def padded_rows(trajs):
+    """Trajectories' whole sequences padded on the right: ids, attention mask, and the (row, column) that
+    predicts each trained token, with those tokens."""
+    import torch
+
+    width = max(len(t.token_ids) for t in trajs)
+    ids = torch.zeros(len(trajs), width, dtype=torch.long)
+    mask = torch.zeros(len(trajs), width, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        ids[i, : len(t.token_ids)] = torch.tensor(t.token_ids)
+        mask[i, : len(t.token_ids)] = 1
+    rows = [i for i, t in enumerate(trajs) for m in t.loss_mask if m]
+    cols = [p - 1 for t in trajs for p, m in enumerate(t.loss_mask) if m]
+    targets = torch.tensor([t.token_ids[p] for t in trajs for p, m in enumerate(t.loss_mask) if m])
+    return ids, mask, rows, cols, targets
+
+
+def timed_backward(model, fn, trajs, repeats: int):
+    """The best time of `repeats` forward+backward passes of `fn(model, trajs)` (trained-token log-probs),
+    with its last result and the gradient of every parameter, flat."""
+    import time
+
+    import torch
+
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        result = fn(model, trajs)
+        result.sum().backward()
+        best = min(best, time.perf_counter() - start)
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return best, result.detach(), grads

@@ -11,10 +11,9 @@ Both give the same log-probs and gradients (checked here). Prints a table, write
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-from common import machine, write_results
+from common import machine, padded_rows, timed_backward, write_results
 
 from toolrl.chat import ChatFormat
 from toolrl.config.schema import EnvConfig
@@ -39,44 +38,19 @@ def workload(tokenizer, rows: int, group: int, response: int, seed: int = 0) -> 
     return trajs
 
 
-def _padded(trajs):
-    width = max(len(t.token_ids) for t in trajs)
-    ids = torch.zeros(len(trajs), width, dtype=torch.long)
-    mask = torch.zeros(len(trajs), width, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        ids[i, : len(t.token_ids)] = torch.tensor(t.token_ids)
-        mask[i, : len(t.token_ids)] = 1
-    rows = [i for i, t in enumerate(trajs) for p, m in enumerate(t.loss_mask) if m]
-    cols = [p - 1 for t in trajs for p, m in enumerate(t.loss_mask) if m]
-    targets = torch.tensor([t.token_ids[p] for t in trajs for p, m in enumerate(t.loss_mask) if m])
-    return ids, mask, rows, cols, targets
-
-
 def padded_logprobs(model, trajs):
     """Every row's whole sequence, full-vocabulary logits at every position (a plain HF forward)."""
-    ids, mask, rows, cols, targets = _padded(trajs)
+    ids, mask, rows, cols, targets = padded_rows(trajs)
     logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
     return logp[rows, cols].gather(1, targets[:, None]).squeeze(1)
 
 
 def padded_selected_logprobs(model, trajs):
     """Every row's whole sequence, logits only at trained positions."""
-    ids, mask, rows, cols, targets = _padded(trajs)
+    ids, mask, rows, cols, targets = padded_rows(trajs)
     hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state[rows, cols]
     logp = torch.log_softmax(model.get_output_embeddings()(hidden).float(), -1)
     return logp.gather(1, targets[:, None]).squeeze(1)
-
-
-def timed(model, fn, trajs, repeats):
-    best, result, grads = float("inf"), None, None
-    for _ in range(repeats):
-        model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        result = fn(model, trajs)
-        result.sum().backward()
-        best = min(best, time.perf_counter() - start)
-    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return best, result.detach(), grads
 
 
 def main() -> None:
@@ -96,9 +70,9 @@ def main() -> None:
     def ours(m, t):
         return trained_token_logprobs(m, t)[0]
 
-    padded_s, padded_lp, padded_grad = timed(model, padded_logprobs, trajs, args.repeats)
-    selected_s, _, _ = timed(model, padded_selected_logprobs, trajs, args.repeats)
-    ours_s, ours_lp, ours_grad = timed(model, ours, trajs, args.repeats)
+    padded_s, padded_lp, padded_grad = timed_backward(model, padded_logprobs, trajs, args.repeats)
+    selected_s, _, _ = timed_backward(model, padded_selected_logprobs, trajs, args.repeats)
+    ours_s, ours_lp, ours_grad = timed_backward(model, ours, trajs, args.repeats)
     grad_rel = float((ours_grad - padded_grad).norm() / padded_grad.norm())
     result = {
         "machine": machine(),

@@ -11,10 +11,10 @@ import asyncio
 import pytest
 import torch
 
-from tests.fixtures.vision_env import EvenImagesEnv  # noqa: F401  (registers images-even)
+from tests.fixtures.vision_env import RotateFirst
+from tests.fixtures.vision_env import vision_run_config as config
 from toolrl.config import load_config
 from toolrl.errors import ConfigError
-from toolrl.rollout.engine import Engine, Sampled
 from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.logprobs import score_tokens
 
@@ -24,31 +24,6 @@ def tiny_vlm(request, tmp_path_factory):
     from toolrl.models.vision import make_tiny_vlm
 
     return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model", request.param)
-
-
-def config(model, tmp_path, *more):
-    base = [
-        f"model.name={model}", "env.name=images-even", "device=cpu", "rollout.max_new_tokens=10",
-        "rollout.max_turns=2", "train.prompts_per_step=2", "train.group_size=2", "train.lr=0.01",
-        f"output_dir={tmp_path}", "run_name=run", "eval.at_start=false", "eval.at_end=false", "eval.num_tasks=2",
-        "env.options.num_train=8", "env.options.num_test=2", "env.options.size=112",
-    ]  # fmt: skip
-    return load_config(overrides=base + list(more))
-
-
-class RotateFirst(Engine):
-    """Turn 1: a scripted call of the image tool (as if sampled); later turns: the real vision engine."""
-
-    def __init__(self, real, chat):
-        self.real, self.chat, self.seen = real, chat, []
-        call = '<tool_call>{"name": "rotate", "arguments": {"image": "task", "degrees": 90}}</tool_call>'
-        self.call_ids = chat.encode(call) + [chat.end_of_turn_id]
-
-    async def generate(self, seq, tokens, params, images=()):
-        self.seen.append(len(images))
-        if len(self.seen) == 1:
-            return Sampled(list(self.call_ids), [-1.0] * len(self.call_ids), True)
-        return await self.real.generate(seq, tokens, params, images=images)
 
 
 def test_images_from_the_task_and_a_tool_enter_the_ids_masked_and_scored_as_generated(tiny_vlm, tmp_path):

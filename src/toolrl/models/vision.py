@@ -8,6 +8,7 @@ tests (make_tiny_vlm)."""
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,55 @@ def model_inputs(images: list[VisionImage], device: torch.device) -> dict[str, t
     return {key: torch.cat([im.inputs[key] for im in images]).to(device) for key in images[0].inputs}
 
 
+def multimodal_base(model: Any) -> Any:
+    """The model under the LM head that reads ids and image inputs together (Qwen2_5_VLModel, LlavaModel),
+    through a PEFT wrapper."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.model
+
+
+def _mrope(model: Any) -> Any | None:
+    """The multimodal base of a family with M-RoPE (Qwen2-VL's 3-D positions for image tokens), else None."""
+    base = multimodal_base(model)
+    return base if hasattr(base, "get_rope_index") else None
+
+
+def _image_types(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    return (ids == model.config.image_token_id).int()
+
+
+def generation_inputs(model: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What `generate` needs beside ids and image inputs to place image tokens: transformers' Qwen2-VL family
+    (since 5.x) gives image tokens their 3-D M-RoPE positions only when told which tokens are image tokens
+    (mm_token_type_ids, which its own processor makes); without it every token gets a 1-D position and a
+    pretrained model sees its images scrambled."""
+    base = _mrope(model)
+    if base is None or "mm_token_type_ids" not in inspect.signature(base.forward).parameters:
+        return {}
+    return {"mm_token_type_ids": _image_types(model, ids)}
+
+
+def sequence_positions(model: Any, ids: torch.Tensor, mask: torch.Tensor, images: list[VisionImage]) -> torch.Tensor:
+    """The position ids of rows of ids (right-padded; `mask` 1 on tokens) holding `images` in row order, as
+    the model gives them when it generates: [3, rows, length] M-RoPE positions for the Qwen2-VL family (text
+    tokens count on, an image's tokens take its grid's (t, h, w)), [rows, length] 0, 1, 2, ... otherwise."""
+    base = _mrope(model)
+    grid = model_inputs(images, ids.device).get("image_grid_thw")
+    if base is None or grid is None:
+        return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+    kwargs = {"image_grid_thw": grid, "attention_mask": mask}
+    if "mm_token_type_ids" in inspect.signature(base.get_rope_index).parameters:
+        kwargs["mm_token_type_ids"] = _image_types(model, ids)
+    return base.get_rope_index(ids, **kwargs)[0]
+
+
+def same_image(a: VisionImage, b: VisionImage) -> bool:
+    """Whether two images of sequences are the same model input at the same place."""
+    if a.start != b.start or a.ids != b.ids or a.inputs.keys() != b.inputs.keys():
+        return False
+    return all(a.inputs[k] is b.inputs[k] or torch.equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
+
+
 def tiny_template(image_mark: str) -> str:
     """ChatML with image parts rendered as `image_mark` (the tiny test models' template)."""
     return (
@@ -187,7 +237,7 @@ def tiny_template(image_mark: str) -> str:
     )
 
 
-def make_tiny_vlm(target: Path, family: str = "qwen2_5_vl", seed: int = 0, hidden: int = 64) -> Path:
+def make_tiny_vlm(target: Path, family: str = "qwen2_5_vl", seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
     """A tiny randomly initialised vision-language model of a real family, saved to `target` with the default
     model's tokenizer plus the family's image tokens, a ChatML template with image parts, and the family's
     real image processor. qwen2_5_vl: Qwen2.5-VL's architecture (vision tower, merger, M-RoPE) and Qwen2-VL's
@@ -200,7 +250,7 @@ def make_tiny_vlm(target: Path, family: str = "qwen2_5_vl", seed: int = 0, hidde
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
            "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
     text = dict(
-        hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=2, num_attention_heads=4,
+        hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=0.3, **ids,
     )  # fmt: skip
     torch.manual_seed(seed)

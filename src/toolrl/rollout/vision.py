@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from toolrl.models.vision import VisionImage, model_inputs
+from toolrl.models.vision import VisionImage, generation_inputs, model_inputs
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 
@@ -104,6 +104,7 @@ class VisionEngine(Engine):
                 input_ids=ids,
                 attention_mask=mask.to(self.device),
                 **model_inputs([im for r in batch for im in r.images], self.device),
+                **generation_inputs(self.model, ids),
                 max_new_tokens=max(r.params.max_new_tokens for r in batch),
                 do_sample=False,
                 temperature=None,

@@ -4,7 +4,8 @@ prefix computed once.
 The prefix (system prompt, tool schemas, examples) runs through the model once; every row's suffix attends to
 its keys and values (a read-only cache, so gradient checkpointing can replay the suffix pass), so the gradient
 of every sample flows back through one prefix. Logits are computed only at positions that predict a trained
-token, never for the prompt.
+token, never for the prompt. Vision-language policies the same way: positions are the model's own (M-RoPE for
+the Qwen2-VL family), and the images of the shared prefix (a group's task image) are encoded once.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import zip_longest
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from toolrl.algos import entropy_from_logits
-from toolrl.models.vision import is_vision_config
+from toolrl.models.vision import is_vision_config, model_inputs, multimodal_base, same_image, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
 
@@ -88,12 +90,15 @@ def _decoder_layers(model) -> list:
     return [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
 
 
-def hidden_and_logits(model, ids, attention, positions, prefix, rows_idx, cols_idx):
-    """The decoder over the shared prefix once and every row's suffix, then the hidden states and logits at
-    the selected positions only. Under FSDP2 it is registered as a forward method of the sharded model
-    (distributed.shard), so that calling it gathers the weights as `forward` would."""
-    device, rows, prefix_len = ids.device, ids.shape[0], len(prefix)
+def hidden_and_logits(model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images):
+    """The model over the shared prefix (`ids[0, :prefix_len]` with `prefix_images`) once and every row's
+    suffix (with `images`, the suffixes' images in row order), then the hidden states and logits at the
+    selected positions (counted from the suffix's start) only. Under FSDP2 it is registered as a forward
+    method of the sharded model (distributed.shard), so that calling it gathers the weights as `forward`
+    would."""
+    device = ids.device
     decoder = model.get_decoder()
+    body = multimodal_base(model) if is_vision_config(model.config) else decoder  # reads ids and images
     layers = _decoder_layers(decoder)
     saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
     try:
@@ -102,17 +107,24 @@ def hidden_and_logits(model, ids, attention, positions, prefix, rows_idx, cols_i
             for layer in layers:  # the prefix pass keeps its cache: one row, small, not replayed
                 layer.gradient_checkpointing = False
             once = DynamicCache()  # given, not asked for: under checkpointing the model drops use_cache
-            decoder(input_ids=torch.tensor([prefix], device=device), past_key_values=once, use_cache=True)
-            cache = PrefixCache([(layer.keys, layer.values) for layer in once.layers], rows)
+            body(
+                input_ids=ids[:1, :prefix_len],
+                position_ids=positions[..., :1, :prefix_len],
+                past_key_values=once,
+                use_cache=True,
+                **prefix_images,
+            )
+            cache = PrefixCache([(layer.keys, layer.values) for layer in once.layers], ids.shape[0])
             for layer, (replays, _) in zip(layers, saved, strict=True):
                 layer.gradient_checkpointing = replays
                 layer._can_checkpoint_with_cache = True  # the suffix pass only reads the prefix cache
-        hidden = decoder(
-            input_ids=ids,
+        hidden = body(
+            input_ids=ids[:, prefix_len:],
             attention_mask=attention,
-            position_ids=positions,
+            position_ids=positions[..., prefix_len:],
             past_key_values=cache,
             use_cache=cache is not None,
+            **images,
         ).last_hidden_state
     finally:
         for layer, (replays, with_cache) in zip(layers, saved, strict=True):
@@ -122,33 +134,57 @@ def hidden_and_logits(model, ids, attention, positions, prefix, rows_idx, cols_i
     return selected, model.get_output_embeddings()(selected).float()
 
 
+def shared_prefix_length(trajs: Sequence[Trajectory], at_most: int | None = None) -> int:
+    """The tokens at the start of every row that are computed once: the common prefix of their ids (at most
+    `at_most`), cut so that it splits no image (an image's tokens are encoded together) and its images are
+    the same model inputs in every row (equal ids do not make equal images: every image of a size is the
+    same run of pad tokens)."""
+    length = common_prefix_length([t.token_ids for t in trajs])
+    if at_most is not None:
+        length = min(length, at_most)
+    for traj in trajs:
+        for image in traj.images:
+            if image.start < length < image.start + image.tokens:
+                length = image.start
+    first = [im for im in trajs[0].images if im.start < length]
+    for traj in trajs[1:]:
+        mine = [im for im in traj.images if im.start < length]
+        for a, b in zip_longest(first, mine):
+            if a is None or b is None or not same_image(a, b):
+                length = min(im.start for im in (a, b) if im is not None)
+                first = [im for im in first if im.start < length]
+                break
+    return length
+
+
 def score_tokens(
     model, trajs: Sequence[Trajectory], temperature: float = 1.0, entropy: bool | str = False, value_head=None
 ) -> TokenScores:
     """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them). `entropy`:
     True for a differentiable entropy (a loss term), "measure" for its value only (logged; no activations
-    kept for a backward pass)."""
-    if is_vision_config(model.config):
-        return score_vision_tokens(model, trajs, temperature, entropy, value_head)
+    kept for a backward pass). Vision-language policies too: the positions are the model's own (M-RoPE for
+    Qwen2-VL), and an image in the shared prefix (the task's) is encoded once for all rows."""
     device = next(model.parameters()).device
+    vision = is_vision_config(model.config)
     first_trained = min(t.loss_mask.index(1) for t in trajs)
     # Every scored position (first_trained - 1 onward) must lie in the suffix, after the shared prefix.
-    prefix_len = min(common_prefix_length([t.token_ids for t in trajs]), first_trained - 1)
+    prefix_len = shared_prefix_length(trajs, first_trained - 1)
     if getattr(model, "toolrl_hidden_and_logits", None) is not None:
         prefix_len = 0  # sharded (FSDP2): each layer runs once per pass, as its gradient hooks expect
-    prefix = trajs[0].token_ids[:prefix_len]
-    suffixes = [t.token_ids[prefix_len:] for t in trajs]
-    width = max(len(s) for s in suffixes)
-    rows = len(trajs)
+    rows, width = len(trajs), max(len(t.token_ids) for t in trajs)
     ids = torch.zeros(rows, width, dtype=torch.long)
-    suffix_mask = torch.zeros(rows, width, dtype=torch.long)
-    for i, s in enumerate(suffixes):
-        ids[i, : len(s)] = torch.tensor(s)
-        suffix_mask[i, : len(s)] = 1
-    ids, suffix_mask = ids.to(device), suffix_mask.to(device)
+    attention = torch.zeros(rows, width, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        ids[i, : len(t.token_ids)] = torch.tensor(t.token_ids)
+        attention[i, : len(t.token_ids)] = 1
+    ids, attention = ids.to(device), attention.to(device)
+    if vision:
+        positions = sequence_positions(model, ids, attention, [im for t in trajs for im in t.images])
+    else:
+        positions = torch.arange(width, device=device).expand(rows, -1)
+    prefix_images = [im for im in trajs[0].images if im.start < prefix_len]
+    images = [im for t in trajs for im in t.images if im.start >= prefix_len]
 
-    attention = torch.cat([torch.ones(rows, prefix_len, dtype=torch.long, device=device), suffix_mask], dim=1)
-    positions = torch.arange(prefix_len, prefix_len + width, device=device).expand(rows, -1)
     rows_idx, cols_idx, targets, counts = [], [], [], []
     for i, t in enumerate(trajs):
         trained = [p for p, m in enumerate(t.loss_mask) if m]
@@ -157,7 +193,10 @@ def score_tokens(
         targets += [t.token_ids[p] for p in trained]
         counts.append(len(trained))
     forward = getattr(model, "toolrl_hidden_and_logits", None) or partial(hidden_and_logits, model)
-    selected, logits = forward(ids, attention, positions, prefix, rows_idx, cols_idx)
+    selected, logits = forward(
+        ids, attention, positions, prefix_len, rows_idx, cols_idx,
+        model_inputs(prefix_images, device), model_inputs(images, device),
+    )  # fmt: skip
     if temperature > 0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
@@ -167,41 +206,6 @@ def score_tokens(
         measured_entropy(logp) if entropy == "measure" else entropy_from_logits(logits) if entropy else None,
         value_head(selected).squeeze(-1).float() if value_head is not None else None,
     )
-
-
-def score_vision_tokens(model, trajs: Sequence[Trajectory], temperature, entropy, value_head) -> TokenScores:
-    """score_tokens for a vision-language policy: the trajectories' whole sequences in one forward (padded on
-    the right; the model computes M-RoPE positions from the ids, the images and the mask), with all their
-    images' inputs in row order. No shared prefix is taken out (image tokens have 3-D positions)."""
-    from toolrl.models.vision import model_inputs
-
-    device = next(model.parameters()).device
-    width = max(len(t.token_ids) for t in trajs)
-    ids = torch.zeros(len(trajs), width, dtype=torch.long)
-    mask = torch.zeros(len(trajs), width, dtype=torch.long)
-    rows, cols, counts = [], [], []
-    for i, traj in enumerate(trajs):
-        ids[i, : len(traj.token_ids)] = torch.tensor(traj.token_ids)
-        mask[i, : len(traj.token_ids)] = 1
-        trained = [p for p, m in enumerate(traj.loss_mask) if m]
-        rows += [i] * len(trained)
-        cols += trained
-        counts.append(len(trained))
-    ids, mask = ids.to(device), mask.to(device)
-    images = model_inputs([im for traj in trajs for im in traj.images], device)
-    out = model(input_ids=ids, attention_mask=mask, **images, output_hidden_states=value_head is not None)
-    rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
-    logits = out.logits[rows_t, cols_t - 1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    measured = None
-    if entropy:
-        measured = measured_entropy(logp) if entropy == "measure" else entropy_from_logits(logits)
-    values = None
-    if value_head is not None:
-        values = value_head(out.hidden_states[-1][rows_t, cols_t - 1]).squeeze(-1).float()
-    return TokenScores(logp.gather(1, ids[rows_t, cols_t][:, None]).squeeze(1), counts, measured, values)
 
 
 def measured_entropy(logp: torch.Tensor, rows: int = 1024) -> torch.Tensor:

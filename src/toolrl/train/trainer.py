@@ -26,11 +26,11 @@ from toolrl.envs import Task
 from toolrl.errors import ConfigError
 from toolrl.memory import trim
 from toolrl.rollout import Trajectory
-from toolrl.rollout.engine import ENGINES, common_prefix_length
+from toolrl.rollout.engine import ENGINES
 from toolrl.train import checkpointing, distributed, journal
 from toolrl.train.evaluate import summarize
 from toolrl.train.loggers import open_loggers
-from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens
+from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens, shared_prefix_length
 from toolrl.train.policy import ValueHead, exported, lr_factor, make_reference, prepare_policy, reference_context
 from toolrl.train.rundir import RunDir
 from toolrl.train.update import (  # noqa: F401  (their home before update.py)
@@ -272,9 +272,8 @@ class Trainer:
             self._scores(self.model, [traj], values=True)
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
-        # sharded or a vision policy, each row runs its whole sequence (logprobs.py): no shared prefix to leave out
-        whole = self.dist.on or self.bench.chat.supports_images  # rows that run their whole sequence
-        shared = common_prefix_length([traj.token_ids for traj in trajs]) if trajs and not whole else 0
+        # sharded, each row runs its whole sequence (logprobs.py): no shared prefix to leave out
+        shared = shared_prefix_length(trajs) if trajs and not self.dist.on else 0
         return micro_batches([len(traj.token_ids) - shared for traj in trajs], self.config.train.micro_batch_tokens)
 
     def update(self, trajs: list[Trajectory]) -> dict[str, float]:
