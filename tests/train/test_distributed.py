@@ -38,7 +38,8 @@ def command(tmp_path, tiny_model_dir, name, processes, *extra, resume=False):
         args = ["--resume", str(tmp_path / name), *[a for o in extra for a in ("--set", o)]]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
     argv = [*(launcher if processes > 1 else [sys.executable]), "-m", "toolrl", "train", *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path)]), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT), str(tmp_path)])  # ROOT: tests.fixtures environments
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     return argv, env
 
 
@@ -72,6 +73,32 @@ def test_two_ranks_update_the_weights_as_one_process_does(tmp_path, tiny_model_d
     assert one_metrics["grad_norm"] == pytest.approx(two_metrics["grad_norm"], rel=1e-4)  # the summed gradient
     assert two_metrics["trained_trajectories"] == one_metrics["trained_trajectories"] == 6
     assert stdout.count("checkpoint: ") == 1  # rank 0 reports; the other rank is silent
+
+
+@pytest.mark.slow
+def test_two_ranks_train_a_vision_policy_as_one_process_does(tmp_path):
+    """A tiny Qwen2.5-VL on the images environment (each task's image in its prompt), its decoder layers and
+    vision blocks sharded: one step on 2 ranks updates the language model as one process does and leaves the
+    vision tower as it was."""
+    from toolrl.models.vision import make_tiny_vlm
+
+    model = make_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl")
+    (tmp_path / "length_reward.py").write_text(PLUGIN)
+    extra = [
+        "env.name=images-even", "env.module=tests.fixtures.vision_env", "env.reward_weights={even: 1.0}",
+        "env.options.num_train=8", "env.options.num_test=2", "env.options.size=112", "train.group_size=2",
+    ]  # fmt: skip
+    one, one_metrics, _ = train(tmp_path, model, "one", 1, *extra)
+    two, two_metrics, _ = train(tmp_path, model, "two", 2, *extra)
+    before = load_file(str(model / "model.safetensors"))
+    moved = {k for k in before if not torch.equal(before[k], one[k])}
+    assert moved and not any("visual" in k for k in moved)
+    assert all(torch.equal(before[k], two[k]) for k in before if "visual" in k)
+    relative = updates_differ(before, one, two)
+    print(f"relative difference of the updates: {relative:.2e}")
+    assert relative < 2e-3
+    assert one_metrics["reward"] == pytest.approx(two_metrics["reward"], abs=1e-6)
+    assert one_metrics["grad_norm"] == pytest.approx(two_metrics["grad_norm"], rel=1e-4)
 
 
 def updates_differ(before, a, b) -> float:

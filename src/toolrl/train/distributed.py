@@ -70,7 +70,12 @@ def device_for(ctx: Dist, device: torch.device) -> torch.device:
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
-    """The transformer blocks to shard one by one (Llama/Qwen/Mistral-style `model.layers`, under peft too)."""
+    """The transformer blocks to shard one by one: every block transformers marks as one (a checkpointing
+    layer: the decoder's, and a vision-language model's vision blocks too), else the first `layers`
+    ModuleList (Llama/Qwen/Mistral-style `model.layers`), under peft too."""
+    blocks = [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+    if blocks:
+        return blocks
     for module in model.modules():
         layers = getattr(module, "layers", None)
         if isinstance(layers, torch.nn.ModuleList) and len(layers) and module is not model:
