@@ -1,8 +1,8 @@
 """The trainer's scores of vision-language trajectories, against a plain transformers forward of each whole
 sequence (the model placing image tokens itself, as with its own processor's inputs): the same log-probs,
 entropy and gradients, for both families; a group's shared prompt image is encoded once; images with the
-same tokens but other pixels are never taken for a shared prefix; the engine samples with the family's
-positions (Qwen2.5-VL's 3-D M-RoPE), not 1-D ones."""
+same tokens but other pixels are never taken for a shared prefix; the engine encodes a group's image once
+and samples with the family's positions (Qwen2.5-VL's 3-D M-RoPE), not 1-D ones."""
 
 import asyncio
 import copy
@@ -121,13 +121,44 @@ def test_images_with_the_same_tokens_and_other_pixels_are_not_a_shared_prefix(be
     assert not torch.allclose(expected[:half], expected[half:], atol=1e-3)  # the pixels matter
 
 
-def test_the_engine_samples_with_the_familys_own_image_positions(bench):
+def test_the_engine_encodes_a_groups_image_once_and_samples_with_the_familys_own_positions(bench):
     model = bench.model
-    traj, *_ = rollouts(bench, bench.env.tasks("train")[:1], scripted=False)
-    sampled = torch.tensor(traj.trained_logprobs)
-    with torch.no_grad():
-        reference, _ = whole_sequence(model, traj, bench.config.rollout.sampling.temperature)
-        one_d, _ = whole_sequence(model, traj, bench.config.rollout.sampling.temperature, mrope=False)
-    assert torch.allclose(sampled, reference, atol=1e-4)
-    if model.config.model_type == "qwen2_5_vl":  # 1-D positions would have given other log-probs
-        assert (one_d - reference).abs().max() > 1e-2
+    [task] = bench.env.tasks("train")[:1]
+    with CountImages(model) as seen:
+        group = rollouts(bench, [task, task, task], scripted=False)  # one batch: the prompt and image shared
+    assert all(t.num_turns == 1 for t in group) and seen.rows == pixel_rows(group[0].images[:1])
+    temperature = bench.config.rollout.sampling.temperature
+    for traj in group:
+        sampled = torch.tensor(traj.trained_logprobs)
+        with torch.no_grad():
+            reference, _ = whole_sequence(model, traj, temperature)
+            one_d, _ = whole_sequence(model, traj, temperature, mrope=False)
+        assert torch.allclose(sampled, reference, atol=1e-4)
+        if model.config.model_type == "qwen2_5_vl":  # 1-D positions would have given other log-probs
+            assert (one_d - reference).abs().max() > 1e-2
+
+
+def test_the_engine_never_shares_a_prefix_through_images_with_other_pixels(bench):
+    from toolrl.rollout.sampling import SamplingParams
+
+    a, other = rollouts(bench, bench.env.tasks("train")[:2], scripted=False)
+    prompt = a.token_ids[: a.prompt_length]
+    b_image = copy.copy(a.images[0])
+    b_image.inputs = other.images[0].inputs  # the same ids up to the end of the prompt, other pixels
+    engine = bench.rollout(bench.config.rollout.sampling, seed=0).engine
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=5)
+
+    async def both():
+        return await asyncio.gather(
+            engine.generate("a", prompt, params, images=[a.images[0]]),
+            engine.generate("b", prompt, params, images=[b_image]),
+        )
+
+    together = asyncio.run(both())
+    alone = [
+        asyncio.run(engine.generate(k, prompt, params, images=[im])) for k, im in (("a", a.images[0]), ("b", b_image))
+    ]
+    for batched, single in zip(together, alone, strict=True):
+        assert batched.ids == single.ids
+        assert max(abs(x - y) for x, y in zip(batched.logprobs, single.logprobs, strict=True)) < 1e-4
+    assert together[0].logprobs != together[1].logprobs  # the pixels matter

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -185,18 +186,10 @@ def _mrope(model: Any) -> Any | None:
 
 
 def _image_types(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """Which tokens are image tokens (1) or text (0): transformers' Qwen2-VL family (since 5.x) gives image
+    tokens their 3-D positions only when told (`mm_token_type_ids`, which its own processor makes); without
+    it every token gets a 1-D position and a pretrained model reads its images scrambled."""
     return (ids == model.config.image_token_id).int()
-
-
-def generation_inputs(model: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What `generate` needs beside ids and image inputs to place image tokens: transformers' Qwen2-VL family
-    (since 5.x) gives image tokens their 3-D M-RoPE positions only when told which tokens are image tokens
-    (mm_token_type_ids, which its own processor makes); without it every token gets a 1-D position and a
-    pretrained model sees its images scrambled."""
-    base = _mrope(model)
-    if base is None or "mm_token_type_ids" not in inspect.signature(base.forward).parameters:
-        return {}
-    return {"mm_token_type_ids": _image_types(model, ids)}
 
 
 def sequence_positions(model: Any, ids: torch.Tensor, mask: torch.Tensor, images: list[VisionImage]) -> torch.Tensor:
@@ -218,6 +211,26 @@ def same_image(a: VisionImage, b: VisionImage) -> bool:
     if a.start != b.start or a.ids != b.ids or a.inputs.keys() != b.inputs.keys():
         return False
     return all(a.inputs[k] is b.inputs[k] or torch.equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
+
+
+def image_safe_prefix(rows: list[list[VisionImage]], length: int) -> int:
+    """The longest prefix of sequences that share their first `length` token ids, at most that long, that
+    splits no image (an image's tokens are encoded together) and whose images are the same model inputs in
+    every row (`rows`: each sequence's images). Equal ids do not make equal images: every image of one size
+    is the same run of pad tokens."""
+    for images in rows:
+        for image in images:
+            if image.start < length < image.start + image.tokens:
+                length = image.start
+    first = [im for im in rows[0] if im.start < length] if rows else []
+    for images in rows[1:]:
+        mine = [im for im in images if im.start < length]
+        for a, b in zip_longest(first, mine):
+            if a is None or b is None or not same_image(a, b):
+                length = min(im.start for im in (a, b) if im is not None)
+                first = [im for im in first if im.start < length]
+                break
+    return length
 
 
 def tiny_template(image_mark: str) -> str:

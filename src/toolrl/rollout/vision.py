@@ -1,12 +1,14 @@
 """The in-process engine for vision-language policies (`rollout.engine: hf-vision`, chosen for them by
-default): the turns that are waiting at once are generated together, one `model.generate` over their ids
-(padded on the left) with all their images' inputs. The draws are toolrl's own sampler (rollout/sampling.py,
-per-position seeds), applied as a logits processor over greedy decoding, so a seeded sequence samples the
-same tokens alone or in a batch, and each sampled token's log-prob is the one the trainer recomputes.
+default): the turns that are waiting at once are generated together. The batch's shared prefix (system prompt,
+tool schemas, and a group's task image when every row has the same one) runs once and its keys and values are
+copied to every row; each row's own tokens follow, padded in the middle so that all rows end at the same
+column; then one token per row per step. Positions are each row's own as the model gives them (Qwen2-VL's
+M-RoPE: an image's tokens take its grid's 3-D positions, text after it counts on from the largest). The draws
+are toolrl's own sampler (rollout/sampling.py, per-position seeds), so a seeded sequence samples the same
+tokens alone or in a batch, and each sampled token's log-prob is the one the trainer recomputes.
 
-It keeps no cache across turns (a turn re-reads its context): the text engine's continuous batching and
-shared-prefix attention assume 1-D positions, while Qwen2-VL's M-RoPE gives image tokens 3-D ones. For real
-models at speed, serve them with vLLM."""
+It keeps no cache across turns (a turn re-reads its context beyond the shared prefix): the text engine's
+slots assume 1-D positions. For real models at speed, serve them with vLLM."""
 
 from __future__ import annotations
 
@@ -16,9 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
-from toolrl.models.vision import VisionImage, generation_inputs, model_inputs
-from toolrl.rollout.engine import Engine, Sampled, register_engine
+from toolrl.models.vision import (
+    VisionImage,
+    image_safe_prefix,
+    model_inputs,
+    multimodal_base,
+    sequence_positions,
+)
+from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 
 SETTLE_S = 0.01
@@ -34,21 +43,15 @@ class _Request:
     future: asyncio.Future
 
 
-class _Draw:
-    """A logits processor that samples every row with toolrl's sampler (row r's token goes at its own context
-    length) and leaves generate nothing else to pick; it keeps each step's log-probs."""
+@dataclass
+class _Batch:
+    """A batch's decoding state: the keys and values of every row, which columns each row attends to, the
+    position its next token takes, and the next-token logits."""
 
-    def __init__(self, params: list[SamplingParams], pads: list[int], generator: torch.Generator) -> None:
-        self.params, self.pads, self.generator = params, pads, generator
-        self.logprobs: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        positions = [input_ids.shape[1] - pad for pad in self.pads]
-        tokens, logprobs = sample_tokens(scores, self.params, self.generator, positions=positions)
-        self.logprobs.append(logprobs.detach().cpu())
-        chosen = torch.full_like(scores, float("-inf"))
-        chosen[torch.arange(len(tokens)), tokens] = 0.0
-        return chosen
+    cache: DynamicCache
+    attention: torch.Tensor
+    following: torch.Tensor
+    logits: torch.Tensor
 
 
 class VisionEngine(Engine):
@@ -90,39 +93,78 @@ class VisionEngine(Engine):
         self._drivers.pop(key, None)
 
     def _generate(self, batch: list[_Request]) -> list[Sampled]:
-        from transformers import LogitsProcessorList
-
-        width = max(len(r.tokens) for r in batch)
-        pads = [width - len(r.tokens) for r in batch]
-        rows = [[self.pad_id] * p + r.tokens for p, r in zip(pads, batch, strict=True)]
-        ids = torch.tensor(rows, device=self.device)
-        mask = torch.tensor([[0] * p + [1] * len(r.tokens) for p, r in zip(pads, batch, strict=True)])
-        draw = _Draw([r.params for r in batch], pads, self.generator)
         with torch.no_grad():
             self.model.eval()
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask.to(self.device),
-                **model_inputs([im for r in batch for im in r.images], self.device),
-                **generation_inputs(self.model, ids),
-                max_new_tokens=max(r.params.max_new_tokens for r in batch),
-                do_sample=False,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-                logits_processor=LogitsProcessorList([draw]),
-                eos_token_id=self.stop_ids,
-                pad_token_id=self.pad_id,
-            )
-        logprobs = torch.stack(draw.logprobs, dim=1) if draw.logprobs else torch.zeros(len(batch), 0)
-        results = []
-        for row, request in enumerate(batch):
-            new = out[row, width:].tolist()[: request.params.max_new_tokens]
-            end = next((i + 1 for i, t in enumerate(new) if t in self.stop_ids), len(new))
-            new = new[:end]
-            ended = bool(new) and new[-1] in self.stop_ids
-            results.append(Sampled(new, logprobs[row, : len(new)].tolist(), ended))
-        return results
+            return self._decode(batch, self._prefill(batch))
+
+    def _prefill(self, batch: list[_Request]) -> _Batch:
+        """The batch's shared prefix once (its images encoded once), its keys and values copied to every row,
+        then each row's rest; rows are padded in the middle (prefix, pads, the row's own tokens) so that all
+        end at the same column. Positions are each row's own, as the model gives them (M-RoPE for Qwen2-VL)."""
+        rows, device = len(batch), self.device
+        lengths = [len(r.tokens) for r in batch]
+        shared = common_prefix_length([r.tokens for r in batch]) if rows > 1 else lengths[0] - 1
+        shared = image_safe_prefix([r.images for r in batch], shared)
+        whole = torch.full((rows, max(lengths)), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(rows, max(lengths), dtype=torch.long)
+        for i, request in enumerate(batch):
+            whole[i, : lengths[i]] = torch.tensor(request.tokens)
+            mask[i, : lengths[i]] = 1
+        whole, mask = whole.to(device), mask.to(device)
+        positions = sequence_positions(self.model, whole, mask, [im for r in batch for im in r.images])
+
+        width = max(lengths) - shared  # the rows' own tokens, right-aligned after the shared prefix
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long, device=device)
+        placed = torch.zeros(*positions.shape[:-1], width, dtype=positions.dtype, device=device)
+        attention = torch.zeros(rows, shared + width, dtype=torch.long, device=device)
+        attention[:, :shared] = 1
+        for i, n in enumerate(lengths):
+            ids[i, width - (n - shared) :] = whole[i, shared:n]
+            placed[..., i, width - (n - shared) :] = positions[..., i, shared:n]
+            attention[i, shared + width - (n - shared) :] = 1
+        body, cache = multimodal_base(self.model), DynamicCache()
+        if shared:
+            prefix = [im for im in batch[0].images if im.start < shared]
+            body(input_ids=whole[:1, :shared], position_ids=positions[..., :1, :shared], past_key_values=cache,
+                 use_cache=True, **model_inputs(prefix, device))  # fmt: skip
+            cache.batch_repeat_interleave(rows)
+        rest = [im for r in batch for im in r.images if im.start >= shared]
+        hidden = body(input_ids=ids, attention_mask=attention, position_ids=placed, past_key_values=cache,
+                      use_cache=True, **model_inputs(rest, device)).last_hidden_state  # fmt: skip
+        following = torch.stack([positions[..., i, :n].max() + 1 for i, n in enumerate(lengths)])
+        return _Batch(cache, attention, following, self._logits(hidden[:, -1]))
+
+    def _decode(self, batch: list[_Request], state: _Batch) -> list[Sampled]:
+        """Sample a token for every row, feed them all, until every row has stopped."""
+        rows, device = len(batch), self.device
+        params = [r.params for r in batch]
+        new: list[list[int]] = [[] for _ in batch]
+        logprobs: list[list[float]] = [[] for _ in batch]
+        done = [r.params.max_new_tokens <= 0 for r in batch]
+        body, logits = multimodal_base(self.model), state.logits
+        for step in range(max(r.params.max_new_tokens for r in batch)):
+            contexts = [len(r.tokens) + step for r in batch]
+            tokens, lps = sample_tokens(logits, params, self.generator, positions=contexts)
+            for i, (token, lp) in enumerate(zip(tokens.tolist(), lps.tolist(), strict=True)):
+                if not done[i]:
+                    new[i].append(token)
+                    logprobs[i].append(lp)
+                    done[i] = token in self.stop_ids or len(new[i]) >= batch[i].params.max_new_tokens
+            if all(done):
+                break
+            fed = torch.tensor([new[i][-1] if new[i] else self.pad_id for i in range(rows)], device=device)
+            state.attention = torch.cat([state.attention, torch.ones(rows, 1, dtype=torch.long, device=device)], 1)
+            at = (state.following + step)[:, None]  # a text token: the same in M-RoPE's three dimensions
+            hidden = body(input_ids=fed[:, None], attention_mask=state.attention, position_ids=at,
+                          past_key_values=state.cache, use_cache=True).last_hidden_state  # fmt: skip
+            logits = self._logits(hidden[:, -1])
+        return [
+            Sampled(ids, lps, ended=bool(ids) and ids[-1] in self.stop_ids)
+            for ids, lps in zip(new, logprobs, strict=True)
+        ]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden).float()
 
     def close(self) -> None:
         self._worker.shutdown(wait=False)

@@ -13,13 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import zip_longest
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from toolrl.algos import entropy_from_logits
-from toolrl.models.vision import is_vision_config, model_inputs, multimodal_base, same_image, sequence_positions
+from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inputs, multimodal_base, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
 
@@ -136,25 +135,11 @@ def hidden_and_logits(model, ids, attention, positions, prefix_len, rows_idx, co
 
 def shared_prefix_length(trajs: Sequence[Trajectory], at_most: int | None = None) -> int:
     """The tokens at the start of every row that are computed once: the common prefix of their ids (at most
-    `at_most`), cut so that it splits no image (an image's tokens are encoded together) and its images are
-    the same model inputs in every row (equal ids do not make equal images: every image of a size is the
-    same run of pad tokens)."""
+    `at_most`), cut where it would split an image or hold images that differ between rows (image_safe_prefix)."""
     length = common_prefix_length([t.token_ids for t in trajs])
     if at_most is not None:
         length = min(length, at_most)
-    for traj in trajs:
-        for image in traj.images:
-            if image.start < length < image.start + image.tokens:
-                length = image.start
-    first = [im for im in trajs[0].images if im.start < length]
-    for traj in trajs[1:]:
-        mine = [im for im in traj.images if im.start < length]
-        for a, b in zip_longest(first, mine):
-            if a is None or b is None or not same_image(a, b):
-                length = min(im.start for im in (a, b) if im is not None)
-                first = [im for im in first if im.start < length]
-                break
-    return length
+    return image_safe_prefix([t.images for t in trajs], length)
 
 
 def score_tokens(
