@@ -17,6 +17,12 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks under `module` that transformers marks as one (its gradient-checkpointing layers: decoder
+    layers, and a vision-language model's vision blocks)."""
+    return [m for m in module.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 

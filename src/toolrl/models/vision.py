@@ -197,10 +197,10 @@ def sequence_positions(model: Any, ids: torch.Tensor, mask: torch.Tensor, images
     the model gives them when it generates: [3, rows, length] M-RoPE positions for the Qwen2-VL family (text
     tokens count on, an image's tokens take its grid's (t, h, w)), [rows, length] 0, 1, 2, ... otherwise."""
     base = _mrope(model)
-    grid = model_inputs(images, ids.device).get("image_grid_thw")
-    if base is None or grid is None:
+    grids = [im.inputs["image_grid_thw"] for im in images if "image_grid_thw" in im.inputs]
+    if base is None or not grids:
         return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-    kwargs = {"image_grid_thw": grid, "attention_mask": mask}
+    kwargs = {"image_grid_thw": torch.cat(grids).to(ids.device), "attention_mask": mask}
     if "mm_token_type_ids" in inspect.signature(base.get_rope_index).parameters:
         kwargs["mm_token_type_ids"] = _image_types(model, ids)
     return base.get_rope_index(ids, **kwargs)[0]

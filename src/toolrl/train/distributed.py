@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from toolrl.errors import ConfigError
+from toolrl.models.loading import transformer_blocks
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     """The transformer blocks to shard one by one: every block transformers marks as one (a checkpointing
     layer: the decoder's, and a vision-language model's vision blocks too), else the first `layers`
     ModuleList (Llama/Qwen/Mistral-style `model.layers`), under peft too."""
-    blocks = [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+    blocks = transformer_blocks(model)
     if blocks:
         return blocks
     for module in model.modules():

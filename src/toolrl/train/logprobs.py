@@ -18,6 +18,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from toolrl.algos import entropy_from_logits
+from toolrl.models.loading import transformer_blocks
 from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inputs, multimodal_base, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
@@ -85,10 +86,6 @@ class TokenScores:
     """[tokens] the value head's estimate at each trained token's state."""
 
 
-def _decoder_layers(model) -> list:
-    return [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
-
-
 def hidden_and_logits(model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images):
     """The model over the shared prefix (`ids[0, :prefix_len]` with `prefix_images`) once and every row's
     suffix (with `images`, the suffixes' images in row order), then the hidden states and logits at the
@@ -98,7 +95,7 @@ def hidden_and_logits(model, ids, attention, positions, prefix_len, rows_idx, co
     device = ids.device
     decoder = model.get_decoder()
     body = multimodal_base(model) if is_vision_config(model.config) else decoder  # reads ids and images
-    layers = _decoder_layers(decoder)
+    layers = transformer_blocks(decoder)
     saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
     try:
         cache = None
@@ -153,9 +150,9 @@ def score_tokens(
     vision = is_vision_config(model.config)
     first_trained = min(t.loss_mask.index(1) for t in trajs)
     # Every scored position (first_trained - 1 onward) must lie in the suffix, after the shared prefix.
-    prefix_len = shared_prefix_length(trajs, first_trained - 1)
-    if getattr(model, "toolrl_hidden_and_logits", None) is not None:
-        prefix_len = 0  # sharded (FSDP2): each layer runs once per pass, as its gradient hooks expect
+    sharded = getattr(model, "toolrl_hidden_and_logits", None) is not None
+    # sharded (FSDP2): each layer runs once per pass, as its gradient hooks expect, so no prefix pass
+    prefix_len = 0 if sharded else shared_prefix_length(trajs, first_trained - 1)
     rows, width = len(trajs), max(len(t.token_ids) for t in trajs)
     ids = torch.zeros(rows, width, dtype=torch.long)
     attention = torch.zeros(rows, width, dtype=torch.long)
