@@ -1,8 +1,12 @@
 """The code environment: the sandbox is a boundary (escape attempts, for every isolation this machine has), its
-limits do what the docs say, per-trajectory directories, and the rewards (answer, and verification by running
-the model's code again)."""
+limits do what the docs say, a fresh folder per call that the host never reads or writes by path, and the
+rewards (answer, and verification by running the model's code again)."""
 
 import asyncio
+import os
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,14 +25,82 @@ def sandbox():
     box.close()
 
 
-def test_runs_code_in_its_own_directory_with_an_empty_environment(sandbox):
-    out = run_python("import os; print(os.getcwd()); print(sorted(os.environ))", sandbox)
-    assert out.splitlines() == [str(sandbox.dir), "['HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']"]
+def test_each_call_runs_in_an_empty_capped_folder_with_an_empty_environment(sandbox):
+    out = run_python("import os; print(os.getcwd(), os.getuid() != 0); print(sorted(os.environ))", sandbox)
+    assert out.splitlines() == ["/sandbox True", "['HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']"]
     assert sandbox.isolation in {"bubblewrap", "unshare"}  # make install-test installs bubblewrap where it can
-    run_python("open('note.txt', 'w').write('hi')", sandbox)
-    assert (sandbox.dir / "note.txt").read_text() == "hi"
-    sandbox.close()
-    assert not sandbox.dir.exists()
+    assert run_python("open('note.txt', 'w').write('hi'); import os; print(os.listdir())", sandbox) == "['note.txt']"
+    assert run_python("import os; print(os.listdir())", sandbox) == "[]"  # the next call starts empty
+    assert run_python("import sys; print(repr(sys.stdin.read()))", sandbox) == "''"  # the program is not stdin
+
+
+def _host_file(tmp_path: Path) -> Path:
+    """A root-owned host file the sandboxed code must never have read or written for it."""
+    target = tmp_path / "shadow"
+    target.write_text("host secret")
+    target.chmod(0o600)
+    return target
+
+
+@pytest.mark.parametrize("isolation", ["bubblewrap", "unshare", "none"])
+def test_the_host_follows_nothing_the_code_leaves_in_its_folder(isolation, tmp_path):
+    """The issue's attacks: .output as a symlink to a root-owned file came back as the tool result; main.py as
+    one got that file overwritten by the next call; .output as /dev/zero or a FIFO stalled a host thread."""
+    target = _host_file(tmp_path)
+    box = Sandbox(SandboxLimits(timeout_s=2.0, isolation=isolation))
+    try:
+        traps = (
+            "import os\n"
+            f"for name in ('.output', 'main.py', 'output'):\n    os.symlink({str(target)!r}, name)\n"
+            "os.symlink('/dev/zero', 'zero')\nos.mkfifo('fifo')\nprint('set')"
+        )
+        assert run_python(traps, box) == "set"
+        for _ in range(2):
+            started = time.monotonic()
+            assert run_python("print('next')", box) == "next"
+            assert time.monotonic() - started < 2.0
+        assert target.read_text() == "host secret"
+    finally:
+        box.close()
+
+
+def test_output_is_read_through_a_pipe_within_the_deadline_and_the_output_limit():
+    box = Sandbox(SandboxLimits(timeout_s=3.0, max_output_chars=100, max_file_mb=1))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=r"wrote past its limits and was stopped:[\s\S]*output past 1 MB"):
+            run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", box)
+        assert time.monotonic() - started < 3.0
+        status, text = box.run("import os, time\nprint('a', flush=True)\nos.close(1)\ntime.sleep(60)")
+        assert status is None and text.strip() == "a"  # a program that closes its output still has a deadline
+    finally:
+        box.close()
+
+
+def test_a_large_program_goes_in_whole_through_the_pipe(sandbox):
+    code = "x = 0\n" + "x += 1\n" * 50_000 + "print(x)"  # 350 kB, several pipe buffers
+    assert run_python(code, sandbox) == "50000"
+
+
+def test_disk_is_capped_per_call():
+    box = Sandbox(SandboxLimits(timeout_s=5.0, max_file_mb=4, disk_mb=8))
+    try:
+        fill = (
+            "n = 0\ntry:\n    while True:\n        open(f'f{n}', 'wb').write(b'0' * 2**20)\n        n += 1\n"
+            "except OSError as e:\n    print(n, e.strerror)"
+        )
+        assert run_python(fill, box) == "8 No space left on device"
+        assert run_python(fill, box) == "8 No space left on device"  # each call gets the whole folder again
+    finally:
+        box.close()
+
+
+def test_the_interpreter_path_is_normalized(monkeypatch):
+    """Started as bench/../.venv/bin/python, the sandbox has no bench/ to walk through."""
+    from toolrl.envs.code import sandbox as module
+
+    assert ".." not in Path(module.PYTHON).parts and Path(module.PYTHON).is_absolute()
+    assert os.path.samefile(module.PYTHON, sys.executable)
 
 
 @pytest.mark.parametrize(
@@ -38,6 +110,7 @@ def test_runs_code_in_its_own_directory_with_an_empty_environment(sandbox):
         ("import time; time.sleep(30)", "the code ran longer than 1 s and was stopped"),
         ("x = bytearray(2 * 1024**3)", "MemoryError"),
         ("open('big', 'wb').write(b'0' * 3 * 2**20)", "File too large"),
+        ("import os\nfor _ in range(200):\n    os.fork()", "exit|Resource temporarily unavailable|ran longer"),
         ("1 / 0", "ZeroDivisionError: division by zero"),
     ],
 )
@@ -72,12 +145,11 @@ def test_episodes_get_their_own_sandbox_and_rewards_verify_by_running_again():
     task = env.tasks("test")[0]
     executor = ToolExecutor(env.tools())
     one, two = env.reset(task), env.reset(task)
-    assert one.sandbox.dir != two.sandbox.dir
+    assert one.sandbox is not two.sandbox
     step = asyncio.run(one.step([ToolCall("python", {"code": f"print({task.answer})"})], executor))
     assert step.observations[0].content == task.answer
     one.close()
     two.close()
-    assert not one.sandbox.dir.exists()
 
     traj = Trajectory.start(task, [1])
     traj.results = [ToolResult(ToolCall("python", {"code": f"print({task.answer})"}), task.answer)]
@@ -103,16 +175,20 @@ def test_generated_questions_have_the_right_answers():
         box.close()
 
 
-@pytest.mark.parametrize("isolation", ["bubblewrap", "unshare"])
-def test_escape_attempts_fail_in_every_isolation(isolation):
-    """Each attempt the issue found open (home and /etc/passwd read, writes outside the folder, the network
-    through _socket, bash's /dev/tcp, os.system, ctypes; processes left after the call; no process limit) is
-    made, and checked from outside."""
-    from toolrl.envs.code.escapes import probe
+sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+from sandbox_escapes import ATTEMPTS, probe  # noqa: E402  (bench/sandbox_probe.py runs the same attempts)
 
-    attempts = probe(isolation, timeout_s=5)
-    assert len(attempts) == 18
-    assert [a.name for a in attempts if a.escaped] == [], [(a.name, a.detail) for a in attempts if a.escaped]
+
+@pytest.mark.parametrize("attempt", ATTEMPTS)
+@pytest.mark.parametrize("isolation", ["bubblewrap", "unshare"])
+def test_escape_attempt_fails(isolation, attempt):
+    """Each escape class, checked from outside (see bench/sandbox_escapes.py): reads and writes on the host,
+    the network by every API, UDP, DNS, abstract unix sockets, processes left behind, host processes killed,
+    traced or read, links and FIFOs the host might follow on the next call, devices, and the limits (processes,
+    threads, fork bombs, memory, file size, disk). No host call may overrun its deadline by more than 1 s."""
+    [result] = probe(isolation, timeout_s=2.0, only={attempt})
+    assert not result.escaped, result.detail
+    assert result.seconds <= 3.0
 
 
 def test_without_isolation_the_code_environment_refuses_to_start_unless_told_none(monkeypatch, tmp_path, caplog):
@@ -128,3 +204,18 @@ def test_without_isolation_the_code_environment_refuses_to_start_unless_told_non
     assert "apt install bubblewrap" in message and "env.options.isolation: none (unsafe)" in message
     env = make_env(EnvConfig(name="code", options={"num_train": 2, "num_test": 2, "isolation": "none"}))
     assert env.limits.isolation == "none" and "model code runs unisolated" in caplog.text
+
+
+def test_bounded_output_keeps_head_and_tail_of_what_it_cannot_hold():
+    from toolrl.envs.code.sandbox import BoundedOutput
+
+    out = BoundedOutput(cap=10, limit=10**9)
+    for _ in range(200):
+        out.add(b"a" * 1000)
+    out.add(b"z" * 7)
+    assert out.total == 200_007 and len(out.head) + len(out.tail) <= 2 * out.keep
+    assert out.text() == "aaaaa\n... [199997 bytes cut] ...\nzzzzz"
+    assert not out.over_limit
+    capped = BoundedOutput(cap=10, limit=2**20)
+    capped.add(b"x" * (2**20 + 1))
+    assert capped.over_limit and capped.text().endswith("\n[output past 1 MB: the program was stopped]")

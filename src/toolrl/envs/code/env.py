@@ -1,9 +1,9 @@
 """Code environment: numeric questions a small model cannot do in its head, answered by running Python.
 
 The `python` tool runs the model's code in a sandbox (`sandbox.py`: Linux namespaces through bubblewrap or
-unshare, and limits), in a directory of the trajectory's own. Rewards: the final <answer> equals the computed value
-(`correct`, 1), a program ran without error (`ran_code`, 0.1, shaping), format (logged only: paid, it taught
-the default model to answer without running anything), and tool verification
+unshare, and limits), in a folder of its own (a tmpfs, empty at each call). Rewards: the final <answer>
+equals the computed value (`correct`, 1), a program ran without error (`ran_code`, 0.1, shaping), format
+(logged only: paid, it taught the default model to answer without running anything), and tool verification
 (`verified`, logged): the trajectory's last successful code is run again in a fresh sandbox and must print
 the expected value.
 """
@@ -132,7 +132,9 @@ class CodeOptions(GeneratedTasks):
     memory_mb: int = Field(512, ge=16)
     max_output_chars: int = Field(2000, ge=10)
     max_file_mb: int = Field(10, ge=1)
-    """Largest file the code may write in its directory."""
+    """Largest file the code may write, and most output it may print (past it the program is stopped)."""
+    disk_mb: int = Field(64, ge=1)
+    """Size of the code's folder (a tmpfs made for each call, empty at its start)."""
     max_processes: int = Field(64, ge=2)
     """Processes and threads the code may have at once."""
     isolation: Literal["auto", "bubblewrap", "unshare", "none"] = "auto"
@@ -213,7 +215,13 @@ class CodeEnv(Environment):
         if isolation == "none":
             log.warning("env.options.isolation is none: model code runs unisolated, with limits only (unsafe)")
         self.limits = SandboxLimits(
-            o.timeout_s, o.memory_mb, o.max_output_chars, o.max_file_mb, o.max_processes, isolation
+            timeout_s=o.timeout_s,
+            memory_mb=o.memory_mb,
+            max_output_chars=o.max_output_chars,
+            max_file_mb=o.max_file_mb,
+            max_processes=o.max_processes,
+            isolation=isolation,
+            disk_mb=o.disk_mb,
         )
         self.splits = TaskSplits(config, generate_tasks(config.seed, options))
         self.rubric = Rubric(

@@ -5,8 +5,10 @@ pivot into it, detach the old root, then exec the command.
     unshare [--user --map-root-user] --mount --pid --fork --net --ipc --uts --kill-child -- \
         python -I jail.py SPEC_JSON -- COMMAND...
 
-SPEC_JSON: {"ro": [paths bound read-only], "rw": [paths bound writable], "links": {"/bin": "usr/bin"},
-"files": ["/etc/ld.so.cache"]}. Only the standard library: it runs before anything else is visible.
+SPEC_JSON: {"root": mount point, "ro": [paths bound read-only], "tmpfs": {"path": "/sandbox", "size": bytes}
+(the only writable place, world-writable with the sticky bit), "links": {"/bin": "usr/bin"},
+"files": ["/etc/ld.so.cache"], "cwd": ..., "env": {...}}. Only the standard library: it runs before anything
+else is visible.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ def build(root: str, spec: dict) -> None:
     for path in spec.get("ro", []) + spec.get("files", []):
         if os.path.exists(path):
             bind(root, path, writable=False)
-    for path in spec.get("rw", []):
-        bind(root, path, writable=True)
+    if "tmpfs" in spec:
+        work = root + spec["tmpfs"]["path"]
+        os.makedirs(work, mode=0o755, exist_ok=True)
+        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(spec['tmpfs']['size'])}")
     for link, target in spec.get("links", {}).items():
         os.symlink(target, root + link)
     os.makedirs(root + "/dev", mode=0o755, exist_ok=True)

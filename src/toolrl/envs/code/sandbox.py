@@ -9,33 +9,41 @@ Isolation (`env.options.isolation`), in order of preference for `auto`:
 Inside bubblewrap or unshare, the code sees:
 - a root of read-only binds: /usr (and its /bin, /lib links), the Python installation running toolrl (its
   prefix and virtual environment, read-only), /etc/ld.so.cache, minimal /dev, its own /proc;
-- its own directory, the only writable place (also HOME and TMPDIR); nothing else of the home or /tmp;
+- its own folder, /sandbox, the only writable place (also HOME and TMPDIR): a tmpfs made for each call and
+  capped at `disk_mb`, gone when the call ends; nothing of the host's disk is writable;
 - a network namespace with no interface but loopback: no network through any API (sockets, ctypes, a shell's
-  /dev/tcp, another program);
+  /dev/tcp, another program, UDP, DNS, abstract unix sockets);
 - a PID namespace: when the call ends, every process it started (detached with setsid, orphaned, daemonized)
   is killed with it;
 - as an unprivileged user with no capabilities and no-new-privileges (when toolrl runs as root, a user id of
   its own per sandbox, so that its process limit counts only its own processes);
 - limits: wall-clock time (the process group is killed), CPU time, address space (memory), file size, open
-  files, and processes (RLIMIT_NPROC, set inside the namespaces).
-Output goes to a file in the directory (bounded by the file size limit) and is cut to `max_output_chars`
-(head and tail kept).
+  files, and processes and threads (RLIMIT_NPROC, set inside the namespaces).
+
+The host never opens a path inside the sandbox: the program goes in through a pipe (stdin, which the code then
+sees as /dev/null) and the output comes back through a pipe, of which at most `max_output_chars` are kept
+(head and tail) and at most `max_file_mb` read (past it the program is stopped). Whatever the code leaves in
+its folder (symlinks, FIFOs, hard links) is never followed, read or written by the host; one deadline holds
+the whole call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import random
 import resource
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +53,12 @@ from toolrl.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _BOOT = """
-import resource, socket, sys, traceback
+import os, resource, socket, sys, traceback
+source = sys.stdin.buffer.read().decode("utf-8")  # the program comes through a pipe, never a file
+_null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(_null, 0)
+os.close(_null)
+sys.stdin = open(0, closefd=False)
 if {nproc}:
     resource.setrlimit(resource.RLIMIT_NPROC, ({nproc}, {nproc}))
 else:  # no isolation: only Python's own socket module can be closed, which other APIs get around
@@ -54,8 +67,6 @@ else:  # no isolation: only Python's own socket module can be closed, which othe
     socket.socket.connect = socket.socket.connect_ex = socket.create_connection = _blocked
     socket.getaddrinfo = _blocked
 sys.argv = ["main.py"]
-with open("main.py", encoding="utf-8") as f:
-    source = f.read()
 try:
     exec(compile(source, "main.py", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
 except SystemExit:
@@ -65,7 +76,12 @@ except BaseException as exc:  # the traceback from the model's own code, without
     sys.exit(1)
 """
 
+WORKDIR = "/sandbox"
+"""The code's folder inside bubblewrap and unshare: a tmpfs of `disk_mb`, made for each call."""
 JAIL = Path(__file__).with_name("jail.py")
+PYTHON = os.path.abspath(sys.executable)
+"""The interpreter the code runs on, as a plain path (`bench/../.venv/bin/python` names a folder the sandbox
+does not have); not resolved, so that a virtual environment stays one."""
 SANDBOX_UIDS = (4_200_000, 5_200_000)
 """When toolrl runs as root, each sandbox runs as a user id drawn from this range (no such user exists)."""
 
@@ -80,6 +96,8 @@ class SandboxLimits:
     """Processes and threads the code may have at once."""
     isolation: str = "auto"
     """auto, bubblewrap, unshare or none (see the module's docstring)."""
+    disk_mb: int = 64
+    """Size of the code's writable folder (a tmpfs per call; not enforced without isolation)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +117,7 @@ def _layout() -> _Layout:
             links[top] = os.readlink(top)
         elif os.path.isdir(top):
             read_only.append(top)
-    python = [sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parents[1])]
+    python = [sys.base_prefix, sys.prefix, str(Path(PYTHON).parents[1]), str(Path(PYTHON).resolve().parents[1])]
     for path in python:
         if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in read_only):
             read_only.append(path)
@@ -112,14 +130,14 @@ def _ancestors(path: str) -> list[str]:
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _bubblewrap(directory: str, env: dict[str, str], root: bool) -> list[str]:
+def _bubblewrap(env: dict[str, str], root: bool, disk_bytes: int) -> list[str]:
     layout = _layout()
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     if not root:
         namespaces.append("--unshare-user")  # how an unprivileged user may make the others
     command = ["bwrap", *namespaces, "--die-with-parent", "--new-session"]
     made: set[str] = {"/"}
-    for path in (*layout.read_only, *layout.files, directory):
+    for path in (*layout.read_only, *layout.files):
         for parent in _ancestors(path):  # bwrap would make them 0700, closed to the sandbox's user
             if parent not in made and parent not in layout.links:
                 command += ["--perms", "0755", "--dir", parent]
@@ -131,30 +149,31 @@ def _bubblewrap(directory: str, env: dict[str, str], root: bool) -> list[str]:
         command += ["--ro-bind", path, path]
     for link, target in layout.links.items():
         command += ["--symlink", target, link]
-    command += ["--proc", "/proc", "--dev", "/dev", "--bind", directory, directory, "--chdir", directory]
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    command += ["--perms", "01777", "--size", str(disk_bytes), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
     command += ["--clearenv", *[arg for key, value in env.items() for arg in ("--setenv", key, value)]]
     return [*command, "--remount-ro", "/", "--"]
 
 
-def _unshare(directory: str, env: dict[str, str], root: bool) -> list[str]:
+def _unshare(env: dict[str, str], root: bool, disk_bytes: int, mount_point: str) -> list[str]:
     layout = _layout()
     spec = {
-        "root": directory + ".root",  # an empty folder the sandbox makes beside its own, the new root's mount point
+        "root": mount_point,  # an empty folder of the sandbox's own, the new root's mount point
         "ro": list(layout.read_only),
         "files": list(layout.files),
-        "rw": [directory],
+        "tmpfs": {"path": WORKDIR, "size": disk_bytes},
         "links": layout.links,
-        "cwd": directory,
+        "cwd": WORKDIR,
         "env": env,
     }
     user = [] if root else ["--user", "--map-root-user"]
     namespaces = ["--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "--kill-child"]
-    return ["unshare", *user, *namespaces, "--", sys.executable, "-I", str(JAIL), json.dumps(spec), "--"]
+    return ["unshare", *user, *namespaces, "--", PYTHON, "-I", str(JAIL), json.dumps(spec), "--"]
 
 
-ISOLATIONS: dict[str, Callable[[str, dict[str, str], bool], list[str]]] = {
-    "bubblewrap": _bubblewrap,
-    "unshare": _unshare,
+ISOLATIONS: dict[str, Callable[..., list[str]]] = {
+    "bubblewrap": lambda env, root, disk, box: _bubblewrap(env, root, disk),
+    "unshare": lambda env, root, disk, box: _unshare(env, root, disk, str(box.mount_point)),
 }
 """Isolation name -> the command line that runs a program inside it (before the program's own)."""
 _PROGRAMS = {"bubblewrap": "bwrap", "unshare": "unshare"}
@@ -210,77 +229,170 @@ def _limit(limits: SandboxLimits) -> None:
 
 _uids_in_use: set[int] = set()
 _uid_lock = threading.Lock()
+_DRAIN_S = 0.2
+"""After the program's first process ends, how long the host goes on reading what is left in the pipe."""
+_GRACE_S = 1.0
+"""After the deadline, how long the host waits for a killed sandbox's process to end before giving up on it."""
 
 
 class Sandbox:
-    """A directory and the isolation and limits code runs under; one per trajectory."""
+    """The isolation and limits code runs under; one per trajectory. Each call starts in an empty folder."""
 
     def __init__(self, limits: SandboxLimits, check: bool = True):
         self.limits = limits
         self.isolation = resolve_isolation(limits.isolation) if check else limits.isolation
-        self.dir = Path(tempfile.mkdtemp(prefix="toolrl-sandbox-"))
-        if self.isolation == "unshare":
-            Path(f"{self.dir}.root").mkdir(mode=0o700)
+        self.mount_point: Path | None = None
+        if self.isolation == "unshare":  # an empty folder only the jail mounts on (in its own mount namespace)
+            self.mount_point = Path(tempfile.mkdtemp(prefix="toolrl-jail-"))
         self.uid: int | None = None
         if self.isolation != "none" and os.geteuid() == 0:
             with _uid_lock:
                 while self.uid is None or self.uid in _uids_in_use:
                     self.uid = random.randrange(*SANDBOX_UIDS)
                 _uids_in_use.add(self.uid)
-            os.chown(self.dir, self.uid, self.uid)
 
     def _command(self, env: dict[str, str]) -> list[str]:
         nproc = 0 if self.isolation == "none" else self.limits.max_processes
-        boot = [sys.executable, "-I", "-c", _BOOT.format(nproc=nproc)]
+        boot = [PYTHON, "-I", "-c", _BOOT.format(nproc=nproc)]
         if self.isolation == "none":
             return boot
         root = os.geteuid() == 0
         drop = ["--reuid", str(self.uid), "--regid", str(self.uid), "--clear-groups"] if root else []
         if root or shutil.which("setpriv"):
             drop = ["setpriv", *drop, "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
-        return [*ISOLATIONS[self.isolation](str(self.dir), env, root), *drop, *boot]
+        disk = self.limits.disk_mb * 2**20
+        return [*ISOLATIONS[self.isolation](env, root, disk, self), *drop, *boot]
 
     def run(self, code: str) -> tuple[int | None, str]:
-        """(exit code, or None on timeout; combined output). Output goes to a file in the directory (so the file
-        size limit bounds it too); past `max_output_chars` its head and tail are kept, which keeps a traceback."""
-        main = self.dir / "main.py"
-        main.write_text(code, encoding="utf-8")
-        home = str(self.dir)
+        """(exit code, or None on timeout; combined output). The program goes in through stdin and the output
+        comes back through a pipe; past `max_output_chars` its head and tail are kept, which keeps a
+        traceback, and past `max_file_mb` the program is stopped."""
+        scratch = None if self.isolation != "none" else tempfile.mkdtemp(prefix="toolrl-sandbox-")
+        home = scratch or WORKDIR
         env = {"PATH": "/usr/bin:/bin", "HOME": home, "PWD": home, "TMPDIR": home, "LANG": "C.UTF-8"}
-        output = self.dir / ".output"
-        if self.uid is not None:
-            os.chown(main, self.uid, self.uid)
-        with output.open("wb") as sink:
+        output = BoundedOutput(self.limits.max_output_chars, self.limits.max_file_mb * 2**20)
+        try:
             process = subprocess.Popen(
                 self._command(env),
-                cwd=self.dir,
+                cwd=scratch or "/",
                 env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=functools.partial(_limit, self.limits),
             )
-            try:
-                status = process.wait(timeout=self.limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)  # the namespace dies with its parent
-                process.wait()
-                status = None
-        text = output.read_bytes().decode("utf-8", errors="replace")
-        output.unlink()
-        cap = self.limits.max_output_chars
-        if len(text) > cap:
-            head, tail = text[: cap // 2], text[-(cap - cap // 2) :]
-            text = f"{head}\n... [{len(text) - cap} characters cut] ...\n{tail}"
-        return status, text
+            status = _exchange(process, code.encode("utf-8", errors="replace"), output, self.limits.timeout_s)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)  # fd-based: never follows what the code left
+        return status, output.text()
 
     def close(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-        shutil.rmtree(f"{self.dir}.root", ignore_errors=True)  # the unshare jail's mount point, empty
+        if self.mount_point is not None:
+            shutil.rmtree(self.mount_point, ignore_errors=True)
+            self.mount_point = None
         if self.uid is not None:
             with _uid_lock:
                 _uids_in_use.discard(self.uid)
+            self.uid = None
+
+
+class BoundedOutput:
+    """What a program printed, kept within bounds: the first and last `cap` characters' worth of bytes and
+    the count of all bytes read; more than `limit` bytes in all stop the program."""
+
+    def __init__(self, cap: int, limit: int):
+        self.cap, self.limit = cap, limit
+        self.keep = max(4 * cap, 2**16)  # UTF-8 takes at most 4 bytes a character
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.over_limit = False
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.keep - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            del self.tail[: max(0, len(self.tail) - self.keep)]
+        self.over_limit = self.total > self.limit
+
+    def text(self) -> str:
+        cap = self.cap
+        if len(self.head) + len(self.tail) == self.total:
+            text = (bytes(self.head) + bytes(self.tail)).decode("utf-8", errors="replace")
+            if len(text) > cap:
+                head, tail = text[: cap // 2], text[-(cap - cap // 2) :]
+                text = f"{head}\n... [{len(text) - cap} characters cut] ...\n{tail}"
+        else:
+            head = bytes(self.head).decode("utf-8", errors="replace")[: cap // 2]
+            tail = bytes(self.tail).decode("utf-8", errors="replace")[-(cap - cap // 2) :]
+            cut = self.total - len(head.encode()) - len(tail.encode())
+            text = f"{head}\n... [{cut} bytes cut] ...\n{tail}"
+        if self.over_limit:
+            text += f"\n[output past {self.limit / 2**20:g} MB: the program was stopped]"
+        return text
+
+
+def _exchange(process: subprocess.Popen, program: bytes, output: BoundedOutput, timeout_s: float) -> int | None:
+    """Feed `program` to stdin and read stdout into `output` until the process ends, all within one deadline;
+    past it (or past the output limit) kill the process group. None when the deadline stopped it."""
+    deadline = time.monotonic() + timeout_s
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None and stdout is not None
+    os.set_blocking(stdin.fileno(), False)
+    pending = memoryview(program)
+    stopped = False
+    with selectors.DefaultSelector() as selector:
+        selector.register(stdout, selectors.EVENT_READ)
+        selector.register(stdin, selectors.EVENT_WRITE)
+        ended_at = None
+        while selector.get_map():
+            now = time.monotonic()
+            if now >= deadline or output.over_limit:
+                stopped = True
+                break
+            if ended_at is None and process.poll() is not None:
+                ended_at = now
+            if ended_at is not None and now - ended_at > _DRAIN_S:
+                break  # the program ended; what it left behind (without isolation) may hold the pipe open
+            for key, _ in selector.select(timeout=min(deadline - now, 0.1)):
+                if key.fileobj is stdin:
+                    try:
+                        pending = pending[os.write(stdin.fileno(), pending[:65536]) :]
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(stdin)
+                        stdin.close()
+                else:
+                    chunk = os.read(stdout.fileno(), 65536)
+                    if chunk:
+                        output.add(chunk)
+                    else:
+                        selector.unregister(stdout)
+    status = None
+    if not stopped:
+        try:
+            status = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stopped = True
+    if stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the namespace dies with its first process
+        try:
+            process.wait(timeout=_GRACE_S)
+        except subprocess.TimeoutExpired:
+            log.warning("sandbox process %d did not end %.0f s after SIGKILL; leaving it", process.pid, _GRACE_S)
+        status = -signal.SIGXFSZ if output.over_limit else None
+    for stream in (stdin, stdout):
+        with contextlib.suppress(OSError):
+            stream.close()
+    return status
 
 
 def run_python(code: str, sandbox: Sandbox) -> str:
@@ -291,6 +403,8 @@ def run_python(code: str, sandbox: Sandbox) -> str:
     if status != 0:
         if status < 0 and -status == signal.SIGXCPU:
             raise ValueError(f"the code used more than {sandbox.limits.timeout_s:g} s of CPU and was stopped")
+        if status < 0 and -status == signal.SIGXFSZ:
+            raise ValueError(f"the code wrote past its limits and was stopped:\n{output.strip()[-300:]}")
         tail = "\n".join(output.strip().splitlines()[-8:])
         raise ValueError(f"the code failed (exit {status}):\n{tail}")
     return output.strip() or "(no output; print the result)"
