@@ -81,7 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         run, steps, size = write_run(root, record, args.megabytes, per_step=24)
-        client = TestClient(build_app(root, []), base_url="http://127.0.0.1")
+        client = TestClient(build_app(root, [], token=None), base_url="http://127.0.0.1")
         get = lambda path, **params: client.get(path, params={"run": "big", **params}).raise_for_status()  # noqa: E731
         first = timed(lambda: get("/api/briefs", step=steps // 2))
         RunDir(run).log_samples(steps + 1, [{**record, "sample": i} for i in range(24)])

@@ -33,7 +33,7 @@ def main() -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", "toolrl", "ui", str(args.runs), "--port", "0"], stdout=subprocess.PIPE, text=True
     )
-    url = re.search(r"http://\S+/", server.stdout.readline()).group(0)
+    url = re.search(r"http://\S+", server.stdout.readline()).group(0)
     args.shots.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     try:

@@ -101,7 +101,9 @@ def viewed_images_are_kept(root):
     entries = [image for record in records for image in record["images"]]
     assert len(entries) == len(records) == 4 and all((run / e["file"]).read_bytes()[:4] == b"\x89PNG" for e in entries)
     assert all(e["start"] < r["prompt_tokens"] for r in records for e in r["images"])  # the task's image
-    client = TestClient(build_app(root, []), base_url="http://127.0.0.1")
+    client = TestClient(
+        build_app(root, [], token="t"), base_url="http://127.0.0.1", headers={"Authorization": "Bearer t"}
+    )
     served = client.get("/api/image", params={"run": "run", "path": entries[0]["file"]})
     assert served.status_code == 200 and served.headers["content-type"] == "image/png"
     refused = client.get("/api/image", params={"run": "run", "path": "config.yaml"})

@@ -1,22 +1,45 @@
 """`toolrl ui`'s JSON API, without a browser: runs and their states from plain files, metrics from a line on,
-trajectory records by step (the index follows a growing file), a task across steps; access rules (loopback
-host, token, X-Toolrl on POST); config validation with the CLI's one-line errors and no plugins from the page;
-tool calls through the run's executor and policies."""
+trajectory records by step (the index follows a growing file), a task across steps; access rules (a token on
+every request, loopback included; loopback host; same origin; X-Toolrl on POST; --no-token); config
+validation with the CLI's one-line errors and no plugins or env.module from the page; tool calls through the
+run's executor and policies, and no file contents in a refused tool file's error; "stop now" signals only a
+verified run process; a run from elsewhere is resumed only when trusted."""
 
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
 from tests.fixtures import mcp_server_entry, write_tool_config
-from toolrl.train.rundir import RunDir
+from toolrl.train.rundir import RunDir, process_start
 from toolrl.ui import build_app
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 POST = {"X-Toolrl": "1"}
+TOKEN = "t0ken"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def ui_client(root: Path, base_url: str = "http://127.0.0.1:7860", **kwargs) -> TestClient:
+    """A client of a UI with the token (as the page has it after its first visit)."""
+    return TestClient(build_app(root, [], token=TOKEN, **kwargs), base_url=base_url, headers=AUTH)
+
+
+def fake_run_process() -> subprocess.Popen:
+    """A process whose command line runs toolrl, as a training run's does."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "toolrl", "train"])
+
+
+def running_status(pid: int, **extra) -> dict:
+    host = socket.gethostname()
+    return {"state": "running", "pid": pid, "pid_start": process_start(pid), "host": host, **extra}
 
 
 def make_run(root: Path, name: str, steps: int = 3, status: dict | None = None) -> Path:
@@ -43,13 +66,18 @@ def make_run(root: Path, name: str, steps: int = 3, status: dict | None = None) 
 @pytest.fixture
 def client(tmp_path):
     root = tmp_path / "runs"
+    live = fake_run_process()
     make_run(root, "done", status={"state": "finished", "step": 3, "steps": 3})
-    make_run(root, "live", status={"state": "running", "pid": os.getpid(), "host": os.uname().nodename})
-    make_run(root, "gone", status={"state": "running", "pid": 2**22 + 12345, "host": os.uname().nodename})
+    make_run(root, "live", status=running_status(live.pid))
+    make_run(root, "gone", status={"state": "running", "pid": 2**22 + 12345, "host": socket.gethostname()})
     make_run(root, "broke", status={"state": "failed", "error": "RuntimeError: boom"})
-    with TestClient(build_app(root, []), base_url="http://127.0.0.1:7860") as c:
-        c.root = root
-        yield c
+    try:
+        with ui_client(root) as c:
+            c.root = root
+            yield c
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_runs_list_states_and_metrics_from_a_line_on(client):
@@ -93,16 +121,31 @@ def test_paths_outside_the_runs_folder_are_refused(client):
 def test_access_rules(tmp_path):
     root = tmp_path / "runs"
     make_run(root, "done")
-    local = TestClient(build_app(root, []), base_url="http://evil.example:7860")
-    assert local.get("/api/runs").status_code == 403  # a rebound DNS name is not served on loopback
-    app = build_app(root, [], token="s3cret", loopback_only=False)
-    remote = TestClient(app, base_url="http://10.0.0.5:7860")
-    assert remote.get("/api/runs").status_code == 401
-    assert remote.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    assert remote.get("/?token=s3cret").status_code == 200 and remote.cookies.get("toolrl_token") == "s3cret"
-    assert remote.get("/api/runs").status_code == 200  # the cookie the page got
-    no_header = remote.post("/api/stop", json={"run": "done"})
+    app = build_app(root, [], token=TOKEN)
+    local = TestClient(app, base_url="http://127.0.0.1:7860")
+    assert local.get("/api/runs").status_code == 401  # loopback too: any local process could call it
+    assert local.get("/").status_code == 401
+    assert local.get("/static/app.js").status_code == 200  # the page's code holds no data
+    for wrong in ("nope", "t0kem", "tök€n"):
+        assert local.get("/api/runs", headers={"Authorization": f"Bearer {wrong}".encode()}).status_code == 401
+    assert local.get("/api/runs", headers=AUTH).status_code == 200
+    assert local.get(f"/?token={TOKEN}").status_code == 200 and local.cookies.get("toolrl_token_7860") == TOKEN
+    assert local.get("/api/runs").status_code == 200  # the cookie the page got, for this port only
+    rebound = TestClient(app, base_url="http://evil.example:7860", headers=AUTH)
+    assert rebound.get("/api/runs").status_code == 403  # a rebound DNS name is not served on loopback
+    cross = local.post("/api/stop", json={"run": "done"}, headers={**POST, "Origin": "http://evil.example"})
+    assert cross.status_code == 403 and "another origin" in cross.json()["error"]
+    null = local.get("/api/runs", headers={"Origin": "null"})
+    assert null.status_code == 403
+    same = local.post("/api/stop", json={"run": "done"}, headers={**POST, "Origin": "http://127.0.0.1:7860"})
+    assert same.status_code == 400 and "not running" in same.json()["error"]  # let through, then refused
+    no_header = local.post("/api/stop", json={"run": "done"})
     assert no_header.status_code == 403 and "X-Toolrl" in no_header.json()["error"]
+    remote = TestClient(build_app(root, [], token=TOKEN, loopback_only=False), base_url="http://10.0.0.5:7860")
+    assert remote.get("/api/runs").status_code == 401
+    assert remote.get("/api/runs", headers=AUTH).status_code == 200
+    open_ui = TestClient(build_app(root, [], token=None), base_url="http://127.0.0.1:7860")
+    assert open_ui.get("/api/runs").status_code == 200  # --no-token: the old behaviour, asked for
 
 
 def test_validation_gives_the_cli_one_line_errors_and_refuses_plugins(client):
@@ -112,6 +155,11 @@ def test_validation_gives_the_cli_one_line_errors_and_refuses_plugins(client):
     assert "train.steps must be greater than or equal to 0" in wrong.json()["error"]
     plugin = client.post("/api/validate", json={"config": "plugins: [os]\n"}, headers=POST)
     assert plugin.status_code == 400 and "plugins cannot be set from the page" in plugin.json()["error"]
+    module = client.post("/api/validate", json={"config": "env:\n  module: antigravity\n"}, headers=POST)
+    assert module.status_code == 400 and "env.module cannot be set from the page" in module.json()["error"]
+    assert "antigravity" not in sys.modules
+    launched = client.post("/api/launch", json={"config": "env:\n  module: [os]\n", "name": "m"}, headers=POST)
+    assert launched.status_code == 400 and "env.module cannot be set" in launched.json()["error"]
     good = client.post("/api/validate", json={"config": "train:\n  steps: 3\n", "recipe": "default"}, headers=POST)
     assert good.json() == {"ok": True, "steps": 3, "env": "calculator"}
     named = client.post("/api/launch", json={"config": "", "name": "../x"}, headers=POST)
@@ -143,14 +191,12 @@ def test_tools_go_through_the_runs_executor_and_policies(client, tmp_path):
     assert square["result"] == "a red square of 5 pixels" and square["images"][0].startswith("data:image/png;base64,")
 
 
-def test_the_command_serves_loopback_without_a_token_and_another_host_with_one(tmp_path):
-    import subprocess
-
+def test_the_command_always_makes_a_token_unless_told_no_token(tmp_path):
     import httpx
 
-    for host, needs_token in (("127.0.0.1", False), ("0.0.0.0", True)):
+    for host, extra in (("127.0.0.1", []), ("0.0.0.0", []), ("127.0.0.1", ["--no-token"])):
         server = subprocess.Popen(
-            [sys.executable, "-m", "toolrl", "ui", str(tmp_path / "runs"), "--host", host, "--port", "0"],
+            [sys.executable, "-m", "toolrl", "ui", str(tmp_path / "runs"), "--host", host, "--port", "0", *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -158,14 +204,19 @@ def test_the_command_serves_loopback_without_a_token_and_another_host_with_one(t
         try:
             line = server.stdout.readline()
             url = line.split()[2]
+            needs_token = not extra
             assert ("?token=" in url) == needs_token, line
             base, _, token = url.partition("?token=")
             port = base.rstrip("/").rsplit(":", 1)[1]
             plain = httpx.get(f"http://127.0.0.1:{port}/api/runs")
             assert plain.status_code == (401 if needs_token else 200)
             if needs_token:
+                assert len(token) >= 32
                 bearer = httpx.get(f"http://127.0.0.1:{port}/api/runs", headers={"Authorization": f"Bearer {token}"})
                 assert bearer.status_code == 200 and bearer.json()["runs"] == []
+            else:
+                more = " ".join(server.stdout.readline() for _ in range(3))  # the console wraps at 80 columns
+                assert "any process on this machine can use this UI as you" in " ".join(more.split())
         finally:
             server.terminate()
             server.wait(10)
@@ -173,6 +224,12 @@ def test_the_command_serves_loopback_without_a_token_and_another_host_with_one(t
         [sys.executable, "-m", "toolrl", "ui", str(tmp_path), "--port", "70000"], capture_output=True, text=True
     )
     assert busy.returncode == 2 and "--port 70000" in busy.stderr
+    exposed = subprocess.run(
+        [sys.executable, "-m", "toolrl", "ui", str(tmp_path), "--host", "0.0.0.0", "--no-token"],
+        capture_output=True,
+        text=True,
+    )
+    assert exposed.returncode == 2 and "without a token, serve only on 127.0.0.1" in exposed.stderr
 
 
 def test_a_run_on_another_machine_is_stopped_by_file_and_never_signalled_here(tmp_path):
@@ -181,7 +238,7 @@ def test_a_run_on_another_machine_is_stopped_by_file_and_never_signalled_here(tm
     root = tmp_path / "runs"
     status = {"state": "running", "pid": os.getpid(), "host": "elsewhere", "updated_at": time.time()}
     make_run(root, "remote", status=status)
-    client = TestClient(build_app(root, []), base_url="http://127.0.0.1:7860")
+    client = ui_client(root)
     assert client.get("/api/runs").json()["runs"][0]["state"] == "running"
     now = client.post("/api/stop", json={"run": "remote", "now": True}, headers=POST)
     assert now.status_code == 400 and "runs on elsewhere" in now.json()["error"]  # not our pid to signal
@@ -189,3 +246,91 @@ def test_a_run_on_another_machine_is_stopped_by_file_and_never_signalled_here(tm
     assert after_step.json()["stopping"] == "after this step" and (root / "remote" / "STOP").exists()
     (root / "remote" / "status.json").write_text(json.dumps({**status, "updated_at": time.time() - 4000}))
     assert client.get("/api/runs").json()["runs"][0]["state"] == "stale"
+
+
+def test_stop_now_signals_only_the_runs_verified_toolrl_process(tmp_path):
+    """A stale pid, -1, 1, the UI's own pid, a pid whose start time differs (reused), a process that is not
+    toolrl: each refused, nothing signalled. The run's own process (start time and command line) is."""
+    root = tmp_path / "runs"
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    target = fake_run_process()
+    try:
+        cases = {
+            "minus-one": running_status(-1),
+            "init": running_status(1),
+            "me": running_status(os.getpid()),
+            "reused": {**running_status(target.pid), "pid_start": process_start(target.pid) - 1},
+            "not-toolrl": running_status(bystander.pid),
+            "no-start": {k: v for k, v in running_status(target.pid).items() if k != "pid_start"},
+            "text-pid": {**running_status(target.pid), "pid": str(target.pid)},
+        }
+        for name, status in cases.items():
+            make_run(root, name, status={**status, "updated_at": time.time()})
+        client = ui_client(root)
+        for name in cases:
+            answer = client.post("/api/stop", json={"run": name, "now": True}, headers=POST)
+            assert answer.status_code == 400, name
+            assert "not running" in answer.json()["error"] or "nothing was signalled" in answer.json()["error"]
+        assert bystander.poll() is None and target.poll() is None
+        make_run(root, "real", status={**running_status(target.pid), "updated_at": time.time()})
+        answer = client.post("/api/stop", json={"run": "real", "now": True}, headers=POST)
+        assert answer.json() == {"name": "real", "stopping": "now"}
+        assert target.wait(10) == -signal.SIGINT or target.returncode == 1  # KeyboardInterrupt in the sleep
+    finally:
+        for process in (bystander, target):
+            process.kill()
+            process.wait()
+
+
+def test_a_refused_tool_file_is_never_quoted(client, tmp_path):
+    secret = "hunter2-do-not-show"
+    files = {
+        "shadow": f"root:{secret}:20228:0:99999:7:::\n",
+        ".env": f"API_KEY={secret}\n",
+        "copied.json": f"root:{secret}:20228\n",
+        "keys.yaml": f"mcpServers: {{}}\n{secret}: 1\n",
+        "values.yaml": f"mcpServers:\n  x:\n    command: [{secret}]\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        answer = client.post("/api/tools/load", json={"file": str(tmp_path / name)}, headers=POST)
+        assert answer.status_code == 400 and secret not in answer.text, (name, answer.text)
+        assert str(tmp_path / name) in answer.json()["error"]
+    for device in ("/dev/zero", "/proc/self/environ"):
+        answer = client.post("/api/tools/load", json={"file": device}, headers=POST)
+        assert answer.status_code == 400 and len(answer.json()["error"]) < 300
+
+
+def _resumable(root: Path, name: str, status: dict, module: str = "my_plugin_env") -> Path:
+    run = make_run(root, name, status=status)
+    (run / "config.yaml").write_text(f"env:\n  name: calculator\n  module: {module}\nmodel:\n  name: tiny\n")
+    (run / "step-1").mkdir()
+    (run / "last").symlink_to("step-1")
+    return run
+
+
+def test_a_run_from_elsewhere_is_resumed_only_when_trusted(tmp_path):
+    root = tmp_path / "runs"
+    status = {"state": "stopped", "pid": 4242, "host": "another-machine"}
+    _resumable(root, "copied", status)
+    client = ui_client(root)
+    refused = client.post("/api/resume", json={"run": "copied"}, headers=POST)
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and "made on 'another-machine'" in error
+    assert "import module my_plugin_env (env.module)" in error and "my_plugin_env" not in sys.modules
+    cli = subprocess.run(
+        [sys.executable, "-m", "toolrl", "train", "--resume", str(root / "copied")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert cli.returncode != 0
+    assert "resume will import module my_plugin_env (env.module)" in cli.stdout
+    assert "pass --trust-run" in cli.stderr and len(cli.stderr.strip().splitlines()[-1]) < 400
+    trusted = subprocess.run(
+        [sys.executable, "-m", "toolrl", "train", "--resume", str(root / "copied"), "--trust-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )  # trusted: it goes on to import the module, which does not exist here
+    assert "cannot import 'my_plugin_env'" in trusted.stderr

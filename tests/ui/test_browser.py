@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from playwright.sync_api import expect
 from tests.fixtures import mcp_server_entry, write_tool_config
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools.call import ToolCall, ToolResult
-from toolrl.train.rundir import RunDir
+from toolrl.train.rundir import RunDir, process_start
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -120,7 +121,7 @@ def site(tiny_model_dir, tokenizer, tmp_path_factory):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=base,
     )  # fmt: skip
     line = server.stdout.readline()
-    url = re.search(r"http://\S+/", line)
+    url = re.search(r"http://\S+", line)
     assert url, line
     shots = Path(os.environ.get("TOOLRL_SCREENSHOTS") or base / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
@@ -155,10 +156,11 @@ def test_runs_list_and_live_overlaid_curves(site):
     page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 2")
     assert "alpha" in reward.inner_text() and "beta" in reward.inner_text()
     before = int(reward.get_attribute("data-points"))
-    # the run trains on: a process is alive for it, and a step is appended to metrics.jsonl
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # the run trains on: its toolrl process is alive, and a step is appended to metrics.jsonl
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "toolrl", "train"])
     try:
-        status = {"state": "running", "pid": sleeper.pid, "host": os.uname().nodename, "steps": 4}
+        status = {"state": "running", "pid": sleeper.pid, "pid_start": process_start(sleeper.pid), "steps": 4}
+        status["host"] = socket.gethostname()
         (root / "alpha" / "status.json").write_text(json.dumps(status))
         with (root / "alpha" / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"step": 4, "reward": 0.9, "success": 0.5, "tool_calls": 1.0, "step_s": 0.2}) + "\n")

@@ -17,6 +17,13 @@ from toolrl.text import first_line
 
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Print only the end of the run.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON object of metrics per step on stdout.")]
+TrustOption = Annotated[
+    bool,
+    typer.Option(
+        "--trust-run",
+        help="Resume a run made on another machine or by another user: it runs the code its config names.",
+    ),
+]
 
 
 @app.command()
@@ -26,6 +33,7 @@ def train(
     resume: ResumeOption = None,
     quiet: QuietOption = False,
     as_json: JsonOption = False,
+    trust_run: TrustOption = False,
 ) -> None:
     """Train a model with RL (GRPO by default) on an environment's tasks. Progress: a bar on a terminal, one
     line per step otherwise (also in RUN/progress.log)."""
@@ -39,6 +47,14 @@ def train(
         run = RunDir.existing(resume)
         if run.pointed("last") is None:
             raise ToolRLError(f"{run.path}: no checkpoint to resume from (no last/); train.save_every writes them")
+        from toolrl.config.loader import config_data
+        from toolrl.files import read_text
+        from toolrl.train.trust import check_trusted, code_to_run
+
+        data = config_data(read_text(run.path / "config.yaml", "config file"), str(run.path / "config.yaml"))
+        for line in code_to_run(data):  # a run directory is data: what it makes toolrl run is said first
+            console.print(f"resume will {line}", highlight=False, markup=False)
+        check_trusted(run.path, run.read_status(), trust_run)
         cfg = load_config(run.path / "config.yaml", set_)
     else:
         cfg = load_config(config, set_)

@@ -18,13 +18,19 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 @app.command()
 def ui(
     runs_dir: Annotated[Path, typer.Argument(help="Folder of run directories (output_dir).")] = Path("runs"),
-    host: Annotated[str, typer.Option(help="Interface to bind; another than 127.0.0.1 needs an access token.")] = (
-        "127.0.0.1"
-    ),
+    host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 7860,
     token: Annotated[
-        str | None, typer.Option(help="Access token for a non-loopback host (one is made when omitted).")
+        str | None, typer.Option(help="Access token every request needs (a random one is made when omitted).")
     ] = None,
+    no_token: Annotated[
+        bool,
+        typer.Option(
+            "--no-token",
+            help="Serve without a token: any process or user of this machine can then read your runs, call your "
+            "tools and start commands as you. Only with --host 127.0.0.1, on a machine you alone use.",
+        ),
+    ] = False,
     recipes: Annotated[
         list[Path] | None, typer.Option("--recipes", help="Folders of recipe YAML files for the launch tab.")
     ] = None,
@@ -40,11 +46,15 @@ def ui(
         raise ConfigError(f"--port {port}: give a port between 0 and 65535")
     runs_dir.mkdir(parents=True, exist_ok=True)
     loopback = host in LOOPBACK
-    if not loopback and not token:
-        token = secrets.token_urlsafe(18)
+    if no_token and token:
+        raise ConfigError("--no-token and --token: give one of them")
+    if no_token and not loopback:
+        raise ConfigError(f"--no-token --host {host}: without a token, serve only on 127.0.0.1")
+    if not no_token and not token:
+        token = secrets.token_urlsafe(24)
     folders = recipes if recipes is not None else [p for p in (Path("recipes"),) if p.is_dir()]
     _quiet_libraries()
-    application = build_app(runs_dir.resolve(), [f.resolve() for f in folders], token, loopback_only=loopback)
+    application = build_app(runs_dir.resolve(), [f.resolve() for f in folders], token=token, loopback_only=loopback)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -56,5 +66,7 @@ def ui(
     shown = f"[{host}]" if family == socket.AF_INET6 else ("localhost" if loopback else host)
     url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
     console.print(f"toolrl ui: [bold]{url}[/]  (runs: {runs_dir.resolve()}; Ctrl-C stops it)", highlight=False)
+    if no_token:
+        console.print("[yellow]no access token: any process on this machine can use this UI as you[/]")
     config = uvicorn.Config(application, log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

@@ -247,7 +247,7 @@ class Toolset:
     @classmethod
     def load(cls, path: str | Path, log_dir: str | Path | None = None) -> Toolset:
         toolset = cls(log_dir)
-        toolset.entries = _read(Path(path)).mcp_servers
+        toolset.entries = read_tool_file(Path(path)).mcp_servers
         try:
             for name, entry in toolset.entries.items():
                 toolset._add(name, entry)
@@ -312,7 +312,8 @@ class Toolset:
             client.close()
 
 
-def _read(path: Path) -> ToolsFile:
+def read_tool_file(path: Path) -> ToolsFile:
+    """A tool config file, validated (nothing started, nothing imported)."""
     data = load_structured(path, "tool config")
     try:
         return ToolsFile.model_validate(data or {})

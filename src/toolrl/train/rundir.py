@@ -61,7 +61,12 @@ class RunDir:
         replaced atomically so that a reader never sees half of it."""
         status = self.read_status()
         if fields.get("state") == "running" and status.get("state") != "running":
-            status = {"started_at": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
+            status = {
+                "started_at": time.time(),
+                "pid": os.getpid(),
+                "pid_start": process_start(os.getpid()),
+                "host": socket.gethostname(),
+            }
         status |= fields | {"updated_at": time.time()}
         tmp = self.path / f".{STATUS}.tmp"
         tmp.write_text(json.dumps(status) + "\n")
@@ -140,3 +145,32 @@ class RunDir:
         with self.atomic_dir(name) as tmp:
             write(tmp)
         return self.path / name
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot, /proc/PID/stat), which tells a process from a later
+    one given the same pid; None when there is no such process (or no /proc), and for pids <= 1."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_process(status: dict[str, Any]) -> int | None:
+    """The pid status.json names, only when it is verifiably that run's toolrl process on this machine: the
+    same host, a pid > 1, the start time it recorded, a command line that runs toolrl. Anything else (a stale
+    pid reused by another process, an edited status.json, -1, a run from elsewhere) is None."""
+    pid = status.get("pid")
+    if status.get("host") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    started = process_start(pid)
+    if started is None or started != status.get("pid_start"):
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if any(b"toolrl" in arg for arg in argv) else None

@@ -2,9 +2,11 @@
 it (the same one-line errors), runs started as `toolrl train` subprocesses that outlive the page, their console
 log followed, a stop that ends a run after its step with a checkpoint (RUN/STOP), and resume.
 
-A config from the page is data: it may change any value but not what names code to import (`plugins`), which
-must stay those of the recipe file it started from; commands of tool servers come only from tool config files
-on disk (`tools.file` names one)."""
+A config from the page is data: it may change any value but not what names code to import (`plugins`,
+`env.module`), which must stay those of the recipe file it started from; commands of tool servers come only
+from tool config files on disk (`tools.file` names one). A run is resumed only after saying what it will
+import or start, and a run made elsewhere only when the caller says it trusts it. "Stop now" signals only a
+process this UI started or one verified to be the run's toolrl process (train/rundir.py: run_process)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from typing import Any
 from toolrl.config.loader import config_data, default_config_text, validate_config
 from toolrl.errors import ConfigError
 from toolrl.plugins import import_modules
+from toolrl.text import clip
 from toolrl.train.journal import STOP_FILE
-from toolrl.train.rundir import RunDir
+from toolrl.train.rundir import RunDir, run_process
+from toolrl.train.trust import code_to_run, foreign
 from toolrl.ui.runs import resolve_run, run_state
 
 CONSOLE_LOG = "console.log"
@@ -43,14 +47,26 @@ def validate(text: str, base: str | None) -> dict[str, Any]:
     """The config on the page, validated: the resolved config, or ConfigError with one line. `base`: the
     recipe text it was edited from (its plugins are the only ones allowed)."""
     data = config_data(text, "config")
-    allowed = config_data(base, "recipe").get("plugins") or [] if base is not None else []
-    if (data.get("plugins") or []) != allowed:
-        raise ConfigError(
-            "config: plugins cannot be set from the page (they import code); put them in a recipe file and "
-            "choose it, or use `toolrl train FILE`"
-        )
-    import_modules(allowed, "plugins")  # those of a file on disk, as `toolrl train FILE` would
+    recipe = config_data(base, "recipe") if base is not None else {}
+    for key in CODE_KEYS:
+        if _lookup(data, key) != _lookup(recipe, key):
+            raise ConfigError(
+                f"config: {key} cannot be set from the page (it imports code); put it in a recipe file and "
+                "choose it, or use `toolrl train FILE`"
+            )
+    import_modules(_lookup(recipe, "plugins") or [], "plugins")  # those of a file on disk, as the CLI would
     return validate_config(data, "config").model_dump(mode="json")
+
+
+CODE_KEYS = ("plugins", "env.module")
+"""Config keys that name code to import: a page may only keep its recipe's values."""
+
+
+def _lookup(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node or None
 
 
 class Launcher:
@@ -88,15 +104,23 @@ class Launcher:
             self._spawn(name, [sys.executable, "-m", "toolrl", "train", str(path), *sets])
         return {"name": name, "pid": self.processes[name].pid}
 
-    def resume(self, name: str) -> dict[str, Any]:
+    def resume(self, name: str, trust: bool = False) -> dict[str, Any]:
+        """Resume `name` from its last checkpoint; the answer lists what it imports or starts. A run made on
+        another machine or by another user needs `trust` (it runs the code its config names)."""
         run = resolve_run(self.root, name)
         if run_state(run) == "running":
             raise ConfigError(f"{name}: the run is still running; stop it first")
         if not (run / "last").is_symlink():
             raise ConfigError(f"{name}: no checkpoint to resume from (train.save_every writes them)")
+        starts = code_to_run(config_data((run / "config.yaml").read_text(), f"{name}/config.yaml"))
+        reason = foreign(run, RunDir(run).read_status())
+        if reason is not None and not trust:
+            named = f"; it would {'; '.join(starts)}" if starts else ""
+            raise ConfigError(clip(f"{name}: {reason}{named}; resume it only if you trust it", 600))
         with self._lock:
-            self._spawn(name, [sys.executable, "-m", "toolrl", "train", "--resume", str(run)])
-        return {"name": name, "pid": self.processes[name].pid}
+            command = [sys.executable, "-m", "toolrl", "train", "--resume", str(run)]
+            self._spawn(name, [*command, "--trust-run"] if reason is not None else command)
+        return {"name": name, "pid": self.processes[name].pid, "starts": starts}
 
     def stop(self, name: str, now: bool = False) -> dict[str, Any]:
         """Ask the run to stop after its step (a checkpoint is written), or with `now` interrupt it (SIGINT:
@@ -108,7 +132,8 @@ class Launcher:
             (run / STOP_FILE).touch()
             return {"name": name, "stopping": "after this step"}
         process = self.processes.get(name)
-        pid = process.pid if process is not None else _status_pid(run)  # a run started here or by hand here
+        started_here = process is not None and process.poll() is None  # this UI's child, still running
+        pid = process.pid if started_here else _verified_pid(run)
         os.kill(pid, signal.SIGINT)
         return {"name": name, "stopping": "now"}
 
@@ -129,12 +154,16 @@ class Launcher:
             process.poll()
 
 
-def _status_pid(run: Path) -> int:
-    """The run's process, when it runs on this machine (a pid from elsewhere means another process here)."""
+def _verified_pid(run: Path) -> int:
+    """The run's process, only when it is verifiably that run's toolrl process on this machine."""
     status = RunDir(run).read_status()
     if status.get("host") != socket.gethostname():
-        raise ConfigError(f"{run.name}: it runs on {status.get('host')}; interrupt it there (or use the stop button)")
-    pid = int(status.get("pid", 0))
-    if not pid:
-        raise ConfigError(f"{run.name}: its status names no process")
+        host = clip(str(status.get("host")), 60)
+        raise ConfigError(f"{run.name}: it runs on {host}; interrupt it there (or use the stop button)")
+    pid = run_process(status)
+    if pid is None:
+        raise ConfigError(
+            f"{run.name}: its status.json names no process that is this run's toolrl process (a stale or "
+            "edited status); nothing was signalled: use the stop button (after the step)"
+        )
     return pid

@@ -5,7 +5,6 @@ grow (a run's samples.jsonl reaches tens of MB; a page asks for one step at a ti
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import yaml
 
 from toolrl.errors import ConfigError
-from toolrl.train.rundir import EVALS, METRICS, SAMPLES, RunDir
+from toolrl.train.rundir import EVALS, METRICS, SAMPLES, RunDir, run_process
 
 RECORD_FILES = {"train": SAMPLES, "eval": EVALS}
 STALE_S = 1800.0
@@ -41,16 +40,6 @@ def resolve_run(root: Path, name: str, started: bool = False) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
     """running, finished, failed, stopped, or died (said running, but its process is gone); for a run made
     before status.json: finished when it has final/, else unknown."""
@@ -60,7 +49,7 @@ def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
         return "finished" if (path / "final").is_dir() else "unknown"
     if state == "running":
         if status.get("host") == socket.gethostname():
-            return "running" if _alive(int(status.get("pid", 0))) else "died"
+            return "running" if run_process(status) is not None else "died"
         return "running" if time.time() - status.get("updated_at", 0) < STALE_S else "stale"
     return str(state)
 

@@ -2,10 +2,13 @@
 a tool config, and runs started from the page. Every view reads the plain files a run writes (metrics.jsonl,
 samples.jsonl, evals.jsonl, status.json, console.log): the UI adds nothing a terminal cannot read.
 
-Access: bound to 127.0.0.1 by default, where only requests naming a loopback host are served (a page of
-another site cannot reach it by DNS rebinding); any other host needs an access token (`?token=` once sets a
-cookie; scripts send `Authorization: Bearer TOKEN`). Requests that change something (POST) must carry the
-header X-Toolrl: 1, which a page of another origin cannot send without a preflight this server never answers."""
+Access, as Jupyter does it: every `toolrl ui` start makes a random token, printed in the URL; every request
+but the static files needs it (`?token=` once sets a cookie for this port; scripts send `Authorization:
+Bearer TOKEN`), loopback included, since any local process or user could otherwise start commands as the UI's
+user. Bound to 127.0.0.1 (the default), only requests naming a loopback host are served (a page of another
+site cannot reach it by DNS rebinding); a request with an Origin header must come from the UI's own origin;
+requests that change something (POST) must carry the header X-Toolrl: 1, which a page of another origin
+cannot send without a preflight this server never answers. `toolrl ui --no-token` turns the token off."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from toolrl.errors import ToolRLError
+from toolrl.text import clip
 from toolrl.ui.launch import Launcher, find_recipes, validate
 from toolrl.ui.runs import RECORD_FILES, RecordIndex, find_runs, read_metrics, resolve_run, summarize_run
 from toolrl.ui.tools import ToolBench, find_tool_files
@@ -55,7 +59,9 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def build_app(root: Path, recipe_dirs: list[Path], token: str | None = None, loopback_only: bool = True) -> Starlette:
+def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopback_only: bool = True) -> Starlette:
+    """The app over the runs folder `root`. `token`: the access token every request needs (None: none, which
+    lets any local process use the UI as its user: `toolrl ui --no-token`)."""
     state = UIState(root, recipe_dirs)
 
     async def runs(request: Request):
@@ -140,7 +146,8 @@ def build_app(root: Path, recipe_dirs: list[Path], token: str | None = None, loo
 
     async def resume(request: Request):
         data = await _body(request)
-        return JSONResponse(await run_in_threadpool(state.launcher.resume, str(data.get("run", ""))))
+        trust = data.get("trust") is True
+        return JSONResponse(await run_in_threadpool(state.launcher.resume, str(data.get("run", "")), trust))
 
     async def stop(request: Request):
         data = await _body(request)
@@ -152,8 +159,8 @@ def build_app(root: Path, recipe_dirs: list[Path], token: str | None = None, loo
 
     async def index(request: Request):
         response = FileResponse(STATIC / "index.html")
-        if token and hmac.compare_digest(request.query_params.get("token", ""), token):
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        if token and _same(request.query_params.get("token", ""), token):
+            response.set_cookie(_cookie_name(request), token, httponly=True, samesite="strict")
         return response
 
     routes = [
@@ -201,17 +208,24 @@ def build_app(root: Path, recipe_dirs: list[Path], token: str | None = None, loo
 
 
 def _guarded(app, token: str | None, loopback_only: bool):
-    """Host check (loopback binding), token check (other hosts), and X-Toolrl on POST, before the app."""
+    """Host check (loopback binding), Origin check, token check, and X-Toolrl on POST, before the app."""
 
     async def guarded(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
         request = Request(scope)
-        host = _host_name(request.headers.get("host", ""))
+        host_header = request.headers.get("host", "")
+        host = _host_name(host_header)
+        origin = request.headers.get("origin")
         problem = None
         if loopback_only and host not in LOOPBACK_NAMES:
-            problem = (403, f"host {host!r} is not served: this UI is bound to the loopback interface")
-        elif token and not _has_token(request, token):
+            problem = (403, f"host {clip(host, 80)!r} is not served: this UI is bound to the loopback interface")
+        elif origin is not None and origin.lower() not in {
+            f"http://{host_header}".lower(),
+            f"https://{host_header}".lower(),
+        }:
+            problem = (403, "a request from another origin is refused: open the UI at the URL `toolrl ui` printed")
+        elif token and not scope["path"].startswith("/static/") and not _has_token(request, token):
             problem = (401, "an access token is needed: open the URL `toolrl ui` printed (it has ?token=)")
         elif request.method not in ("GET", "HEAD") and request.headers.get("x-toolrl") != "1":
             problem = (403, "requests that change something need the header X-Toolrl: 1")
@@ -235,9 +249,18 @@ def _host_name(header: str) -> str:
     return header.split("]")[0] + "]" if header.startswith("[") else header.rsplit(":", 1)[0]
 
 
+def _cookie_name(request: Request) -> str:
+    """The token's cookie, one per port: cookies ignore ports, and two UIs on one machine have two tokens."""
+    return f"{COOKIE}_{request.url.port or 80}"
+
+
 def _has_token(request: Request, token: str) -> bool:
-    given = request.cookies.get(COOKIE) or request.query_params.get("token") or ""
+    given = request.cookies.get(_cookie_name(request)) or request.query_params.get("token") or ""
     bearer = request.headers.get("authorization", "")
     if bearer.startswith("Bearer "):
         given = bearer[len("Bearer ") :]
-    return hmac.compare_digest(given, token)
+    return _same(given, token)
+
+
+def _same(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8", "replace"), token.encode())

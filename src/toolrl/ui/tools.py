@@ -1,21 +1,26 @@
 """The UI's tools tab: a tool config file loaded the way a run loads `tools.file` (`run_executor`: the same
 executor, policies, timeouts and limits as training), its servers' status, its tools with their schemas, and
 calls made by hand. Arguments are JSON data checked against the tool's schema by the executor; nothing taken
-from the page is run as code."""
+from the page is run as code. A file that is not a tool config is refused without a word of what it holds
+(the error a terminal would show quotes the file: `toolrl tools list PATH` shows it there)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from toolrl.config.schema import ToolsConfig
 from toolrl.errors import ConfigError, ToolError
+from toolrl.text import clip
 from toolrl.tools import ToolCall
 from toolrl.tools.toolset import run_executor
 
 TOOL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+MAX_TOOL_FILE_BYTES = 1_000_000
+_QUOTED = re.compile(r"""'[^']*'|"[^"]*"|, got .*?(?=;|$)""")
 
 
 class ToolBench:
@@ -30,12 +35,20 @@ class ToolBench:
 
     def load(self, path: str, timeout_s: float = 10.0) -> dict[str, Any]:
         file = Path(path).expanduser()
+        shown = clip(path, 200)
         if not file.is_file():
-            raise ConfigError(f"{path}: no such tool config file; give the path of an mcpServers JSON or YAML file")
+            raise ConfigError(f"{shown}: no such tool config file; give the path of an mcpServers JSON or YAML file")
+        if file.suffix.lower() not in TOOL_FILE_SUFFIXES:
+            raise ConfigError(f"{shown}: not a tool config file; give an mcpServers file ending in .json or .yaml")
+        if file.stat().st_size > MAX_TOOL_FILE_BYTES:
+            raise ConfigError(f"{shown}: too large for a tool config file (over 1 MB)")
         with self._lock:
             self.close()
             config = ToolsConfig(file=str(file), timeout_s=timeout_s)
-            self.executor, self.toolset = run_executor([], config, self.log_dir)
+            try:
+                self.executor, self.toolset = run_executor([], config, self.log_dir)
+            except ConfigError as exc:
+                raise ConfigError(without_contents(str(exc), shown)) from None
             self.path = file
         return self.describe()
 
@@ -77,6 +90,14 @@ class ToolBench:
         if self.toolset is not None:
             self.toolset.close()
         self.executor = self.toolset = self.path = None
+
+
+def without_contents(message: str, path: str) -> str:
+    """A tool config error without what it quoted of the file (keys, values), for a page: what kind of
+    problem, and where to see the whole message."""
+    body = message.split(": ", 1)[1] if ": " in message else message
+    body = clip(_QUOTED.sub("[...]", body), 200)
+    return f"{path}: not a valid tool config file ({body}); `toolrl tools list {path}` shows the full error"
 
 
 def find_tool_files(roots: list[Path]) -> list[str]:

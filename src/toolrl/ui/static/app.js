@@ -3,6 +3,11 @@
 
 const UI = { tabs: {}, timers: {}, runs: [] };
 
+// The access token came in the URL and is now a cookie: keep it out of the address bar and the history.
+if (new URLSearchParams(location.search).has("token")) {
+  history.replaceState(null, "", location.pathname + location.hash);
+}
+
 function h(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
