@@ -1,6 +1,7 @@
 """Python tools for bench/faults.py, importable by tool worker processes (bench/ is on their import path)."""
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -56,3 +57,21 @@ def lookup_in_process(key: int) -> str:
     processes inherit it), for its worker-process row."""
     time.sleep(float(os.environ.get("TOOLRL_BENCH_LATENCY", "0.2")))
     return f"value-{key}"
+
+
+async def async_deaf(key: int) -> str:
+    """An async call that swallows the cancellation sent at its deadline and carries on."""
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+
+
+async def async_block(key: int) -> str:
+    """An async call that blocks its event loop with a synchronous sleep."""
+    time.sleep(3600)
+    return "never"
+
+
+async def async_big(key: int) -> str:
+    """A 5 MB result from an async tool."""
+    return "a" * (5 * 2**20)

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from toolrl.errors import ConfigError, ToolRLError
-from toolrl.text import clip
+from toolrl.text import clip, first_line, one_line
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,9 @@ def read_text(
 def load_yaml(text: str, where: str, error: type[ToolRLError] = ConfigError) -> Any:
     """Parse one YAML document safely: no Python objects, and aliases that expand to more than MAX_YAML_VALUES
     values (or refer to themselves) refused before anything walks the expanded tree."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # refuses NUL and other control characters here
         node = loader.get_single_node()
         if node is None:
             return None
@@ -66,13 +67,22 @@ def load_yaml(text: str, where: str, error: type[ToolRLError] = ConfigError) -> 
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        message = clip(f"{where}{line}: not valid YAML ({problem})", 300)
+        if isinstance(exc, yaml.reader.ReaderError):
+            char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+            problem = f"control character U+{char:04X} at offset {exc.position} is not allowed; remove it"
+        else:
+            problem = getattr(exc, "problem", None) or str(exc)
+        message = clip(one_line(f"{where}{line}: not valid YAML ({problem})"), 300)
         raise (YAMLSyntaxError if issubclass(YAMLSyntaxError, error) else error)(message) from None
     except RecursionError:
         raise error(f"{where}: nested too deeply to read") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4,300), and the like
+        if "integer string conversion" in str(exc):
+            raise error(f"{where}: a number has more than 4,300 digits; write it with fewer digits") from None
+        raise error(clip(f"{where}: a value cannot be read ({first_line(exc)})", 300)) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int], active: set[int]) -> int:

@@ -16,10 +16,51 @@ T = TypeVar("T")
 
 
 class Registry(dict[str, T], Generic[T]):
-    def __init__(self, what: str, config_key: str):
+    """`load`: imports the modules whose entries register themselves, run once at the first read (so that
+    importing one entry's module, say in a tool's worker process, does not import every other one)."""
+
+    def __init__(self, what: str, config_key: str, load: Callable[[], Any] | None = None):
         super().__init__()
         self.what, self.config_key = what, config_key
         self.capabilities: dict[str, dict[str, Any]] = {}
+        self._load = load
+
+    def _loaded(self) -> None:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load()
+
+    def __getitem__(self, name: str) -> T:
+        self._loaded()
+        return super().__getitem__(name)
+
+    def __contains__(self, name: object) -> bool:
+        self._loaded()
+        return super().__contains__(name)
+
+    def __iter__(self):
+        self._loaded()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._loaded()
+        return super().__len__()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._loaded()
+        return super().get(name, default)
+
+    def keys(self):
+        self._loaded()
+        return super().keys()
+
+    def values(self):
+        self._loaded()
+        return super().values()
+
+    def items(self):
+        self._loaded()
+        return super().items()
 
     def register(self, name: str, **capabilities: Any) -> Callable[[T], T]:
         """A decorator adding an entry under `name`, with the capabilities it declares."""

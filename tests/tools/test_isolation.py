@@ -1,7 +1,8 @@
-"""Synchronous tools that hang, spin or crash: stopped (worker processes) or abandoned (threads) at their
+"""Tools that hang, spin, crash or block their event loop: stopped (worker processes) or abandoned (threads) at their
 deadline, never holding capacity that healthy calls need, never keeping the process from exiting."""
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -85,7 +86,7 @@ def test_a_worker_that_dies_during_a_call_is_a_crash_and_the_call_runs_once(tmp_
     ex = ToolExecutor(tools("die", "pid"), policies={"die": ToolPolicy(retries=3, backoff_s=0.01)})
     try:
         died = run(ex.invoke(ToolCall("die", {"marker": str(marker)})))
-        assert died.outcome == "crashed" and died.content == (
+        assert died.outcome == "server_crashed" and died.content == (
             "Error: die failed: the tool's worker process died during the call (exit 7)"
         )
         assert marker.read_text() == "ran\n" and ex.metrics["infra_faults"] == 1
@@ -95,12 +96,16 @@ def test_a_worker_that_dies_during_a_call_is_a_crash_and_the_call_runs_once(tmp_
 
 
 def test_prints_go_to_the_log_and_results_and_errors_cross_the_process_boundary(tmp_path):
-    ex = ToolExecutor(tools("chatty", "huge", "reject"), log_dir=tmp_path)
+    ex = ToolExecutor(tools("chatty", "huge", "reject", "refuse"), log_dir=tmp_path)
     try:
         assert run(ex.invoke(ToolCall("chatty", {"text": "héllo"}))).content == "HÉLLO"
         assert len(run(ex.invoke(ToolCall("huge", {"megabytes": 5}))).content) == 5 * 2**20
         odd = run(ex.invoke(ToolCall("reject", {"value": 3})))
         assert odd.outcome == "invalid_arguments" and odd.content == "Error: value must be even, got 3"
+        refused = run(ex.invoke(ToolCall("refuse", {"value": 3})))
+        assert refused.outcome == "tool_error" and refused.content == "Error: refuse failed: cannot halve 3"
+        off_schema = run(ex.invoke(ToolCall("refuse", {"value": "three"})))
+        assert off_schema.outcome == "invalid_arguments" and "value" in off_schema.content
     finally:
         ex.close()
     assert "a line a tool prints" in (tmp_path / "workers.log").read_text()
@@ -119,7 +124,7 @@ def test_close_kills_busy_workers_too():
         return pid, busy, result
 
     pid, busy, result = run(start_and_close())
-    assert result.outcome == "crashed" and busy and not any(alive(p) for p in [pid, *busy])
+    assert result.outcome == "server_crashed" and busy and not any(alive(p) for p in [pid, *busy])
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -138,3 +143,63 @@ def test_the_tools_command_exits_at_once_after_a_hung_call(tmp_path, isolation):
     )
     assert (done.returncode, done.stdout.strip()) == (1, "Error: bad.hang timed out after 1 s")
     assert time.monotonic() - started < 10  # start-up, a 1 s deadline, and an exit that waits for nothing
+
+
+def test_an_async_tool_that_blocks_its_loop_or_ignores_cancellation_holds_only_its_own_call():
+    """Async tools run on event loops of their own threads: one that sleeps synchronously, and one that
+    swallows the cancellation sent at its deadline, each time out at their deadline while 40 healthy async
+    calls beside them succeed, and `asyncio.run` (what a rollout runs in) returns at once after."""
+
+    async def deaf() -> str:
+        while True:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    async def blocking() -> str:
+        time.sleep(3600)
+        return "never"
+
+    async def healthy(i: int) -> int:
+        await asyncio.sleep(0.05)
+        return i
+
+    ex = ToolExecutor([tool_from_function(f) for f in (deaf, blocking, healthy)], timeout_s=1.0)
+    calls = [ToolCall("deaf", {}), ToolCall("blocking", {})] + [ToolCall("healthy", {"i": i}) for i in range(40)]
+    started = time.monotonic()
+    results = run(ex.invoke_all(calls))
+    took = time.monotonic() - started
+    assert [r.outcome for r in results[:2]] == ["timeout", "timeout"]
+    assert [r.content for r in results[2:]] == [str(i) for i in range(40)]
+    assert took < 1.0 + 1.0, took  # the deadline, not the hour the tools would take
+    assert ex.coroutines.abandoned == 2
+    ex.close()
+
+
+def test_an_async_tool_bound_to_the_callers_loop_can_stay_on_it():
+    loops = []
+
+    async def where() -> str:
+        loops.append(asyncio.get_running_loop())
+        return "here"
+
+    async def scenario(ex):
+        await ex.invoke(ToolCall("where", {}))
+        return asyncio.get_running_loop()
+
+    inline = ToolExecutor([tool_from_function(where)], policies={"where": ToolPolicy(isolation="inline")})
+    assert run(scenario(inline)) is loops[-1]
+    apart = ToolExecutor([tool_from_function(where)])
+    assert run(scenario(apart)) is not loops[-1]
+    with pytest.raises(ToolError, match="loop or inline, not process"):
+        ToolExecutor([tool_from_function(where)], policies={"where": ToolPolicy(isolation="process")})
+
+
+def test_a_worker_importing_a_builtin_tool_imports_only_its_module():
+    """A tool's worker imports the tool's module; the calculator's must not pull in every environment (the
+    image one imports torch and transformers: seconds, counted against the first call's deadline)."""
+    code = "import sys, toolrl.envs.calculator.tool; print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    code = "from toolrl.envs import ENVIRONMENTS; print('calculator' in ENVIRONMENTS, len(ENVIRONMENTS) >= 7)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "True"]

@@ -15,7 +15,7 @@ from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
 from toolrl.tools.mcp import MCPStdioServer, result_text
 
 SERVER = Path(__file__).parent.parent / "fixtures" / "mcp_server.py"
-TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "crash", "square"}
+TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "crash", "square", "note"}
 
 
 @pytest.fixture
@@ -147,11 +147,70 @@ def test_a_crash_runs_once_and_healthy_calls_in_flight_are_rerun_on_the_restarte
         return await asyncio.gather(crash_later(), *healthy)
 
     crashed, *healthy = run(scenario())
-    assert crashed.outcome == "crashed" and "crashed during the call" in crashed.content
+    assert crashed.outcome == "server_crashed" and "crashed during the call" in crashed.content
     assert "exit code 1" in crashed.content and "about to crash" in crashed.content
     assert marker.read_text() == "ran\n"
     assert [r.content for r in healthy] == ["done"] * 200
-    assert server.connections == 2 and ex.metrics["errors_crashed"] == 1 and ex.metrics["infra_faults"] == 1
+    assert server.connections == 2 and ex.metrics["errors_server_crashed"] == 1 and ex.metrics["infra_faults"] == 1
+
+
+SERIAL = Path(__file__).parent.parent / "fixtures" / "serial_mcp_server.py"
+
+
+def test_a_crash_fails_only_what_the_server_read_and_the_rest_goes_to_the_restarted_server(tmp_path):
+    """A server that reads one request at a time dies on `crash`: the calls written after it were never read
+    (still in the pipe, or written once it was gone), so they go to the restarted server, retries 0 and not
+    safe to repeat notwithstanding; each runs exactly once, and only the crashing call fails, as a fault of
+    the server, never the model's."""
+    server = MCPStdioServer("serial", sys.executable, [str(SERIAL)])
+    marker = tmp_path / "notes"
+    ex = ToolExecutor(server.tools(), timeout_s=20, policies={"serial.note": ToolPolicy(timeout_s=20, retries=0)})
+    try:
+
+        async def scenario():
+            crash = asyncio.ensure_future(ex.invoke(ToolCall("serial.crash", {})))
+            await asyncio.sleep(0.05)  # written first: every note is behind it in the pipe
+            notes = [
+                asyncio.ensure_future(ex.invoke(ToolCall("serial.note", {"marker": str(marker), "text": f"n{i}"})))
+                for i in range(60)
+            ]
+            await asyncio.sleep(0.2)  # while the server sleeps in `crash`, the notes are written to its stdin
+            assert server.connections == 1
+            return await crash, await asyncio.gather(*notes)
+
+        crashed, notes = run(scenario())
+        assert crashed.outcome == "server_crashed" and "exit code 1" in crashed.content
+        assert [r.content for r in notes] == [f"n{i}" for i in range(60)]
+        assert sorted(marker.read_text().split()) == sorted(f"n{i}" for i in range(60))  # each ran once
+        assert server.connections == 2
+        counts = (ex.metrics["errors_server_crashed"], ex.metrics["infra_faults"], ex.metrics["model_errors"])
+        assert counts == (1, 1, 0)
+    finally:
+        ex.close()
+        server.close()
+
+
+def test_calls_beside_a_crash_are_never_run_twice_and_each_failure_is_the_servers(server, tmp_path):
+    """200 calls to a tool that is not safe to repeat, a crash among them, on the SDK's server (which reads
+    ahead): a call the server had taken fails as `server_crashed` (it may have run: it is not run again),
+    every other one succeeds, and none runs twice."""
+    marker = tmp_path / "notes"
+    ex = ToolExecutor(server.tools(), timeout_s=20)
+
+    async def scenario():
+        calls = [ToolCall("srv.note", {"marker": str(marker), "text": f"n{i}"}) for i in range(200)]
+        calls.insert(100, ToolCall("srv.crash", {}))
+        return await ex.invoke_all(calls)
+
+    results = run(scenario())
+    ran = marker.read_text().split()
+    assert len(ran) == len(set(ran))  # none twice
+    notes = [r for r in results if r.call.name == "srv.note"]
+    assert {r.outcome for r in notes} <= {"ok", "server_crashed"}
+    assert all(r.call.arguments["text"] in ran for r in notes if r.outcome == "ok")
+    lost = sum(r.outcome != "ok" for r in notes)
+    assert ex.metrics["infra_faults"] == lost + 1 and ex.metrics["model_errors"] == 0
+    ex.close()
 
 
 def test_result_text_for_structured_and_non_text_content():

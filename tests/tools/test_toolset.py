@@ -102,7 +102,7 @@ def test_tools_cli_lists_and_calls(config):
     called = toolrl("tools", "call", str(config), "add", '{"a": 2, "b": 5}')
     assert (called.returncode, called.stdout.strip()) == (0, "7")
     failed = toolrl("tools", "call", str(config), "calculator", '{"expression": "1/0"}')
-    assert (failed.returncode, failed.stdout.strip()) == (1, "Error: division by zero")
+    assert (failed.returncode, failed.stdout.strip()) == (1, "Error: calc.calculator failed: division by zero")
     unknown = toolrl("tools", "call", str(config), "nope")
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: no tool 'nope'")
 

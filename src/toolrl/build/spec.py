@@ -21,7 +21,7 @@ earlier answer; several such chains."""
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SyntheticSource(Section):

@@ -72,6 +72,7 @@ def _expected(error: dict[str, Any]) -> str:
         "int_type": "an integer",
         "float_parsing": "a number",
         "float_type": "a number",
+        "finite_number": "a finite number",
         "bool_parsing": "true or false",
         "bool_type": "true or false",
         "string_type": "a string",

@@ -54,7 +54,7 @@ class EnvOptions(BaseModel):
     """An environment's own settings, given as `env.options`; each environment subclasses this model (its
     `Options`), so a key it does not know is a one-line error, never ignored."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def tool_call_example(
@@ -195,7 +195,17 @@ class Environment(ABC):
         return Episode(task, self.messages(task))
 
 
-ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name")
+BUILTIN_ENVIRONMENTS = ("built", "calculator", "code", "files", "images", "nl2sql", "search")
+
+
+def _import_builtin() -> None:
+    import importlib
+
+    for name in BUILTIN_ENVIRONMENTS:
+        importlib.import_module(f"toolrl.envs.{name}")
+
+
+ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name", load=_import_builtin)
 register_env = ENVIRONMENTS.register
 ENTRY_POINTS = "toolrl.environments"
 """The entry-point group where installed packages list their environment modules."""

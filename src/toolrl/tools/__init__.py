@@ -3,6 +3,15 @@
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.function import Tool, tool_from_function
-from toolrl.tools.limits import ToolPolicy, TransientToolError
+from toolrl.tools.limits import InvalidArguments, ToolPolicy, TransientToolError
 
-__all__ = ["Tool", "ToolCall", "ToolExecutor", "ToolPolicy", "ToolResult", "TransientToolError", "tool_from_function"]
+__all__ = [
+    "InvalidArguments",
+    "Tool",
+    "ToolCall",
+    "ToolExecutor",
+    "ToolPolicy",
+    "ToolResult",
+    "TransientToolError",
+    "tool_from_function",
+]

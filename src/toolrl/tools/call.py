@@ -13,21 +13,22 @@ from typing import Any, Literal
 
 from toolrl.text import clip
 
-Outcome = Literal["ok", "tool_error", "invalid_arguments", "unknown_tool", "timeout", "crashed", "transport"]
+Outcome = Literal["ok", "tool_error", "invalid_arguments", "unknown_tool", "timeout", "server_crashed", "transport"]
 OUTCOMES: tuple[Outcome, ...] = (
     "ok",
     "tool_error",
     "invalid_arguments",
     "unknown_tool",
     "timeout",
-    "crashed",
+    "server_crashed",
     "transport",
 )
-INFRA_FAULTS: frozenset[str] = frozenset({"timeout", "crashed", "transport"})
+INFRA_FAULTS: frozenset[str] = frozenset({"timeout", "server_crashed", "transport"})
 """The tool, its server or the way to it failed: not the model's doing."""
 MODEL_ERRORS: frozenset[str] = frozenset({"unknown_tool", "invalid_arguments"})
-"""The model called a tool that does not exist, or with arguments the tool rejects (format errors, which never
-reach a tool, are counted by the rollout)."""
+"""The model called a tool that does not exist, or with arguments off the tool's schema (format errors, which
+never reach a tool, are counted by the rollout). A tool that raises, ValueError and TypeError included, is a
+`tool_error`; a tool that wants to blame the arguments raises `toolrl.tools.InvalidArguments`."""
 
 
 @dataclass(frozen=True)

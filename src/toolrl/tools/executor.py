@@ -3,8 +3,9 @@
 Each call goes through: cache (opt-in) -> rate limit -> per-tool, then global concurrency limit -> attempts
 under one deadline (the policy's timeout, counted from the call's start: retries, backoff and reconnects fit
 inside it) -> a retry with exponential backoff only for a transient failure of a tool that is safe to repeat,
-or one that never reached the tool. Synchronous tools run in worker processes or threads (runners.py), async
-ones on the loop; none holds a slot past its deadline. Every result carries its outcome; `metrics` counts
+or one that never reached the tool. Synchronous tools run in worker processes or threads, async ones on event
+loops of their own threads (runners.py; `isolation: inline` keeps one on the caller's loop); none holds a slot
+past its deadline, whatever the tool does. Every result carries its outcome; `metrics` counts
 calls, outcomes (`errors_<outcome>`, with the `infra_faults` and `model_errors` families), retries and the
 cache.
 """
@@ -25,8 +26,16 @@ from toolrl.tools.cache import ResultCache, cache_key
 from toolrl.tools.call import INFRA_FAULTS, MODEL_ERRORS, Outcome, ToolCall, ToolResult, unknown_tool_error
 from toolrl.tools.function import Tool
 from toolrl.tools.images import ImageLimits, ToolOutput, to_output
-from toolrl.tools.limits import TRANSIENT, RateLimiter, ServerCrashed, ServerUnavailable, ToolPolicy
-from toolrl.tools.runners import DeadlineExceeded, ProcessRunner, ThreadRunner
+from toolrl.tools.limits import (
+    TRANSIENT,
+    InvalidArguments,
+    NotDelivered,
+    RateLimiter,
+    ServerCrashed,
+    ServerUnavailable,
+    ToolPolicy,
+)
+from toolrl.tools.runners import AsyncRunner, DeadlineExceeded, ProcessRunner, ThreadRunner
 
 
 class ToolExecutor:
@@ -48,6 +57,7 @@ class ToolExecutor:
         self.max_concurrency = max_concurrency
         self.image_limits = image_limits or ImageLimits()
         self.threads = ThreadRunner()
+        self.coroutines = AsyncRunner()
         self.processes = ProcessRunner(Path(log_dir) / "workers.log" if log_dir else None)
         self.cache = ResultCache(path=cache_path)
         self.metrics: Counter[str] = Counter()
@@ -61,10 +71,16 @@ class ToolExecutor:
         return self.policies.get(name, self.default_policy)
 
     def isolation(self, tool: Tool) -> str:
-        """Where `tool` runs: async (on the loop), process or thread."""
+        """Where `tool` runs: for an async tool, loop (an event loop on a thread of its own, the default) or
+        inline (the caller's loop, for a tool bound to it); for a synchronous one, process or thread."""
+        chosen = self.policy(tool.name).isolation or tool.isolation
         if tool.is_async:
-            return "async"
-        chosen = self.policy(tool.name).isolation or tool.isolation or ("process" if tool.target else "thread")
+            if chosen not in (None, "loop", "inline"):
+                raise ToolError(f"tool {tool.name}: an async tool runs with isolation loop or inline, not {chosen}")
+            return chosen or "loop"
+        if chosen in ("loop", "inline"):
+            raise ToolError(f"tool {tool.name}: isolation {chosen} is for async tools; use process or thread")
+        chosen = chosen or ("process" if tool.target else "thread")
         if chosen == "process" and tool.target is None:
             raise ToolError(
                 f"tool {tool.name}: isolation process needs a function a worker process can import "
@@ -131,10 +147,10 @@ class ToolExecutor:
             deadline = started + policy.timeout_s
             try:
                 arguments = tool.validate(call.arguments)
-            except ValueError as exc:
+            except InvalidArguments as exc:
                 return self._result(call, "invalid_arguments", f"Error: {exc}", started)
             safe_to_repeat = tool.idempotent if policy.retry is None else policy.retry
-            attempt = 0
+            attempt, unsent = 0, False
             while True:
                 try:
                     value = await self._attempt(tool, arguments, deadline - time.monotonic())
@@ -143,28 +159,34 @@ class ToolExecutor:
                     return self._result(
                         call, "timeout", f"Error: {call.name} timed out after {policy.timeout_s:g} s", started
                     )
-                except ValueError as exc:  # arguments off the schema, or a value the tool rejects: final
+                except InvalidArguments as exc:  # the tool's server judged the arguments off its schema: final
                     return self._result(call, "invalid_arguments", f"Error: {clip(str(exc))}", started)
+                except NotDelivered as exc:  # its server ended before reading it: to the restarted one, at once
+                    outcome, message, repeatable, unsent = "transport", one_line(str(exc)), True, True
                 except ServerUnavailable as exc:  # never reached the tool: safe to send again
                     outcome, message, repeatable = "transport", one_line(str(exc)), True
                 except ServerCrashed as exc:
-                    outcome, message, repeatable = "crashed", one_line(str(exc)), safe_to_repeat
+                    outcome, message, repeatable = "server_crashed", one_line(str(exc)), safe_to_repeat
                 except TRANSIENT as exc:
                     outcome, message, repeatable = "transport", first_line(exc), safe_to_repeat
-                except Exception as exc:  # a tool's own failure must never end the rollout
+                except Exception as exc:  # a tool's own failure (ValueError too) must never end the rollout
                     return self._result(call, "tool_error", f"Error: {call.name} failed: {first_line(exc)}", started)
-                # After a crash the restart is the wait (the next attempt waits for it within the deadline).
-                backoff = 0.0 if outcome == "crashed" else policy.backoff_s * 2**attempt
-                if not repeatable or attempt >= policy.retries or time.monotonic() + backoff >= deadline:
+                # After a crash the restart is the wait (the next attempt waits for it within the deadline). A call
+                # the crash kept from the server is sent again whatever `retries` says: only the deadline bounds it.
+                backoff = 0.0 if outcome == "server_crashed" or unsent else policy.backoff_s * 2**attempt
+                spent = attempt >= policy.retries and not unsent
+                if not repeatable or spent or time.monotonic() + backoff >= deadline:
                     return self._result(call, outcome, f"Error: {call.name} failed: {message}", started)
-                attempt += 1
+                attempt, unsent = attempt + 1, False
                 self.metrics["retries"] += 1
                 await asyncio.sleep(backoff)
 
     async def _attempt(self, tool: Tool, arguments: dict[str, Any], timeout: float) -> ToolOutput:
         """The tool's value as text and checked images (an unreadable image is the tool's error)."""
         where = self.isolation(tool)
-        if where == "async":
+        if where == "loop":
+            value = await self.coroutines.run(tool.fn, arguments, timeout)
+        elif where == "inline":
             value = await self._run_async(tool.fn(**arguments), timeout)
         elif where == "process":
             value = await self.processes.run(tool.target, arguments, timeout)

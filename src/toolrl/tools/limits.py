@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-Isolation = Literal["process", "thread"]
+Isolation = Literal["process", "thread", "loop", "inline"]
 
 
 class TransientToolError(Exception):
@@ -17,6 +17,10 @@ class TransientToolError(Exception):
 
 class ServerUnavailable(TransientToolError):
     """The call never reached the tool (its server is down or refused the connection): always safe to retry."""
+
+
+class NotDelivered(ServerUnavailable):
+    """The server ended without reading the call: it never ran, and goes to the restarted server at once."""
 
 
 class ServerCrashed(TransientToolError):
@@ -46,7 +50,9 @@ class ToolPolicy:
     declaration (MCP readOnlyHint/idempotentHint, the HTTP method, `tool_from_function(idempotent=...)`)."""
     isolation: Isolation | None = None
     """Where a synchronous tool runs: process (a worker process, killed on timeout) or thread (for tools known to
-    return); None: the tool's own setting."""
+    return); an async one: loop (an event loop on a thread of its own, so that blocking it or ignoring the
+    cancellation holds nothing else) or inline (the caller's loop, for a tool bound to it). None: the tool's
+    own setting."""
     max_concurrency: int | None = None
     """Calls of this tool in flight at once; None means only the executor's global limit applies."""
     rate_per_s: float | None = None

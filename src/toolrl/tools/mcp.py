@@ -7,9 +7,10 @@ rollout's, and are handed to that thread; the caller's deadline (the executor's)
 Failures are told apart, because training must not learn from them as the model's mistakes:
 - a server that cannot start fails at once with its cause (exit code, last lines of its stderr, which goes to a
   log file), and is not relaunched in the background: the next call tries again, at most every few seconds;
-- a server that dies while up is restarted by the next call; calls that were in flight raise `ServerCrashed`
-  (the executor re-runs them when the tool is safe to repeat: `readOnlyHint` or `idempotentHint`), calls that
-  find it down raise `ServerUnavailable` (never sent, so always safe to retry).
+- a server that dies while up is restarted by the next call; calls it had read raise `ServerCrashed` (they
+  may have run: the executor re-runs them only when the tool is safe to repeat, `readOnlyHint` or
+  `idempotentHint`); calls that find it down, and over stdio calls it never read (still in the pipe, or
+  written after it died), raise `ServerUnavailable` (never run, so always sent again).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from toolrl.errors import ToolError
 from toolrl.loop_thread import LoopThread
 from toolrl.text import clip, first_line, one_line
 from toolrl.tools.function import Tool, json_schema_checker
-from toolrl.tools.limits import InvalidArguments, ServerCrashed, ServerUnavailable
+from toolrl.tools.limits import InvalidArguments, NotDelivered, ServerCrashed, ServerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ class _Live:
 
     session: Any
     process: Any | None
+    delivery: Any | None = None
+    """stdio: which requests the server read (mcp_stdio.Delivery); None for HTTP."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -128,12 +131,14 @@ class MCPServerConnection:
         self._failed_starts = 0
         self._next_start = 0.0
         self._closed = False
+        self._calls = 0
         self._loop = LoopThread(f"mcp-{name}")
 
     # ---- transport (subclasses) ------------------------------------------------------------------------------
 
-    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None]:
-        """Enter the transport's context on `stack`; return its (read, write) streams and its process if any."""
+    async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None, Any | None]:
+        """Enter the transport's context on `stack`; return its (read, write) streams, its process if any and
+        what tells which requests the server read, if the transport can tell."""
         raise NotImplementedError
 
     def _describe_exit(self, process: Any | None) -> str:
@@ -149,10 +154,10 @@ class MCPServerConnection:
         process = None
         try:
             async with AsyncExitStack() as stack:
-                read, write, process = await self._open(stack)
+                read, write, process, delivery = await self._open(stack)
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await asyncio.wait_for(self._initialize(session, process), self.connect_timeout_s)
-                live = _Live(session, process)
+                live = _Live(session, process, delivery)
                 self._live = live
                 self.connections += 1
                 ready.set_result(None)
@@ -227,9 +232,14 @@ class MCPServerConnection:
         if not task.cancelled():
             task.exception()  # retrieved here: its waiters got it
 
-    async def _request(self, method: str, *args: Any) -> Any:
+    async def _request(self, method: str, *args: Any, tag: str | None = None) -> Any:
+        """`tag`: names a tools/call request to a transport that can tell whether the server read it."""
         live = await self._ready()
         try:
+            if tag is not None and live.delivery is not None:
+                from toolrl.tools.mcp_stdio import CALL_TAG
+
+                return await getattr(live.session, method)(*args, meta={CALL_TAG: tag})
             return await getattr(live.session, method)(*args)
         except Exception as exc:
             fault = _session_fault(exc)
@@ -242,6 +252,12 @@ class MCPServerConnection:
                 raise ServerUnavailable(f"MCP server {self.name} dropped the session; reconnecting") from None
             if live.process is not None:  # a moment for its exit code, which says what happened
                 await _first(_exited(live.process), asyncio.sleep(0.5))
+            if tag is not None and live.delivery is not None:
+                await _first(live.delivery.settled.wait(), asyncio.sleep(0.5))
+                if not live.delivery.reached(tag):
+                    raise NotDelivered(
+                        f"MCP server {self.name} ended before reading the call{self._describe_exit(live.process)}"
+                    ) from None
             detail = self._describe_exit(live.process) or f" ({first_line(_innermost(exc))})"
             raise ServerCrashed(f"MCP server {self.name} crashed during the call{detail}") from None
 
@@ -251,8 +267,9 @@ class MCPServerConnection:
         from mcp.shared.exceptions import MCPError
         from mcp.types import INVALID_PARAMS
 
+        self._calls += 1
         try:
-            result = await self._loop.run(self._request("call_tool", tool, arguments))
+            result = await self._loop.run(self._request("call_tool", tool, arguments, tag=str(self._calls)))
         except MCPError as exc:  # the server answered with a protocol error
             if exc.code == INVALID_PARAMS:
                 raise InvalidArguments(one_line(exc.error.message)) from None
@@ -339,7 +356,7 @@ class MCPHttpServer(MCPServerConnection):
         read, write = await stack.enter_async_context(
             streamable_http_client(self.url, http_client=client, max_sse_event_size=None)
         )
-        return read, write, None
+        return read, write, None, None
 
 
 class MCPSseServer(MCPHttpServer):
@@ -351,7 +368,7 @@ class MCPSseServer(MCPHttpServer):
         read, write = await stack.enter_async_context(
             sse_client(self.url, headers=self.headers, timeout=self.connect_timeout_s)
         )
-        return read, write, None
+        return read, write, None, None
 
 
 if sys.platform == "win32":  # pragma: no cover

@@ -4,8 +4,12 @@ from a crash). The session handling shared with the HTTP transports is in mcp.py
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import os
 import signal
+import struct
+import termios
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
@@ -73,27 +77,87 @@ class MCPStdioServer(MCPServerConnection):
         return one_line("\n".join(lines), 400)
 
 
+CALL_TAG = "toolrl/call"
+"""The `_meta` key of a tools/call request that names it to the transport (servers ignore unknown `_meta`)."""
+
+
+class Delivery:
+    """What became of the tagged requests of one stdio session: where each one ends in the bytes written to the
+    server's stdin, and, once the server is gone, how many of those bytes it read. A request the server never
+    read was never run, whatever else the crash took with it: it can go to the restarted server."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.written = 0
+        self.ends: dict[str, int] = {}
+        self.read_up_to: int | None = None
+        self.settled = asyncio.Event()
+
+    def wrote(self, tag: str | None, size: int) -> None:
+        self.written += size
+        if tag is not None:
+            self.ends[tag] = self.written
+
+    def settle(self) -> None:
+        """The server is gone (or its stdin is): count what it left unread in the pipe (FIONREAD works on the
+        write end after the reader has died). Once only, before the pipe is closed."""
+        if self.settled.is_set():
+            return
+        try:
+            unread = struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+            self.read_up_to = self.written - unread
+        except OSError:
+            self.read_up_to = None  # unknown: every written request may have been read
+        self.settled.set()
+
+    def reached(self, tag: str) -> bool:
+        """Whether the server may have read request `tag` (True when that cannot be told apart)."""
+        end = self.ends.get(tag)
+        if end is None:
+            return False  # never written
+        return self.read_up_to is None or end <= self.read_up_to
+
+
+def _tag(message: Any) -> str | None:
+    params = getattr(message, "params", None)
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get(CALL_TAG) if isinstance(meta, dict) else None
+
+
 @asynccontextmanager
 async def stdio_transport(argv: list[str], env: dict[str, str], cwd: str | None, stderr: Any):
     """Newline-delimited JSON-RPC over a subprocess's stdin/stdout, as the SDK's `stdio_client`, but yielding
-    the process too: its exit code explains a failure, and its process group is what close() kills."""
+    the process (its exit code explains a failure, its process group is what close() kills) and a `Delivery`
+    (which requests the server read before it died). stdin is our own non-blocking pipe, so that its unread
+    bytes can be counted; stdout is split into lines as bytes, in linear time whatever a line's size."""
     import anyio
-    from anyio.streams.text import TextReceiveStream
     from mcp.shared.message import SessionMessage
     from mcp.types import jsonrpc_message_adapter
 
-    process = await anyio.open_process(argv, env=env, cwd=cwd, stderr=stderr, start_new_session=True)
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(write_end, False)
+        process = await anyio.open_process(
+            argv, stdin=read_end, env=env, cwd=cwd, stderr=stderr, start_new_session=True
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    delivery = Delivery(write_end)
     to_session, read_stream = anyio.create_memory_object_stream(0)
     write_stream, from_session = anyio.create_memory_object_stream(0)
 
     async def read_stdout() -> None:
-        buffer = ""
+        pieces: list[bytes] = []
         async with to_session:
             try:
-                async for chunk in TextReceiveStream(process.stdout, errors="replace"):
-                    lines = (buffer + chunk).split("\n")
-                    buffer = lines.pop()
-                    for line in lines:
+                async for chunk in process.stdout:
+                    start = 0
+                    while (end := chunk.find(b"\n", start)) >= 0:
+                        line = b"".join([*pieces, chunk[start:end]]) if pieces else chunk[start:end]
+                        pieces, start = [], end + 1
                         if not line.strip():
                             continue
                         try:
@@ -101,36 +165,49 @@ async def stdio_transport(argv: list[str], env: dict[str, str], cwd: str | None,
                         except ValueError as exc:
                             message = exc  # the session reports a malformed line
                         await to_session.send(message)
+                    if start < len(chunk):
+                        pieces.append(chunk[start:])
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
+            delivery.settle()  # the server closed its stdout: it has exited, or is as good as gone
 
     async def write_stdin() -> None:
         async with from_session:
             try:
                 async for message in from_session:
                     text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await process.stdin.send((text + "\n").encode("utf-8", "surrogatepass"))
+                    data = memoryview((text + "\n").encode("utf-8", "surrogatepass"))
+                    sent = 0
+                    while sent < len(data):
+                        try:
+                            sent += os.write(write_end, data[sent:])
+                        except BlockingIOError:
+                            await anyio.wait_writable(write_end)
+                    delivery.wrote(_tag(message.message), len(data))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                delivery.settle()
                 await to_session.aclose()  # the session sees the connection end, not a hung request
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(read_stdout)
         tasks.start_soon(write_stdin)
         try:
-            yield read_stream, write_stream, process
+            yield read_stream, write_stream, process, delivery
         finally:
             with anyio.CancelScope(shield=True):
-                await _stop_process(process)
+                await _stop_process(process, delivery)
             tasks.cancel_scope.cancel()
 
 
-async def _stop_process(process: Any) -> None:
+async def _stop_process(process: Any, delivery: Delivery) -> None:
     """Close stdin; SIGTERM the process group after a grace period, SIGKILL after another. Whatever the server
     started in its group is killed with it."""
     import anyio
 
-    with suppress(Exception):  # already closed or broken
-        await process.stdin.aclose()
+    delivery.settle()
+    anyio.notify_closing(delivery.fd)  # a writer waiting on the pipe gets ClosedResourceError
+    with suppress(OSError):
+        os.close(delivery.fd)
     for sig in (signal.SIGTERM, signal.SIGKILL, None):
         with anyio.move_on_after(STOP_GRACE_S):
             while process.returncode is None:  # polled: wait() would also wait for pipes a child may hold

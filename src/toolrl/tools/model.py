@@ -29,7 +29,7 @@ class ModelBackend(BaseModel):
     """A chat model to ask: an OpenAI-compatible endpoint (base_url + model) or a local Hugging Face model
     (path). Used by model tools and by simulated users."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     base_url: str | None = None
     """An OpenAI-compatible API root, such as http://127.0.0.1:8000/v1 (needs `model`)."""

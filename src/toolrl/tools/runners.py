@@ -8,6 +8,11 @@ next call. A worker that dies during a call (a crash, `os._exit`) is reported as
 stopped, so a call that overruns is abandoned: its slot is free at once and the next call gets another thread,
 but the hung one runs on until its function returns (and never delays the process's exit). Meant for tools
 known to return; anything else belongs in a process.
+
+`AsyncRunner`: async tools, each call on an event loop of its own thread (threads reused, one call at a time),
+never on the caller's loop: a tool that blocks its loop with a synchronous sleep, or swallows the cancellation
+sent at its deadline, holds only its own thread, which is abandoned like a hung one, while the rollout's loop
+and every other call go on (and `asyncio.run` of the rollout never waits for it).
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ async def _wait(future: concurrent.futures.Future, timeout: float) -> Any:
 
 
 class ThreadRunner:
-    def __init__(self, name: str = "toolrl-tool"):
-        self.name = name
+    def __init__(self, name: str = "toolrl-tool", advice: str = "run such tools with isolation: process"):
+        self.name, self.advice = name, advice
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
@@ -86,13 +91,65 @@ class ThreadRunner:
         try:
             return await _wait(future, timeout)
         except DeadlineExceeded:
-            self.abandoned += 1
-            if self.abandoned >= ABANDONED_WARNING and self.abandoned & (self.abandoned - 1) == 0:  # 16, 32, 64...
-                log.warning(
-                    "%d tool calls overran their deadline in threads, which cannot be stopped; run such tools "
-                    "with isolation: process",
-                    self.abandoned,
-                )
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Count a call left running past its deadline; warn at 16, 32, 64..."""
+        self.abandoned += 1
+        if self.abandoned >= ABANDONED_WARNING and self.abandoned & (self.abandoned - 1) == 0:
+            log.warning(
+                "%d tool calls overran their deadline in threads, which cannot be stopped; %s",
+                self.abandoned,
+                self.advice,
+            )
+
+
+_thread_loop = threading.local()
+
+
+def _run_on_thread_loop(fn: Callable[..., Any], kwargs: dict[str, Any], handle: concurrent.futures.Future) -> Any:
+    """Run coroutine function `fn` to completion on this thread's own event loop; `handle` receives the loop
+    and the task, so that the caller can cancel it from its own thread."""
+    loop = getattr(_thread_loop, "loop", None)
+    if loop is None:
+        loop = _thread_loop.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    task = loop.create_task(fn(**kwargs))
+    handle.set_result((loop, task))
+    return loop.run_until_complete(task)
+
+
+class AsyncRunner:
+    def __init__(self) -> None:
+        self.threads = ThreadRunner(
+            "toolrl-async-tool",
+            "an async tool that blocks its loop or ignores cancellation keeps a thread: make it await, or make it "
+            "a synchronous tool (isolation: process)",
+        )
+
+    @property
+    def abandoned(self) -> int:
+        """Calls whose coroutine did not end when cancelled at the deadline (or blocked its loop)."""
+        return self.threads.abandoned
+
+    async def run(self, fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float) -> Any:
+        handle: concurrent.futures.Future = concurrent.futures.Future()
+        future = self.threads._submit(_run_on_thread_loop, {"fn": fn, "kwargs": kwargs, "handle": handle})
+        try:
+            return await _wait(future, timeout)
+        except DeadlineExceeded:
+            self.threads.abandon()
+            if handle.done():  # cancel the coroutine; one that ignores it keeps only its own thread
+                loop, task = handle.result()
+                with contextlib.suppress(RuntimeError):  # its loop already closed
+                    loop.call_soon_threadsafe(task.cancel)
+            raise
+        except asyncio.CancelledError:  # the caller gave up (its own deadline, or the rollout's end)
+            if handle.done():
+                loop, task = handle.result()
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(task.cancel)
             raise
 
 

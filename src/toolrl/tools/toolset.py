@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 
 class Entry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PolicyEntry(Entry):
@@ -66,7 +66,7 @@ class PolicyEntry(Entry):
     retry: bool | None = None
     """Safe to repeat after a failure that may have reached the tool; unset: MCP's readOnlyHint/idempotentHint,
     the HTTP method (GET, PUT, DELETE), false for Python functions."""
-    isolation: Literal["process", "thread"] | None = None
+    isolation: Literal["process", "thread", "loop", "inline"] | None = None
     """Where a synchronous Python tool runs: process (killed at its deadline; the default for importable
     functions) or thread (for tools known to return)."""
     max_concurrency: int | None = Field(None, ge=1)
@@ -129,7 +129,7 @@ class ServerEntry(Entry):
 
 
 class ToolsFile(Entry):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     mcp_servers: dict[str, ServerEntry] = Field(alias="mcpServers")
 

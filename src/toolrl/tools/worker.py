@@ -64,7 +64,6 @@ def _kind(exc: BaseException) -> str:
         ("ConnectionError", "transient"),
         ("TimeoutError", "transient"),
         ("InvalidArguments", "invalid"),
-        ("ValueError", "invalid"),
     ):
         if name in names:
             return kind
