@@ -74,7 +74,7 @@ def tool_config(folder: Path) -> Path:
         ("slow", None),
     ]
     servers = {
-        "mcp": {"command": sys.executable, "args": [str(MCP_SERVER)]},
+        "mcp": {"command": sys.executable, "args": [str(MCP_SERVER)], "spare": True},
         "pythread": {"python": "fault_tools:block_hang_thread", "policy": {"isolation": "thread"}},
     }
     for name, _ in py:

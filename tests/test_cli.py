@@ -87,3 +87,51 @@ def test_eval_prints_success_tool_calls_and_turns(tiny_model_dir):
     assert out.returncode == 0, out.stderr
     for label in ("success rate", "tool calls / task", "turns / task"):
         assert label in out.stdout
+
+
+def one_line_error(out, exit_code=2):
+    """The command failed with `exit_code` and said why in one bounded line."""
+    text = out.stderr.strip()
+    assert out.returncode == exit_code, out.stderr[-2000:]
+    assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text, text
+    assert len(text) < 400, len(text)
+    return text
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "expected"),
+    [
+        ("env:\n  name: calc\x00ulator\n", (), "control character U+0000 at offset 17 is not allowed"),
+        ("train:\n  steps: " + "1" * 5000 + "\n", (), "a number has more than 4,300 digits"),
+        ("train:\n  lr: 1e999\n", (), "train.lr must be a finite number"),
+        ("{}\n", ("--set", "train.lr=.nan"), "train.lr must be a finite number"),
+        ("{}\n", ("--set", "env.name=" + "x" * 5000), "env.name: unknown environment 'xxxx"),
+    ],
+)
+def test_bad_config_values_are_one_bounded_line(tmp_path, content, args, expected):
+    path = tmp_path / "run.yaml"
+    path.write_text(content)
+    text = one_line_error(toolrl("config", "show", str(path), *args))
+    assert expected in text
+
+
+def test_a_tool_file_with_a_dotted_server_name_is_refused_and_a_failing_server_fails_tools_list(tmp_path):
+    dotted = tmp_path / "dotted.json"
+    dotted.write_text(json.dumps({"mcpServers": {"calc.v2": {"python": "toolrl.envs.calculator.tool:calculator"}}}))
+    text = one_line_error(toolrl("tools", "list", str(dotted)))
+    assert "'calc.v2' is not a server name" in text and "no dot" in text
+    mixed = tmp_path / "mixed.json"
+    servers = {"calc": {"python": "toolrl.envs.calculator.tool:calculator"}, "gone": {"command": "/no/such/server"}}
+    mixed.write_text(json.dumps({"mcpServers": servers}))
+    listed = toolrl("tools", "list", str(mixed))
+    assert listed.returncode == 1 and "calc.calculator" in listed.stdout
+    assert "server gone: error" in listed.stdout and "1 of 2 servers failed: gone" in listed.stdout
+
+
+def test_a_model_folder_whose_weights_are_a_pickle_is_refused(tmp_path, tiny_model_dir):
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
+    text = one_line_error(toolrl("eval", "--model", str(folder), "--num-tasks", "1"))
+    assert "holds its weights as a pickle (pytorch_model.bin)" in text and "safetensors" in text

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from toolrl.errors import ConfigError
+from toolrl.text import clip
 
 T = TypeVar("T")
 
@@ -81,5 +82,7 @@ class Registry(dict[str, T], Generic[T]):
         try:
             return self[name]
         except KeyError:
-            known = ", ".join(sorted(self))
-            raise ConfigError(f"{self.config_key}: unknown {self.what} {name!r}; known: {known}") from None
+            known = clip(", ".join(sorted(self)), 200)
+            raise ConfigError(
+                f"{self.config_key}: unknown {self.what} {clip(str(name), 60)!r}; known: {known}"
+            ) from None

@@ -4,6 +4,7 @@ line, options validated by the environment's own model, and prompts written in t
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,50 @@ def test_an_environment_whose_tools_are_not_tools_is_one_line_naming_it():
             make_env(EnvConfig(name="bad-tools"))
     finally:
         ENVIRONMENTS.pop("bad-tools")
+
+
+LONG_TASK_ENV = """
+from toolrl.envs import Environment, Task, register_env
+from toolrl.rewards import Criterion, Rubric
+
+
+@register_env("long_question")
+class LongQuestion(Environment):
+    name = "long_question"
+
+    def __init__(self, config, options):
+        super().__init__(config, options)
+        self.splits = {
+            "train": [Task("fine-1", "What is 2 + 2?", "4"), Task("huge-7", "Why? " * 2_000_000, "no")],
+            "test": [Task("fine-2", "What is 3 + 3?", "6"), Task("huge-8", "word " * 40_000, "no")],
+        }
+        self.rubric = Rubric([Criterion("correct", lambda trajectory, task: 0.0, 1.0)], success="correct")
+
+    def tools(self):
+        return []
+
+    def tasks(self, split):
+        return self.splits[split]
+
+    def messages(self, task):
+        return [{"role": "user", "content": task.question}]
+"""
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_prompt_longer_than_the_context_is_refused_before_the_run_naming_the_task(tmp_path, tiny_model_dir, command):
+    """A 10 MB question (train) and a 200 KB one (test) in an environment from outside the package: refused in
+    one line naming the task before anything is generated, not after 40 minutes and 8.8 GB."""
+    (tmp_path / "long_question.py").write_text(LONG_TASK_ENV)
+    started = time.monotonic()
+    done = toolrl(
+        command, "--set", "env.module=long_question", "--set", "env.name=long_question",
+        "--set", f"model.name={tiny_model_dir}",
+        "--set", "device=cpu", "--set", f"output_dir={tmp_path / 'runs'}", "--set", "train.steps=1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    last = done.stderr.strip().splitlines()[-1]
+    task = "huge-7" if command == "train" else "huge-8"
+    assert done.returncode != 0 and f"env long_question, task {task}: its prompt is" in last, done.stderr[-2000:]
+    assert "the model's context 2,048" in last and len(last) < 300
+    assert time.monotonic() - started < 120

@@ -91,3 +91,21 @@ def test_a_task_file_that_is_not_utf8_or_not_json_is_one_line_naming_the_line(tm
     huge.write_text('{"question": "q", "answer": ' + "9" * 5000 + "}\n")
     with pytest.raises(DataError, match=r"huge\.jsonl:1: not valid JSON \(Exceeds the limit"):
         load_tasks(huge)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"question": "Q\\u0000?", "answer": "4"}', "t.jsonl: row 0 question holds control character U+0000"),
+        ('{"question": "Q\x00?", "answer": "4"}', "t.jsonl:1: not valid JSON (Invalid control character"),
+        ('{"question": "Q", "answer": "\\u001b[31m4"}', "t.jsonl: row 0 answer holds control character U+001B"),
+        ('{"question": "Q", "answer": ' + "9" * 5000 + "}", "t.jsonl:1: not valid JSON (Exceeds the limit"),
+    ],
+)
+def test_control_characters_and_huge_numbers_in_a_task_file_are_one_bounded_line(tmp_path, line, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(DataError) as err:
+        load_tasks(path)
+    text = str(err.value)
+    assert message in text and "\n" not in text and len(text) < 300 + len(str(tmp_path))

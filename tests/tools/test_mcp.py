@@ -213,6 +213,35 @@ def test_calls_beside_a_crash_are_never_run_twice_and_each_failure_is_the_server
     ex.close()
 
 
+@pytest.mark.parametrize("spare", [False, True])
+def test_a_spare_server_takes_over_a_crash_at_once(tmp_path, spare):
+    """A server that takes 2 s to start crashes; a call right behind the crash, with a 1 s deadline, times out
+    waiting for the restart, unless a spare was kept started: then it is answered by the spare at once, and
+    another spare is started for the next crash."""
+    server = MCPStdioServer(
+        "slow", sys.executable, [str(SERVER), "--slow-start", "2"], log_path=tmp_path / "slow.log", spare=spare
+    )
+    ex = ToolExecutor(server.tools(), timeout_s=1.0)
+    try:
+        deadline = time.monotonic() + 30
+        while spare and server._spare is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = run(ex.invoke(ToolCall("slow.pid", {}))).content
+        crashed = run(ex.invoke(ToolCall("slow.crash", {"marker": str(tmp_path / "marker")})))
+        assert crashed.outcome == "server_crashed" and "about to crash" in crashed.content
+        after = run(ex.invoke(ToolCall("slow.pid", {})))
+        if spare:
+            assert after.outcome == "ok" and after.content != first and after.latency_s < 0.5
+            while server._spare is None and time.monotonic() < deadline:  # the next spare
+                time.sleep(0.05)
+            assert server._spare is not None and str(server._spare.process.pid) not in (first, after.content)
+        else:
+            assert after.outcome == "timeout"
+    finally:
+        ex.close()
+        server.close()
+
+
 def test_result_text_for_structured_and_non_text_content():
     from mcp.types import CallToolResult, ImageContent, TextContent
 

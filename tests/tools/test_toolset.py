@@ -119,7 +119,7 @@ def test_tools_list_shows_why_a_server_failed_with_the_tail_of_its_stderr(tmp_pa
         timeout=120,
         env={**os.environ, "TOOLRL_HOME": str(tmp_path / "home"), "COLUMNS": "400"},
     )
-    assert listed.returncode == 0 and "calc.calculator" in listed.stdout and "server calc: ok" in listed.stdout
+    assert listed.returncode == 1 and "calc.calculator" in listed.stdout and "server calc: ok" in listed.stdout
     status = next(line for line in listed.stdout.splitlines() if line.startswith("server broken:"))
     assert "failed to start: the server exited before answering initialize (exit code 3" in status
     assert "RuntimeError: the config of this server is broken" in status

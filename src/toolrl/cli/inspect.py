@@ -49,8 +49,12 @@ def tools_list(config: ToolsConfigArg) -> None:
         console.print(table)
         for server, status in toolset.status.items():
             console.print(f"server {server}: {status}", highlight=False)
+        failed = [server for server, status in toolset.status.items() if status != "ok"]
     finally:
         toolset.close()
+    if failed:  # a script checking a tool file must see that some of its servers are down
+        console.print(f"{len(failed)} of {len(toolset.status)} servers failed: {', '.join(failed)}", highlight=False)
+        raise typer.Exit(1)
 
 
 @tools_app.command("call")

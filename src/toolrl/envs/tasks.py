@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,10 @@ def _question_text(value: Any) -> str | None:
     return value.strip()
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""Control characters other than tab, newline and carriage return: no task text means them."""
+
+
 def task_from_record(record: Mapping[str, Any], row: int, where: str) -> Task:
     _, question = _first(record, QUESTION_FIELDS)
     question = _question_text(question)
@@ -74,6 +79,12 @@ def task_from_record(record: Mapping[str, Any], row: int, where: str) -> Task:
         raise DataError(f"{where}: row {row} has no answer; give one of the fields {', '.join(ANSWER_FIELDS)}")
     answers = [str(a) for a in answer] if isinstance(answer, list) else [str(answer)]
     _, task_id = _first(record, ID_FIELDS)
+    for field, text in (("question", question), ("answer", answers[0]), ("id", str(task_id or ""))):
+        if found := CONTROL.search(text):
+            raise DataError(
+                f"{where}: row {row} {field} holds control character U+{ord(found.group()):04X} at offset "
+                f"{found.start()}; remove it (tabs and newlines are fine)"
+            )
     top = {answer_field.split(".")[0], "id", "question", "query", "problem", "prompt", *IMAGE_FIELDS}
     meta = {k: v for k, v in record.items() if k not in top}
     if len(answers) > 1:

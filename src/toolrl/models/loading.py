@@ -44,6 +44,6 @@ def load_model(name: str, device: torch.device, dtype: str = "float32"):
     if is_vision_model(path):  # a vision-language policy: its language model, vision tower and merger
         from transformers import AutoModelForImageTextToText
 
-        return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
     return model.to(device)

@@ -14,6 +14,7 @@ from filelock import FileLock
 
 from toolrl.errors import ModelNotFoundError
 from toolrl.home import toolrl_home
+from toolrl.text import clip
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,24 @@ def _is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def check_weights(path: Path) -> Path:
+    """`path`, when its weights are safetensors; a folder whose weights are only pickles (pytorch_model.bin)
+    is refused: unpickling can run code, and toolrl loads safetensors only (`use_safetensors=True`)."""
+    if any(path.glob("*.safetensors")):
+        return path
+    pickles = sorted(f.name for f in path.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise ModelNotFoundError(
+            f"model folder {clip(str(path), 200)} holds its weights as a pickle ({clip(', '.join(pickles), 80)}), "
+            "which can run code when loaded; save them as safetensors (model.save_pretrained(folder)) and pass "
+            "that folder"
+        )
+    return path  # no weights at all: loading names what is missing
+
+
 def convert_embedded(name: str, target: Path) -> Path:
     """Dequantize the GGUF into a plain fp32 safetensors folder, once; a file lock serialises processes."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,18 +100,22 @@ def resolve_model(name: str) -> Path:
     path = Path(name).expanduser()
     if path.exists():
         if _is_model_dir(path):
-            return path
-        raise ModelNotFoundError(f"model folder {path} has no config.json; point model.name at a Hugging Face folder")
+            return check_weights(path)
+        raise ModelNotFoundError(
+            f"model folder {clip(str(path), 200)} has no config.json; point model.name at a Hugging Face folder"
+        )
     from huggingface_hub import snapshot_download
 
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
     for local_only in (True,) if offline else (True, False):
         try:
-            return Path(snapshot_download(name, local_files_only=local_only, etag_timeout=10))
+            found = Path(snapshot_download(name, local_files_only=local_only, etag_timeout=10))
         except Exception as exc:  # not cached, no network, unknown id: all end in the one-line error below
             log.debug("snapshot_download(%s, local_files_only=%s) failed: %s", name, local_only, exc)
+        else:
+            return check_weights(found)
     known = ", ".join(EMBEDDED)
     raise ModelNotFoundError(
-        f"model {name!r} is not an embedded model ({known}), a local folder, or a hub id that can be reached "
+        f"model {clip(name, 80)!r} is not an embedded model ({known}), a local folder, or a hub id that can be reached "
         "from here; download it on a machine with network access and pass its folder as model.name"
     )

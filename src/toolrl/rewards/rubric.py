@@ -17,6 +17,7 @@ from typing import Any
 
 from toolrl.errors import ConfigError
 from toolrl.registry import Registry
+from toolrl.text import clip
 
 RewardFn = Callable[[Any, Any], float]
 """(trajectory, task) -> score."""
@@ -50,7 +51,7 @@ class Rubric:
         if len(set(names)) != len(names):
             raise ValueError(f"rubric criteria need distinct names, got {names}")
         if success is not None and success not in names:
-            raise ValueError(f"rubric success criterion {success!r} is not one of {names}")
+            raise ValueError(f"rubric success criterion {clip(str(success), 60)!r} is not one of {names}")
         self.success = success
 
     def score(self, trajectory, task) -> tuple[float, dict[str, float]]:

@@ -28,7 +28,7 @@ from toolrl.parsers.base import Parser, ParseResult
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.text import first_line
+from toolrl.text import clip, first_line
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.function import Tool
 from toolrl.tools.images import name_images
@@ -139,6 +139,26 @@ class Rollout:
         schemas = self.tool_schemas if tools is None else self._schemas(tools)
         instructions = getattr(self.parser, "instructions", None)  # the parser's own call syntax
         return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
+
+    def refuse_long_prompts(self, tasks: Sequence[Task], context: int) -> None:
+        """Before anything runs: a task whose prompt (its messages, the tool schemas, the call syntax) leaves no
+        room in the model's context for one generated token is a DataError naming it. A prompt whose text is at
+        most `context` UTF-8 bytes is not tokenized (no token is shorter than a byte)."""
+        import json
+
+        fixed = len(json.dumps(self.tool_schemas).encode()) + len(str(getattr(self.parser, "instructions", "")))
+        for task in tasks:
+            messages = self.env.messages(task)
+            size = fixed + sum(len(str(m.get("content", "")).encode()) + 32 for m in messages) + 256
+            if size <= context:
+                continue
+            length = len(self.prompt_ids(task, messages))
+            if length >= context:
+                raise DataError(
+                    f"env {self.env.name}, task {clip(str(task.id), 80)}: its prompt is {length:,} tokens (messages, "
+                    f"tool schemas and call syntax), the model's context {context:,}: nothing could be generated; "
+                    "shorten the task or offer fewer tools"
+                )
 
     def prompt(self, task: Task, messages: list[dict[str, str]] | None = None, tools=None) -> tuple[list[int], list]:
         """The prompt's ids and, for a vision-language policy, the task's images in them."""

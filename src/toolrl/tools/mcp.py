@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_S = (1.0, 30.0)
 """After a failed start, the next start waits this long (doubling per failure, up to the second value)."""
+SPARE_FAILURES = 3
+"""Failed starts of spare servers after which a connection stops keeping one."""
 STOP_GRACE_S = 0.5
 """On close: time for a server to exit after its stdin closes, then after SIGTERM, before SIGKILL."""
 STDERR_TAIL_LINES = 5
@@ -104,6 +106,14 @@ def _session_fault(exc: BaseException) -> str | None:
     return None
 
 
+def _never_connected(exc: BaseException) -> bool:
+    """An HTTP request that could not connect at all, so it was never sent (httpx.ConnectError)."""
+    import httpx
+
+    inner = _innermost(exc)
+    return isinstance(inner, httpx.ConnectError | ConnectionRefusedError)
+
+
 @dataclass
 class _Live:
     """One open session and what ends it."""
@@ -132,6 +142,11 @@ class MCPServerConnection:
         self._next_start = 0.0
         self._closed = False
         self._calls = 0
+        self.spare = False
+        """Keep one more server started and initialized, promoted at once when the live one crashes (stdio)."""
+        self._spare: _Live | None = None
+        self._spare_task: asyncio.Task | None = None
+        self._spare_failures = 0
         self._loop = LoopThread(f"mcp-{name}")
 
     # ---- transport (subclasses) ------------------------------------------------------------------------------
@@ -147,8 +162,9 @@ class MCPServerConnection:
 
     # ---- the session's lifetime (all on the connection's own loop) ------------------------------------------
 
-    async def _hold(self, ready: asyncio.Future) -> None:
-        """Open a session, report on `ready`, keep it until the server ends or close() is called."""
+    async def _hold(self, ready: asyncio.Future, spare: bool = False) -> None:
+        """Open a session, report on `ready`, keep it until the server ends or close() is called. A spare waits,
+        initialized, until a crash of the live one promotes it."""
         from mcp import ClientSession
 
         process = None
@@ -158,12 +174,17 @@ class MCPServerConnection:
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await asyncio.wait_for(self._initialize(session, process), self.connect_timeout_s)
                 live = _Live(session, process, delivery)
-                self._live = live
-                self.connections += 1
+                if spare:
+                    self._spare = live
+                else:
+                    self._live = live
+                    self.connections += 1
                 ready.set_result(None)
                 await _first(live.stop.wait(), *([_exited(process)] if process is not None else []))
                 if self._live is live:
                     self._live = None
+                if self._spare is live:
+                    self._spare = None
         except Exception as exc:
             if not ready.done():
                 ready.set_exception(ServerUnavailable(self._start_failure(exc, process)))
@@ -208,6 +229,29 @@ class MCPServerConnection:
             self._next_start = time.monotonic() + min(low * 2 ** (self._failed_starts - 1), high)
             raise
         self._failed_starts, self.cause = 0, None
+        self._start_spare()
+
+    def _start_spare(self) -> None:
+        """With `spare`, start one more server in the background, initialized and idle, that a crash promotes
+        at once (a restart takes the server's start-up time, which on a busy machine can exceed a call's
+        deadline). A spare that fails to start is logged; after SPARE_FAILURES such failures, none is tried."""
+        if not self.spare or self._closed or self._spare_task is not None or self._spare_failures >= SPARE_FAILURES:
+            return
+        ready = asyncio.get_running_loop().create_future()
+        owner = asyncio.ensure_future(self._hold(ready, spare=True))
+        self._owners.add(owner)
+        owner.add_done_callback(self._owners.discard)
+
+        async def watch() -> None:
+            try:
+                await ready
+            except ServerUnavailable as exc:
+                self._spare_failures += 1
+                log.warning("MCP server %s: a spare did not start: %s", self.name, exc)
+            finally:
+                self._spare_task = None
+
+        self._spare_task = asyncio.ensure_future(watch())
 
     async def _ready(self) -> _Live:
         """The live session, starting (or restarting) the server when it is down and may be tried again."""
@@ -220,6 +264,12 @@ class MCPServerConnection:
             if live is not None:  # its process is gone; the owner is closing it
                 self._live = None
                 live.stop.set()
+            spare = self._spare
+            if spare is not None and spare.process is not None and spare.process.returncode is None:
+                self._live, self._spare = spare, None  # promoted: the restart is already done
+                self.connections += 1
+                self._start_spare()
+                return spare
             if self._starting is None:
                 if self._failed_starts and time.monotonic() < self._next_start:
                     raise ServerUnavailable(self.cause or f"MCP server {self.name} is down")
@@ -250,6 +300,9 @@ class MCPServerConnection:
                 live.stop.set()
             if fault == "expired":
                 raise ServerUnavailable(f"MCP server {self.name} dropped the session; reconnecting") from None
+            if _never_connected(exc):  # HTTP: the request found no server to take it
+                reason = first_line(_innermost(exc))
+                raise NotDelivered(f"MCP server {self.name} refused the connection ({reason})") from None
             if live.process is not None:  # a moment for its exit code, which says what happened
                 await _first(_exited(live.process), asyncio.sleep(0.5))
             if tag is not None and live.delivery is not None:
@@ -311,7 +364,7 @@ class MCPServerConnection:
 
         async def stop() -> None:
             # Owners end through their transport's shutdown (stdin closed, SIGTERM, SIGKILL), starting ones too.
-            for task in (self._starting, *self._owners):
+            for task in (self._starting, self._spare_task, *self._owners):
                 if task is not None:
                     task.cancel()
             if self._owners:

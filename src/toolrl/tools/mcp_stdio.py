@@ -33,21 +33,27 @@ class MCPStdioServer(MCPServerConnection):
         cwd: str | None = None,
         connect_timeout_s: float = 30.0,
         log_path: str | Path | None = None,
+        spare: bool = False,
     ):
         self.command, self.args, self.cwd = command, list(args), cwd
         self.env = dict(env) if env else None
         self.log_path = Path(log_path) if log_path else None
-        self._log_start = 0
+        self._log_starts: dict[int, int] = {}
+        """Where each server process's stderr starts in the log (a spare shares the file)."""
         super().__init__(name, connect_timeout_s)
+        self.spare = spare
 
     async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None]:
         from mcp.client.stdio import get_default_environment
 
         log_file = stack.enter_context(self._stderr_log())
+        start = log_file.tell() if self.log_path is not None else 0
         environment = get_default_environment() | (self.env or {})
-        return await stack.enter_async_context(
+        opened = await stack.enter_async_context(
             stdio_transport([self.command, *self.args], environment, self.cwd, log_file)
         )
+        self._log_starts[opened[2].pid] = start
+        return opened
 
     def _stderr_log(self):
         if self.log_path is None:
@@ -56,7 +62,6 @@ class MCPStdioServer(MCPServerConnection):
         handle = open(self.log_path, "ab")  # noqa: SIM115
         handle.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.command}\n".encode())
         handle.flush()
-        self._log_start = handle.tell()
         return handle
 
     def _describe_exit(self, process: Any | None) -> str:
@@ -64,15 +69,18 @@ class MCPStdioServer(MCPServerConnection):
             return ""
         code = process.returncode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        tail = self.stderr_tail()
+        tail = self.stderr_tail(self._log_starts.get(process.pid, 0))
         return f" ({how}{'; stderr: ' + tail if tail else ''})"
 
-    def stderr_tail(self) -> str:
-        """The last lines this session's server wrote to stderr, as one bounded line ('' when not logged)."""
+    def stderr_tail(self, start: int | None = None) -> str:
+        """The last lines written to the stderr log since `start` (by default the last server started), as
+        one bounded line ('' when not logged)."""
         if self.log_path is None or not self.log_path.is_file():
             return ""
+        if start is None:
+            start = max(self._log_starts.values(), default=0)
         with open(self.log_path, "rb") as f:
-            f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - 4096))
+            f.seek(max(start, f.seek(0, os.SEEK_END) - 4096))
             lines = f.read().decode("utf-8", "replace").splitlines()[-STDERR_TAIL_LINES:]
         return one_line("\n".join(lines), 400)
 

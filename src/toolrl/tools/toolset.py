@@ -33,11 +33,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from toolrl.config.loader import format_validation_error
 from toolrl.errors import ConfigError, ToolError
@@ -110,6 +111,9 @@ class ServerEntry(Entry):
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
     connect_timeout_s: float = Field(30.0, gt=0)
+    spare: bool = False
+    """For `command`: keep one more server started and idle, promoted at once when the live one crashes, so
+    that the calls behind a crash do not wait for a restart (one more process)."""
     policy: PolicyEntry | None = None
     policies: dict[str, PolicyEntry] = Field(default_factory=dict)
 
@@ -128,10 +132,24 @@ class ServerEntry(Entry):
         return (self.allow is None or short in self.allow) and short not in self.deny
 
 
+SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 class ToolsFile(Entry):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     mcp_servers: dict[str, ServerEntry] = Field(alias="mcpServers")
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, servers: dict[str, ServerEntry]) -> dict[str, ServerEntry]:
+        for name in servers:
+            if not SERVER_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{clip(name, 60)!r} is not a server name: use letters, digits, _ and - (at most 64; no dot, "
+                    "which separates a server from its tools in server.tool)"
+                )
+        return servers
 
 
 Builder = Callable[[str, ServerEntry, "Toolset"], list[Tool]]
@@ -159,7 +177,9 @@ def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
     from toolrl.tools.mcp_stdio import MCPStdioServer
 
     log_path = toolset.log_dir / f"{name}.log"
-    server = MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s, log_path)
+    server = MCPStdioServer(
+        name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s, log_path, spare=entry.spare
+    )
     toolset.servers[name] = server
     return server.tools()
 

@@ -109,6 +109,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, t))
         self.rollout = bench.rollout(self.config.rollout.sampling, seed=self.config.seed)
         self.train_tasks = list(bench.env.tasks("train"))
+        self.rollout.refuse_long_prompts(self.train_tasks, bench.context_length)
         self.rng = random.Random(self.config.seed)
         self.order: list[int] = []
         self.step_done = 0

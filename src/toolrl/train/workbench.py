@@ -91,6 +91,13 @@ class Workbench:
         name = self.config.rollout.engine
         return "hf-vision" if name == "hf" and self.chat.supports_images else name
 
+    @property
+    def context_length(self) -> int:
+        """The policy's context in tokens (its language model's position embeddings)."""
+        config = self.model.config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return int(getattr(text, "max_position_embeddings", None) or 2**31)
+
     def distinct_engines(self) -> list[Engine]:
         """The engines made so far, each once (an engine that loads weights serves several purposes)."""
         return list({id(e): e for e in self.engines.values()}.values())
@@ -136,4 +143,5 @@ class Workbench:
         tasks = self.env.tasks("test")[: num_tasks or e.num_tasks]
         sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
         rollout = self.rollout(sampling, seed=self.config.seed + EVAL_ENGINE_SEED, purpose="eval")
+        rollout.refuse_long_prompts(tasks, self.context_length)
         return run_tasks(rollout, tasks, e.batch_size, seed=self.config.seed + EVAL_SAMPLING_SEED)

@@ -18,6 +18,7 @@ from toolrl.models.vision import as_pil
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
 from toolrl.tools.function import tool_from_function
+from toolrl.tools.limits import InvalidArguments
 
 SYSTEM = (
     "You are a careful assistant who reads numbers in images. The user's image is named `task`. Tools: "
@@ -79,7 +80,7 @@ class ImageBook:
 
     def get(self, name: str):
         if name not in self.images:
-            raise ValueError(f"no image named {name!r}; images: {', '.join(self.images)}")
+            raise InvalidArguments(f"no image named {name!r}; images: {', '.join(self.images)}")
         return self.images[name]
 
     def add(self, image, what: str) -> list:
@@ -98,7 +99,7 @@ class ImageBook:
                 degrees: 90, 180 or 270.
             """
             if degrees % 90:
-                raise ValueError("degrees must be 90, 180 or 270")
+                raise InvalidArguments("degrees must be 90, 180 or 270")
             turned = book.get(image).rotate(degrees % 360, expand=True)
             return book.add(turned, f"{image} turned by {degrees} degrees")
 
@@ -113,7 +114,7 @@ class ImageBook:
                 bottom: Bottom edge (more than top).
             """
             if not (0 <= left < right <= 1 and 0 <= top < bottom <= 1):
-                raise ValueError("need 0 <= left < right <= 1 and 0 <= top < bottom <= 1")
+                raise InvalidArguments("need 0 <= left < right <= 1 and 0 <= top < bottom <= 1")
             source = book.get(image)
             w, h = source.size
             box = (int(left * w), int(top * h), max(int(right * w), int(left * w) + 1), max(int(bottom * h), 1))
