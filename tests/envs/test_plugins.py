@@ -180,5 +180,5 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_run_naming_the_t
     last = done.stderr.strip().splitlines()[-1]
     task = "huge-7" if command == "train" else "huge-8"
     assert done.returncode != 0 and f"env long_question, task {task}: its prompt is" in last, done.stderr[-2000:]
-    assert "the model's context 2,048" in last and len(last) < 300
+    assert "the model's context 8,192" in last and len(last) < 300
     assert time.monotonic() - started < 120

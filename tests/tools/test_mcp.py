@@ -166,16 +166,20 @@ def test_a_crash_fails_only_what_the_server_read_and_the_rest_goes_to_the_restar
     marker = tmp_path / "notes"
     ex = ToolExecutor(server.tools(), timeout_s=20, policies={"serial.note": ToolPolicy(timeout_s=20, retries=0)})
     try:
+        go = tmp_path / "go"
 
         async def scenario():
-            crash = asyncio.ensure_future(ex.invoke(ToolCall("serial.crash", {})))
-            await asyncio.sleep(0.05)  # written first: every note is behind it in the pipe
+            crash = asyncio.ensure_future(ex.invoke(ToolCall("serial.crash", {"after": str(go)})))
+            delivery = server._live.delivery
+            while not delivery.ends:  # the crash is written first: every note is behind it in the pipe
+                await asyncio.sleep(0.01)
             notes = [
                 asyncio.ensure_future(ex.invoke(ToolCall("serial.note", {"marker": str(marker), "text": f"n{i}"})))
                 for i in range(60)
             ]
-            await asyncio.sleep(0.2)  # while the server sleeps in `crash`, the notes are written to its stdin
-            assert server.connections == 1
+            while len(delivery.ends) < 61:  # every note written to the stdin of a server busy in `crash`
+                await asyncio.sleep(0.01)
+            go.touch()
             return await crash, await asyncio.gather(*notes)
 
         crashed, notes = run(scenario())
@@ -280,7 +284,7 @@ def start_http_server(port: int, transport: str = "http"):
 
 
 def test_streamable_http_server_on_localhost_survives_a_restart():
-    from toolrl.tools.mcp import MCPHttpServer
+    from toolrl.tools.mcp_http import MCPHttpServer
 
     port = free_port()
     proc = start_http_server(port)
@@ -302,7 +306,7 @@ def test_streamable_http_server_on_localhost_survives_a_restart():
 
 
 def test_legacy_sse_server_on_localhost():
-    from toolrl.tools.mcp import MCPSseServer
+    from toolrl.tools.mcp_http import MCPSseServer
 
     port = free_port()
     proc = start_http_server(port, "sse")

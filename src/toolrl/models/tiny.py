@@ -42,7 +42,7 @@ def make_tiny_model(target: Path, seed: int = 0, hidden: int = 64, layers: int =
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=8192,  # as SmolLM2-135M, whose tokenizer it uses: the files env prompts are 2.3k
         tie_word_embeddings=True,
         initializer_range=init_std,
     )

@@ -186,7 +186,7 @@ def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
 
 @entry_kind("url")
 def _mcp_http(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
-    from toolrl.tools.mcp import MCPHttpServer, MCPSseServer
+    from toolrl.tools.mcp_http import MCPHttpServer, MCPSseServer
 
     sse = entry.transport == "sse" or (entry.transport is None and entry.url.rstrip("/").endswith("/sse"))
     server = (MCPSseServer if sse else MCPHttpServer)(name, entry.url, entry.headers, entry.connect_timeout_s)
