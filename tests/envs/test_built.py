@@ -45,10 +45,10 @@ def built_env(path, *overrides, parser=None):
     return make_env(config.env, parser=parser)
 
 
-def play(env, chat, tasks, idle=False):
+def play(env, chat, tasks, idle=False, seed=None, first=0):
     rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(8, 256, 4000, 200))
     rollout.engine = ReferenceEngine(rollout, tasks, idle=idle, script=reference_script)
-    return rollout.run(tasks)
+    return rollout.run(tasks, seed, first)
 
 
 @pytest.mark.parametrize("parser", ["hermes", "pythonic", "llama3-json"])
@@ -111,6 +111,22 @@ def test_injected_noise_is_seen_by_the_model_and_not_counted_as_its_calls(built_
     assert 0 < injected < calls
     again = play(half, chat, half.tasks("test"))  # faults are drawn per episode: another draw, same rate
     assert [t.rewards["injected_faults"] for t in again] != [t.rewards["injected_faults"] for t in trajs] or injected
+
+
+def test_a_seeded_trajectory_meets_the_same_injected_faults_whatever_runs_beside_it(built_dir, chat):
+    """Faults draw from the trajectory's own stream (seeds.episode): the same in a batch of one, in the whole
+    split, and in a fresh environment (a resumed run), not from a count of the episodes started before."""
+    env = built_env(built_dir, "env.options.noise=0.5")
+    tasks = env.tasks("test")
+    whole = play(env, chat, tasks, seed=11)
+    faults = [[r.content for r in t.results] for t in whole]
+    assert 0 < sum(t.rewards["injected_faults"] for t in whole) < sum(len(t.results) for t in whole)
+    fresh = built_env(built_dir, "env.options.noise=0.5")
+    last = play(fresh, chat, tasks[-1:], seed=11, first=len(tasks) - 1)
+    assert [r.content for r in last[0].results] == faults[-1]
+    assert [[r.content for r in t.results] for t in play(env, chat, tasks, seed=11)] == faults
+    other = play(env, chat, tasks, seed=12)
+    assert [[r.content for r in t.results] for t in other] != faults
 
 
 def test_a_missing_build_is_one_line_saying_how_to_make_it(tmp_path):

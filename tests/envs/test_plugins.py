@@ -182,3 +182,21 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_run_naming_the_t
     assert done.returncode != 0 and f"env long_question, task {task}: its prompt is" in last, done.stderr[-2000:]
     assert "the model's context 8,192" in last and len(last) < 300
     assert time.monotonic() - started < 120
+
+
+def test_an_environment_registered_by_a_plugin_is_named_in_the_config_from_the_command_line(tiny_model_dir):
+    """`plugins:` is imported before the config's names are checked (it once was after: unknown environment)."""
+    sets = ["plugins=[tests.fixtures.plugin_env]", "env.name=plugin-shelf", "env.options.shelves=3"]
+    shown = toolrl("config", "show", *(a for s in sets for a in ("--set", s)), cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr
+    assert "name: plugin-shelf" in shown.stdout and "shelves: 3" in shown.stdout
+    bad = toolrl("config", "show", *(a for s in [*sets[:2], "env.options.shelves=0"] for a in ("--set", s)), cwd=ROOT)
+    assert bad.returncode == 2
+    assert (
+        bad.stderr.strip()
+        == "error: env.options of plugin-shelf: env.options.shelves must be greater than or equal to 1, got 0"
+    )
+    sets += [f"model.name={tiny_model_dir}", "rollout.max_new_tokens=4", "rollout.max_turns=1"]
+    evaluated = toolrl("eval", "--num-tasks", "3", *(a for s in sets for a in ("--set", s)), cwd=ROOT)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "plugin-shelf test split, 3 tasks" in evaluated.stdout

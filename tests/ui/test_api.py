@@ -27,9 +27,10 @@ TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def ui_client(root: Path, base_url: str = "http://127.0.0.1:7860", **kwargs) -> TestClient:
+def ui_client(root: Path, base_url: str = "http://127.0.0.1:7860", recipes: Path | None = None, **kwargs) -> TestClient:
     """A client of a UI with the token (as the page has it after its first visit)."""
-    return TestClient(build_app(root, [], token=TOKEN, **kwargs), base_url=base_url, headers=AUTH)
+    app = build_app(root, [recipes] if recipes else [], token=TOKEN, **kwargs)
+    return TestClient(app, base_url=base_url, headers=AUTH)
 
 
 def fake_run_process() -> subprocess.Popen:
@@ -334,3 +335,22 @@ def test_a_run_from_elsewhere_is_resumed_only_when_trusted(tmp_path):
         cwd=tmp_path,
     )  # trusted: it goes on to import the module, which does not exist here
     assert "cannot import 'my_plugin_env'" in trusted.stderr
+
+
+def test_a_recipe_whose_plugin_registers_the_environment_validates_on_the_page(tmp_path):
+    """The page resolves a config as the CLI does: the recipe's plug-ins first, then the names they register."""
+    from toolrl.envs.base import ENVIRONMENTS
+
+    sys.modules.pop("tests.fixtures.plugin_env", None)  # imported afresh, as in a new UI process
+    ENVIRONMENTS.pop("plugin-shelf", None)
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    recipe = "plugins: [tests.fixtures.plugin_env]\nenv:\n  name: plugin-shelf\n"
+    (recipes / "shelf.yaml").write_text(recipe)
+    with ui_client(tmp_path / "runs", recipes=recipes) as client:
+        edited = recipe + "  options:\n    shelves: 4\n"
+        good = client.post("/api/validate", json={"config": edited, "recipe": "shelf"}, headers=POST)
+        assert good.status_code == 200 and good.json()["env"] == "plugin-shelf"
+        bad = client.post("/api/validate", json={"config": edited.replace("4", "0"), "recipe": "shelf"}, headers=POST)
+        assert bad.status_code == 400
+        assert bad.json()["error"].startswith("env.options of plugin-shelf: env.options.shelves must be greater")

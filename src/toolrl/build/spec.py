@@ -123,8 +123,8 @@ class BuildSpec(Section):
 
 def load_spec(path: str | Path | None, overrides: dict | None = None) -> BuildSpec:
     """A spec from a YAML/JSON file (or the defaults), with `overrides` (source, seed) on top; one-line errors."""
-    from toolrl.config.loader import format_validation_error
     from toolrl.files import load_structured
+    from toolrl.validation import format_validation_error
 
     data = load_structured(path, "build spec") if path else {}
     if data is None:

@@ -38,7 +38,7 @@ def train(
     """Train a model with RL (GRPO by default) on an environment's tasks. Progress: a bar on a terminal, one
     line per step otherwise (also in RUN/progress.log)."""
     from toolrl.cli.progress import StepReporter, pick_mode
-    from toolrl.config import load_config
+    from toolrl.config import resolve
     from toolrl.train import RunDir, Trainer, Workbench, distributed
 
     if resume is not None:
@@ -47,17 +47,16 @@ def train(
         run = RunDir.existing(resume)
         if run.pointed("last") is None:
             raise ToolRLError(f"{run.path}: no checkpoint to resume from (no last/); train.save_every writes them")
-        from toolrl.config.loader import config_data
-        from toolrl.files import read_text
+        from toolrl.config.resolve import read
         from toolrl.train.trust import check_trusted, code_to_run
 
-        data = config_data(read_text(run.path / "config.yaml", "config file"), str(run.path / "config.yaml"))
+        data = read(run.path / "config.yaml")
         for line in code_to_run(data):  # a run directory is data: what it makes toolrl run is said first
             console.print(f"resume will {line}", highlight=False, markup=False)
         check_trusted(run.path, run.read_status(), trust_run)
-        cfg = load_config(run.path / "config.yaml", set_)
+        cfg = resolve(run.path / "config.yaml", set_)
     else:
-        cfg = load_config(config, set_)
+        cfg = resolve(config, set_)
         run = None
     _quiet_libraries()
     started = time.perf_counter()
@@ -114,11 +113,11 @@ def eval_(
     success per category and per request, Solve-P/R/F1. A served model: --set rollout.engine=openai."""
     import json
 
-    from toolrl.config import load_config
+    from toolrl.config import resolve
     from toolrl.train import Workbench
     from toolrl.train.evaluate import breakdown, summarize
 
-    cfg = load_config(config, set_)
+    cfg = resolve(config, set_)
     _quiet_libraries()
     started = time.perf_counter()
     with console.status("evaluating"):
@@ -219,11 +218,11 @@ def report(
 def _param_delta(run_path: Path, before: str | None, after: str | None) -> None:
     import json
 
-    from toolrl.config import load_config
+    from toolrl.config.resolve import read_checked
     from toolrl.train.param_delta import by_layer_and_module, load_weights, relative_changes, write_heatmap
 
     _quiet_libraries()
-    before = before or load_config(run_path / "config.yaml").model.name
+    before = before or read_checked(run_path / "config.yaml").model.name
     after = after or str(run_path / "final")
     if after == str(run_path / "final") and not (run_path / "final").is_dir():
         raise ConfigError(f"{run_path}: no final/ model yet; give --to a checkpoint folder")

@@ -1,6 +1,11 @@
-"""Run configuration: pydantic schema, YAML loading and command-line overrides."""
+"""Run configuration: the pydantic schema (schema.py), reading YAML and `--set` overrides (loader.py), and
+resolving a config once: code imported, names checked against the registries (resolve.py)."""
 
-from toolrl.config.loader import config_to_yaml, load_config
+from toolrl.config.loader import config_to_yaml
+from toolrl.config.resolve import resolve, resolve_data
 from toolrl.config.schema import RunConfig
 
-__all__ = ["RunConfig", "config_to_yaml", "load_config"]
+load_config = resolve
+"""The name of earlier versions."""
+
+__all__ = ["RunConfig", "config_to_yaml", "load_config", "resolve", "resolve_data"]

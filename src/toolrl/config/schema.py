@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal configs, resolved or not (private attributes are bookkeeping)."""
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class ModelConfig(Section):
@@ -56,6 +65,20 @@ class EnvConfig(Section):
     """A model judge added to the rubric as criterion `judge`."""
     options: dict[str, Any] = {}
     """The environment's own settings (see its Options model: `toolrl config show --set env.name=NAME`)."""
+    _typed: tuple[dict[str, Any], Any] | None = PrivateAttr(None)
+
+    def modules(self) -> list[str]:
+        """`module` as a list."""
+        return self.module if isinstance(self.module, list) else [self.module] if self.module else []
+
+    def keep_options(self, typed: BaseModel) -> None:
+        """`options` as validated by the environment's Options model (config/resolve.py), written out in full."""
+        self.options = typed.model_dump(mode="json")
+        self._typed = (copy.deepcopy(self.options), typed)
+
+    def kept_options(self) -> Any:
+        """The validated options, while `options` is still what was validated (None otherwise)."""
+        return self._typed[1] if self._typed is not None and self._typed[0] == self.options else None
 
 
 class SamplingConfig(Section):
@@ -246,3 +269,12 @@ class RunConfig(Section):
     tools: ToolsConfig = ToolsConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    _resolved: bool = PrivateAttr(False)
+
+    @property
+    def is_resolved(self) -> bool:
+        """Whether config/resolve.py imported its code and checked its names against the registries."""
+        return self._resolved
+
+    def mark_resolved(self) -> None:
+        self._resolved = True

@@ -17,6 +17,8 @@ names (or that the `toolrl.environments` entry-point group lists); `toolrl env n
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,11 +28,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolrl.errors import ConfigError
 from toolrl.parsers import CallSyntax, get_parser
+from toolrl.plugins import import_modules
 from toolrl.registry import Registry
 from toolrl.rewards.rubric import Rubric
 from toolrl.rewards.text import final_answer
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import Tool
+from toolrl.validation import format_validation_error
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
@@ -190,9 +194,21 @@ class Environment(ABC):
     def messages(self, task: Task) -> list[dict[str, str]]:
         """Prompt messages for a task (system, in-context example, user question)."""
 
-    def reset(self, task: Task) -> Episode:
-        """Start one trajectory on `task`; environments with per-trajectory state override this."""
+    def reset(self, task: Task, seed: int | None = None) -> Episode:
+        """Start one trajectory on `task`; environments with per-trajectory state override this. `seed`: what
+        the episode may draw from (seeds.episode of the trajectory's seed; None when it has none), as in
+        Gymnasium; an override without a `seed` parameter is called without one."""
         return Episode(task, self.messages(task))
+
+
+@functools.cache
+def _takes_seed(reset: Callable[..., Episode]) -> bool:
+    return "seed" in inspect.signature(reset).parameters
+
+
+def start_episode(env: Environment, task: Task, seed: int | None) -> Episode:
+    """`env.reset(task, seed=seed)`, or `env.reset(task)` for an environment whose reset takes no seed."""
+    return env.reset(task, seed=seed) if _takes_seed(type(env).reset) else env.reset(task)
 
 
 BUILTIN_ENVIRONMENTS = ("built", "calculator", "code", "files", "images", "nl2sql", "search")
@@ -211,20 +227,14 @@ ENTRY_POINTS = "toolrl.environments"
 """The entry-point group where installed packages list their environment modules."""
 
 
-def _import_modules(config) -> None:
-    """Import `env.module` (one or a list)."""
-    from toolrl.plugins import import_modules
-
-    modules = config.module if isinstance(config.module, list) else [config.module] if config.module else []
-    import_modules(modules, "env.module")
-
-
 def environment_class(config) -> Callable[..., Environment]:
-    """The registered environment `config.name` names, after importing `env.module` and, for a name not
-    registered yet, the modules of the `toolrl.environments` entry points."""
-    _import_modules(config)
+    """The registered environment `config.name` names. A resolved config (config/resolve.py) had its `plugins`
+    and `env.module` imported already; for a name still unknown (an EnvConfig built in Python) `env.module` is
+    imported, then the modules of the `toolrl.environments` entry points."""
     if config.name not in ENVIRONMENTS:
         from importlib.metadata import entry_points
+
+        import_modules(config.modules(), "env.module")
 
         for point in entry_points(group=ENTRY_POINTS):
             if point.name == config.name:
@@ -232,14 +242,16 @@ def environment_class(config) -> Callable[..., Environment]:
     try:
         return ENVIRONMENTS.lookup(config.name)
     except ConfigError as exc:
-        hint = "an environment of your own: set env.module to the module that registers it"
+        hint = "an environment of your own: set env.module to the module that registers it (or list it in plugins)"
         raise ConfigError(f"{exc}; {hint}") from None
 
 
 def environment_options(config) -> EnvOptions:
-    """`config.options` validated by the environment's Options model; a ConfigError naming env.options.KEY."""
-    from toolrl.config.loader import format_validation_error
-
+    """`config.options` validated by the environment's Options model (once: a resolved config keeps them); a
+    ConfigError naming env.options.KEY."""
+    kept = config.kept_options()
+    if kept is not None:
+        return kept
     options_model = getattr(environment_class(config), "Options", EnvOptions)
     try:
         return options_model.model_validate(config.options)

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from toolrl import seeds
 from toolrl.chat.format import ChatFormat
-from toolrl.envs.base import Environment, Episode, StepResult, Task, final_answer
+from toolrl.envs.base import Environment, Episode, StepResult, Task, final_answer, start_episode
 from toolrl.errors import ConfigError, DataError
 from toolrl.parsers.base import Parser, ParseResult
 from toolrl.rollout.engine import Engine, Sampled
@@ -37,9 +38,6 @@ from toolrl.tools.observation import clip_observation
 log = logging.getLogger(__name__)
 
 STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done", "user_failed")
-SEED_STRIDE = 1_000_003
-"""Trajectory i of a rollout seeded s samples with seed s * SEED_STRIDE + i (a prime stride: no two
-(rollout, trajectory) pairs share a seed for rollouts of fewer than a million trajectories)."""
 
 
 class State(enum.Enum):
@@ -204,13 +202,13 @@ class Rollout:
         episodes: list[Episode] = []
         seqs = [object() for _ in tasks]  # engine sequence keys, unique even across concurrent rollouts
         runs: list[_Run] = []
+        own = [None if seed is None else seeds.derive(seed, first + i) for i in range(len(tasks))]
         try:
-            for task in tasks:
-                episodes.append(self.env.reset(task))
+            for task, traj_seed in zip(tasks, own, strict=True):
+                episodes.append(start_episode(self.env, task, seeds.episode(traj_seed)))
             runs = [self._start(episode, seq) for episode, seq in zip(episodes, seqs, strict=True)]
-            if seed is not None:
-                for i, run in enumerate(runs):
-                    run.traj.seed = seed * SEED_STRIDE + first + i
+            for run, traj_seed in zip(runs, own, strict=True):
+                run.traj.seed = traj_seed
             if self.schedule == "lockstep":
                 await self._lockstep(runs)
             else:

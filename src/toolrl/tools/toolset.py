@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from toolrl.config.loader import format_validation_error
 from toolrl.errors import ConfigError, ToolError
 from toolrl.files import load_structured
 from toolrl.registry import Registry
@@ -48,6 +47,7 @@ from toolrl.text import clip, first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
 from toolrl.tools.model import ModelBackend
+from toolrl.validation import format_validation_error
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
@@ -347,7 +347,7 @@ def read_tool_file(path: Path) -> ToolsFile:
             raise ConfigError(
                 f"{path}: unknown key '{clip(key, 120)}'; known keys here: {_known_keys(error['loc'])}"
             ) from None
-        raise ConfigError(format_validation_error(exc, str(path))) from None
+        raise ConfigError(format_validation_error(exc, str(path), ToolsFile)) from None
 
 
 SECTIONS: dict[str, type[Entry]] = {

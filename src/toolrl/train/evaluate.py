@@ -37,11 +37,11 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
 
 
 def run_tasks(rollout: Rollout, tasks: Sequence[Task], batch_size: int, seed: int | None = None) -> list[Trajectory]:
-    """One trajectory per task, `batch_size` at a time; with `seed`, task i samples with its own seed (the same
-    draws whatever the batch size or timing)."""
+    """One trajectory per task, `batch_size` at a time; with `seed`, task i samples with seeds.derive(seed, i)
+    (the same draws whatever the batch size or timing)."""
     trajs: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
-        trajs += rollout.run(tasks[start : start + batch_size], None if seed is None else seed + start)
+        trajs += rollout.run(tasks[start : start + batch_size], seed, first=start)
     return trajs
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from toolrl.config import load_config
+from toolrl.config.resolve import read_checked
 from toolrl.errors import ConfigError
 from toolrl.train import sharded
 from toolrl.train.checkpointing import STATE, TRAINABLE
@@ -37,7 +37,7 @@ def export_checkpoint(path: Path, out: Path) -> Path:
     from toolrl.models import load_model, load_tokenizer
 
     run, checkpoint = find_checkpoint(path)
-    config = load_config(run.path / "config.yaml")
+    config = read_checked(run.path / "config.yaml")  # its code is not imported
     model = load_model(config.model.name, torch.device("cpu"), config.model.dtype)
     if config.train.lora.r:
         model = apply_lora(model, config.train.lora, vision=config.train.train_vision)

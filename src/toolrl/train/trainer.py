@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from toolrl import seeds
 from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from toolrl.algos.mismatch import Mismatch
 from toolrl.envs import Task
@@ -45,9 +46,6 @@ from toolrl.train.update import (  # noqa: F401  (their home before update.py)
 from toolrl.train.workbench import Workbench
 
 log = logging.getLogger(__name__)
-
-STEP_SEED_STRIDE = 1_000_003
-"""Step s of a run seeded r samples with seed r * STEP_SEED_STRIDE + s: a distinct stream per step and run."""
 
 
 @dataclass
@@ -75,7 +73,7 @@ class Trainer:
         self.estimate = ADVANTAGES.lookup(t.advantage)
         self.kl = KL_ESTIMATORS.lookup(t.kl.estimator)
         self.loss_fns = LossFunctions(POLICY_LOSSES.lookup(t.loss), AGGREGATIONS.lookup(t.aggregation), self.kl)
-        torch.manual_seed(self.config.seed)
+        torch.manual_seed(seeds.init(self.config.seed))
         if t.lora.r or not t.train_vision:
             bench.model = prepare_policy(bench.model, t)  # LoRA; a vision tower frozen
             bench.engines.clear()  # engines made before hold the unwrapped model
@@ -107,10 +105,10 @@ class Trainer:
             params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, t))
-        self.rollout = bench.rollout(self.config.rollout.sampling, seed=self.config.seed)
+        self.rollout = bench.rollout(self.config.rollout.sampling, seed=seeds.engine(self.config.seed, "train"))
         self.train_tasks = list(bench.env.tasks("train"))
         self.rollout.refuse_long_prompts(self.train_tasks, bench.context_length)
-        self.rng = random.Random(self.config.seed)
+        self.rng = random.Random(seeds.task_order(self.config.seed))
         self.order: list[int] = []
         self.step_done = 0
         self.best: float | None = None
@@ -149,7 +147,7 @@ class Trainer:
         share = len(tasks) // self.dist.world  # whole groups: prompts_per_step splits over the ranks
         first = self.dist.rank * share
         tool_counts, reward_counts = bench.executor.metrics.copy(), bench.env.rubric.stats()
-        seed = self.config.seed * STEP_SEED_STRIDE + step
+        seed = seeds.sampling(self.config.seed, step)
         trajs = self.rollout.run(tasks[first : first + share], seed=seed, first=first)
         tool_counts, reward_counts = bench.executor.metrics - tool_counts, bench.env.rubric.stats() - reward_counts
         return RolloutPart(trajs, tool_counts, reward_counts, time.perf_counter() - started, version)

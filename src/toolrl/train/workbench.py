@@ -9,13 +9,14 @@ from typing import Any
 
 import torch
 
+from toolrl import seeds
 from toolrl.chat import ChatFormat
 from toolrl.config import RunConfig
+from toolrl.config.resolve import resolved
 from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, make_env
 from toolrl.errors import ConfigError
 from toolrl.models import load_model, load_tokenizer, pick_device
-from toolrl.plugins import import_modules
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import ENGINES
 from toolrl.tools import ToolExecutor
@@ -41,12 +42,6 @@ def chat_format(config: RunConfig, name: str, tokenizer, model, env: Environment
     return ChatFormat(tokenizer)
 
 
-EVAL_ENGINE_SEED = 1
-"""The evaluation engine's seed is the run's seed plus this (the training engine's is the run's seed)."""
-EVAL_SAMPLING_SEED = 7
-"""Evaluation task i samples with the run's seed plus this plus i: the same draws whatever the batch size."""
-
-
 @dataclass
 class Workbench:
     """What a run works with: model, tokenizer, chat format, environment and tools."""
@@ -65,7 +60,7 @@ class Workbench:
     def load(cls, config: RunConfig, model_name: str | None = None, log_dir: Path | None = None) -> Workbench:
         """`log_dir`: where tool servers and workers write their stderr (a run's tools/ folder; by default
         $TOOLRL_HOME/logs/tools)."""
-        import_modules(config.plugins, "plugins")
+        config = resolved(config)  # a config built in Python: its code imported, its names checked, here once
         from toolrl.train import distributed
 
         device = distributed.device_for(distributed.from_env(), pick_device(config.device))
@@ -142,6 +137,6 @@ class Workbench:
         e = self.config.eval
         tasks = self.env.tasks("test")[: num_tasks or e.num_tasks]
         sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
-        rollout = self.rollout(sampling, seed=self.config.seed + EVAL_ENGINE_SEED, purpose="eval")
+        rollout = self.rollout(sampling, seed=seeds.engine(self.config.seed, "eval"), purpose="eval")
         rollout.refuse_long_prompts(tasks, self.context_length)
-        return run_tasks(rollout, tasks, e.batch_size, seed=self.config.seed + EVAL_SAMPLING_SEED)
+        return run_tasks(rollout, tasks, e.batch_size, seed=seeds.evaluation(self.config.seed))

@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from toolrl.config.loader import config_data, default_config_text, validate_config
+from toolrl.config.loader import config_data, default_config_text
+from toolrl.config.resolve import resolve_data
 from toolrl.errors import ConfigError
-from toolrl.plugins import import_modules
 from toolrl.text import clip
 from toolrl.train.journal import STOP_FILE
 from toolrl.train.rundir import RunDir, run_process
@@ -54,8 +54,7 @@ def validate(text: str, base: str | None) -> dict[str, Any]:
                 f"config: {key} cannot be set from the page (it imports code); put it in a recipe file and "
                 "choose it, or use `toolrl train FILE`"
             )
-    import_modules(_lookup(recipe, "plugins") or [], "plugins")  # those of a file on disk, as the CLI would
-    return validate_config(data, "config").model_dump(mode="json")
+    return resolve_data(data, "config").model_dump(mode="json")  # its code is the recipe's, a file on disk
 
 
 CODE_KEYS = ("plugins", "env.module")

@@ -326,9 +326,11 @@ class BuiltEnv(Environment):
             example.append({"role": "assistant", "content": f"<answer>{answer}</answer>"})
         return [{"role": "system", "content": SYSTEM}, *example, {"role": "user", "content": task.question}]
 
-    def reset(self, task: Task) -> BuiltEpisode:
-        rng = random.Random(f"{self.config.seed}:{task.id}:{next(self.episodes)}")
-        return BuiltEpisode(task, self.messages(task), self, rng)
+    def reset(self, task: Task, seed: int | None = None) -> BuiltEpisode:
+        """The injected tool faults draw from the trajectory's own stream (seeds.episode), so a trajectory meets
+        the same faults whatever else runs and after a resume; without one, from a count of episodes."""
+        own = seed if seed is not None else f"{self.config.seed}:{task.id}:{next(self.episodes)}"
+        return BuiltEpisode(task, self.messages(task), self, random.Random(own))
 
 
 __all__ = ["BuiltEnv", "arguments_match", "counts"]
