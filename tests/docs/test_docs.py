@@ -5,7 +5,7 @@ of its own, on the tiny model.
   scripts;
 - ```bash blocks run line by line (`toolrl ...` as `python -m toolrl ...`); train and eval get the tiny
   model and one short step appended as `--set` overrides (later ones win), and so do configs loaded in
-  Python (`load_config`);
+  Python (`resolve_config`, `load_config`);
 - ```yaml blocks are validated: a tool config file (`mcpServers`), a build spec (`source`), else a run
   config (or a fragment of one);
 - ```text blocks are output or layouts, shown, not run.
@@ -56,11 +56,11 @@ def blocks(page: Path) -> list[tuple[str, str]]:
 
 PATCH = """
 import toolrl.config as _config
-import toolrl.config.loader as _loader
-_original = _loader.load_config
+import toolrl.config.resolve as _resolve
+_original = _resolve.resolve_config
 def _tiny(path=None, overrides=None):
     return _original(path, [*(overrides or []), *{overrides!r}])
-_config.load_config = _loader.load_config = _tiny
+_config.load_config = _config.resolve_config = _resolve.resolve_config = _tiny
 """
 
 

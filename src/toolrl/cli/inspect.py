@@ -14,9 +14,9 @@ from toolrl.cli.app import ConfigArg, SetOption, _quiet_libraries, config_app, c
 @config_app.command("show")
 def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
     """Print the resolved config (file, then overrides, validated)."""
-    from toolrl.config import config_to_yaml, resolve
+    from toolrl.config import config_to_yaml, resolve_config
 
-    typer.echo(config_to_yaml(resolve(config, set_)), nl=False)
+    typer.echo(config_to_yaml(resolve_config(config, set_)), nl=False)
 
 
 @model_app.command("fetch")

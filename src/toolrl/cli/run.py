@@ -38,7 +38,7 @@ def train(
     """Train a model with RL (GRPO by default) on an environment's tasks. Progress: a bar on a terminal, one
     line per step otherwise (also in RUN/progress.log)."""
     from toolrl.cli.progress import StepReporter, pick_mode
-    from toolrl.config import resolve
+    from toolrl.config import resolve_config
     from toolrl.train import RunDir, Trainer, Workbench, distributed
 
     if resume is not None:
@@ -54,9 +54,9 @@ def train(
         for line in code_to_run(data):  # a run directory is data: what it makes toolrl run is said first
             console.print(f"resume will {line}", highlight=False, markup=False)
         check_trusted(run.path, run.read_status(), trust_run)
-        cfg = resolve(run.path / "config.yaml", set_)
+        cfg = resolve_config(run.path / "config.yaml", set_)
     else:
-        cfg = resolve(config, set_)
+        cfg = resolve_config(config, set_)
         run = None
     _quiet_libraries()
     started = time.perf_counter()
@@ -113,11 +113,11 @@ def eval_(
     success per category and per request, Solve-P/R/F1. A served model: --set rollout.engine=openai."""
     import json
 
-    from toolrl.config import resolve
+    from toolrl.config import resolve_config
     from toolrl.train import Workbench
     from toolrl.train.evaluate import breakdown, summarize
 
-    cfg = resolve(config, set_)
+    cfg = resolve_config(config, set_)
     _quiet_libraries()
     started = time.perf_counter()
     with console.status("evaluating"):

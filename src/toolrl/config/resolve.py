@@ -89,13 +89,13 @@ def _against_registries(config: RunConfig) -> RunConfig:
     return config
 
 
-def resolve(path: str | Path | None = None, overrides: Iterable[str] | None = None) -> RunConfig:
+def resolve_config(path: str | Path | None = None, overrides: Iterable[str] | None = None) -> RunConfig:
     """Read, override, import and validate a run config; a ConfigError with one line when anything is wrong."""
     where = str(path) if path is not None else "config"
     return resolve_data(read(path, overrides), where)
 
 
 def resolved(config: RunConfig) -> RunConfig:
-    """`config` as resolve() would give it: itself when it already was (a config built in Python is resolved
+    """`config` as resolve_config() would give it: itself when it already was (a config built in Python is resolved
     here, once, by the first layer that needs it: Workbench.load)."""
     return config if config.is_resolved else _against_registries(config)

@@ -93,7 +93,7 @@ TEST = '''"""The {name} environment's own tests: `pytest {name}`."""
 
 import asyncio
 
-from toolrl.config import resolve
+from toolrl.config import resolve_config
 from toolrl.envs import make_env
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools import ToolCall, ToolExecutor
@@ -101,7 +101,7 @@ from toolrl.tools import ToolCall, ToolExecutor
 
 def config(**options):
     overrides = ["env.name={name}", "env.module={name}", *(f"env.options.{{k}}={{v}}" for k, v in options.items())]
-    return resolve(overrides=overrides)
+    return resolve_config(overrides=overrides)
 
 
 def test_tasks_tools_and_options():
