@@ -1,14 +1,21 @@
 """Named implementations of one concept (parsers, engines, environments, tool entry kinds).
 
 Adding one is a function and a decorator; asking for an unknown name is a one-line config error that lists
-the known ones. An entry may declare capabilities (`@register_engine("hf", can_train=True)`) that callers ask
-for by key (`ENGINES.capability(name, "can_train")`), so that no caller tests an entry's name.
+the known ones. An entry may declare capabilities (`@register_engine("hf", supports_training=True)`) that callers
+ask for by key (`ENGINES.capability(name, "supports_training")`), so that no caller tests an entry's name, and
+its own options as a pydantic model (`@register_advantage("mine", options=MyOptions)`): the config's options
+for it are validated by that model when the config is resolved, and `toolrl list` shows them.
+
+A name is registered once: another definition under a taken name is refused unless it says `replace=True`
+(registering the same definition again, a module imported twice, is not a conflict).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
 
 from toolrl.errors import ConfigError
 from toolrl.text import clip
@@ -24,6 +31,7 @@ class Registry(dict[str, T], Generic[T]):
         super().__init__()
         self.what, self.config_key = what, config_key
         self.capabilities: dict[str, dict[str, Any]] = {}
+        self.options: dict[str, type[BaseModel]] = {}
         self._load = load
 
     def _loaded(self) -> None:
@@ -63,15 +71,33 @@ class Registry(dict[str, T], Generic[T]):
         self._loaded()
         return super().items()
 
-    def register(self, name: str, **capabilities: Any) -> Callable[[T], T]:
-        """A decorator adding an entry under `name`, with the capabilities it declares."""
+    def register(
+        self, name: str, *, options: type[BaseModel] | None = None, replace: bool = False, **capabilities: Any
+    ) -> Callable[[T], T]:
+        """A decorator adding an entry under `name`, with the capabilities and the options model it declares;
+        a name taken by another definition is a ConfigError unless `replace`."""
 
         def add(item: T) -> T:
+            taken = super(Registry, self).get(name)
+            if taken is not None and not replace and _where(taken) != _where(item):
+                raise ConfigError(
+                    f"{self.what} {clip(name, 60)!r} is registered already (by {_where(taken)}); register "
+                    f"{_where(item)} under another name, or with replace=True"
+                )
             self[name] = item
             self.capabilities[name] = capabilities
+            if options is not None:
+                self.options[name] = options
+            else:
+                self.options.pop(name, None)
             return item
 
         return add
+
+    def options_model(self, name: str) -> type[BaseModel] | None:
+        """The options model entry `name` declared (None: it takes no options)."""
+        self.lookup(name)
+        return self.options.get(name)
 
     def capability(self, name: str, key: str, default: Any = False) -> Any:
         """What entry `name` declares for `key` (`default` when it declares nothing)."""
@@ -86,3 +112,9 @@ class Registry(dict[str, T], Generic[T]):
             raise ConfigError(
                 f"{self.config_key}: unknown {self.what} {clip(str(name), 60)!r}; known: {known}"
             ) from None
+
+
+def _where(item: Any) -> str:
+    """Where a registered definition comes from: module.qualname (objects without one: their type's)."""
+    owner = item if hasattr(item, "__qualname__") else type(item)
+    return f"{getattr(owner, '__module__', '?')}.{owner.__qualname__}"

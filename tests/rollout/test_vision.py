@@ -88,6 +88,13 @@ def test_a_text_only_model_is_refused_an_image_environment(tiny_model_dir, tmp_p
         Workbench.load(load_config(overrides=[f"model.name={tiny_model_dir}", "env.name=images"]))
 
 
+def test_a_vision_model_with_an_engine_that_takes_no_images_is_one_config_error(tiny_vlm, tmp_path):
+    """Engines declare supports_images; the openai engine sends token ids only, so it is refused before a run,
+    not met as a TypeError in the middle of one."""
+    with pytest.raises(ConfigError, match=r"^rollout\.engine: openai cannot take images, and model\.name .* vision"):
+        Workbench.load(config(tiny_vlm, tmp_path, "rollout.engine=openai"))
+
+
 def viewed_images_are_kept(root):
     """The step's records name their images' PNG files in RUN/images; the UI serves them, and nothing else."""
     import json

@@ -7,7 +7,9 @@ train.turn_rewards: tokens) and give every token that advantage.
 Trajectories marked invalid (hit by a tool's infrastructure fault) are left out of every statistic (group
 means and stds, whitening) and get advantage 0. Adding one is a function and `@register_advantage("name")`;
 an estimator that learns a value head declares it (`@register_advantage("gae", needs_values=True)`): the
-trainer then makes the head, scores values before the update and adds the value loss.
+trainer then makes the head, scores values before the update and adds the value loss. One with options of its
+own declares their pydantic model (`options=Model`): `train.advantage_options` is validated by it when the config
+is resolved, and the estimator reads them as `x.options`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -42,6 +45,8 @@ class AdvantageInputs:
     estimators; their token counts add up to `counts[i]`."""
     step_weight: float = 1.0
     """Weight of the turn-level advantage beside the trajectory-level one (GiGPO's omega)."""
+    options: Any = None
+    """The estimator's own options (train.advantage_options), an instance of the model it registered with."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""The `toolrl` command line: train, eval, report, export, ui, config show, model fetch, tools, env, retriever."""
+"""The `toolrl` command line: train, eval, report, export, ui, list, config show, model fetch, tools, env,
+retriever."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from toolrl.cli import envs, inspect, run, ui  # noqa: F401  (register the commands)
+from toolrl.cli import envs, inspect, registries, run, ui  # noqa: F401  (register the commands)
 from toolrl.cli.app import app
 from toolrl.errors import ToolRLError
 

@@ -17,10 +17,10 @@ def env_list(
     module: Annotated[list[str] | None, typer.Option(help="Also import this module (env.module).")] = None,
 ) -> None:
     """The registered environments with their options (env.options) and defaults."""
-    from toolrl.config.schema import EnvConfig
-    from toolrl.envs.base import ENVIRONMENTS, EnvOptions, environment_class
+    from toolrl.envs.base import ENVIRONMENTS, EnvOptions
+    from toolrl.plugins import import_modules
 
-    environment_class(EnvConfig(module=module or None))
+    import_modules(module or [], "env.module")
     table = Table(title="environments")
     for column in ("env.name", "env.options (default)", "parser"):
         table.add_column(column)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolrl.config.loader import apply_override, read_config_data
 from toolrl.config.schema import RunConfig
@@ -72,6 +72,28 @@ def read_checked(path: str | Path) -> RunConfig:
     return checked(read(path), str(path))
 
 
+def plugin_options(config: RunConfig) -> dict[str, BaseModel]:
+    """The options of the plug-ins a config names, each validated by the model its entry registered with (one
+    line naming the key when wrong): {"advantage": ...}."""
+    from toolrl.algos import ADVANTAGES
+
+    t, typed = config.train, {}
+    for key, registry, name, given in [("advantage", ADVANTAGES, t.advantage, t.advantage_options)]:
+        model = registry.options_model(name) or NoOptions
+        where = f"train.{key}_options of {name}"
+        try:
+            typed[key] = model.model_validate(given)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, where, model, f"train.{key}_options.")) from None
+    return typed
+
+
+class NoOptions(BaseModel):
+    """What an entry that declares no options model takes: nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def resolve_data(data: dict[str, Any], where: str = "config") -> RunConfig:
     """A config's mapping resolved (`where` names it in the one-line errors): schema, code, registries."""
     return _against_registries(checked(data, where))
@@ -84,6 +106,7 @@ def _against_registries(config: RunConfig) -> RunConfig:
     options = environment_options(config.env)  # validated once: the environment keeps the typed options
     for registry, name in _registry_checks(config):
         registry.lookup(name)
+    plugin_options(config)
     config.env.keep_options(options)
     config.mark_resolved()
     return config

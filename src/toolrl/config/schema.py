@@ -175,6 +175,9 @@ class TrainConfig(Section):
     padding stays small, and gradients accumulate over the step."""
     advantage: str = "grpo"
     """grpo, dr_grpo, rloo, reinforce_pp, gae (PPO, with a value head) or gigpo (turn-level credit)."""
+    advantage_options: dict[str, Any] = {}
+    """Options of the advantage estimator, validated by the options model it registered with (an estimator of
+    your own: `@register_advantage("name", options=Model)`; `toolrl list advantage` shows each one's)."""
     step_weight: float = Field(1.0, ge=0)
     """gigpo: weight of the turn-level advantage beside the trajectory-level one (the paper's omega)."""
     turn_rewards: Literal["rubric", "tokens"] = "rubric"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,12 +58,32 @@ class Engine(ABC):
         """Free the engine's resources."""
 
 
-ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine")
-"""Engine name -> factory(model=, chat=, device=, seed=, config=). Capabilities: can_train (it samples from the
-model being trained, or from weights the trainer gives it, so training may use it); loads_weights (the trainer
-gives it the new weights after each optimizer step, `Engine.load_weights`, and one instance serves training and
-evaluation)."""
-register_engine = ENGINES.register
+def _import_builtin() -> None:
+    import toolrl.rollout  # noqa: F401  (registers hf, hf-vision, openai, vllm, vllm-server)
+
+
+ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine", load=_import_builtin)
+"""Engine name -> factory(model=, chat=, device=, seed=, config=). Capabilities: supports_training (it samples
+from the model being trained, or from weights the trainer gives it, so training may use it); supports_images (it
+takes a vision-language policy's images); loads_weights (the trainer gives it the new weights after each
+optimizer step, `Engine.load_weights`, and one instance serves training and evaluation)."""
+
+
+def register_engine(
+    name: str,
+    *,
+    supports_training: bool = False,
+    supports_images: bool = False,
+    loads_weights: bool = False,
+    can_train: bool | None = None,
+    **more: Any,
+) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
+    """Register an engine factory under `name` with its capabilities (`can_train`: the earlier name of
+    supports_training)."""
+    training = supports_training if can_train is None else can_train
+    return ENGINES.register(
+        name, supports_training=training, supports_images=supports_images, loads_weights=loads_weights, **more
+    )
 
 
 def get_engine_factory(name: str) -> Callable[..., Engine]:

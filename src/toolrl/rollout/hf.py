@@ -394,7 +394,7 @@ class HFEngine(Engine):
         return out.logits[:, -1].float()
 
 
-@register_engine("hf", can_train=True)
+@register_engine("hf", supports_training=True)
 def hf_engine(model, chat, device, seed: int = 0, **_: object) -> HFEngine:
     """The in-process engine on the run's own model (the weights being trained)."""
     return HFEngine(model, chat.stop_ids, chat.tokenizer.pad_token_id, device, seed=seed)

@@ -241,6 +241,6 @@ def openai_engine(chat, config, **_: object) -> OpenAIEngine:
     return OpenAIEngine(*_server_args(chat, config))
 
 
-@register_engine("vllm-server", can_train=True, loads_weights=True)
+@register_engine("vllm-server", supports_training=True, loads_weights=True)
 def vllm_server_engine(chat, config, **_: object) -> VLLMServers:
     return VLLMServers(*_server_args(chat, config), weights_dir=config.rollout.openai.weights_dir)

@@ -170,7 +170,7 @@ class VisionEngine(Engine):
         self._worker.shutdown(wait=False)
 
 
-@register_engine("hf-vision", can_train=True)
+@register_engine("hf-vision", supports_training=True, supports_images=True)
 def vision_engine(model, chat, device, seed: int = 0, **_: object) -> VisionEngine:
     """A vision-language policy's in-process engine, on the run's own model."""
     return VisionEngine(model, chat.stop_ids, chat.tokenizer.pad_token_id, device, seed=seed)

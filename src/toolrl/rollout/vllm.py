@@ -122,7 +122,7 @@ class VLLMEngine(Engine):
         shutil.rmtree(self._sync_dir, ignore_errors=True)
 
 
-@register_engine("vllm", can_train=True, loads_weights=True)
+@register_engine("vllm", supports_training=True, loads_weights=True)
 def vllm_engine(chat, config, seed: int = 0, **_: object) -> VLLMEngine:
     from toolrl.models.resolve import resolve_model
 

@@ -23,6 +23,7 @@ import torch
 from toolrl import seeds
 from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from toolrl.algos.mismatch import Mismatch
+from toolrl.config.resolve import plugin_options
 from toolrl.envs import Task
 from toolrl.errors import ConfigError
 from toolrl.memory import trim
@@ -65,12 +66,13 @@ class Trainer:
         self.bench, self.run = bench, run
         self.config = bench.config
         t = self.config.train
-        if t.steps and not ENGINES.capability(bench.engine_name, "can_train"):
+        if t.steps and not ENGINES.capability(bench.engine_name, "supports_training"):
             raise ConfigError(
                 f"rollout.engine: {bench.engine_name} serves evaluation only; training samples from the "
                 "model being trained, so use an engine that can train (hf, vllm, vllm-server)"
             )
         self.estimate = ADVANTAGES.lookup(t.advantage)
+        self.estimator_options = plugin_options(self.config)["advantage"]
         self.kl = KL_ESTIMATORS.lookup(t.kl.estimator)
         self.loss_fns = LossFunctions(POLICY_LOSSES.lookup(t.loss), AGGREGATIONS.lookup(t.aggregation), self.kl)
         torch.manual_seed(seeds.init(self.config.seed))
@@ -283,7 +285,7 @@ class Trainer:
         refs, values = self._before_update(trajs)
         scored = time.perf_counter()
         batch = step_batch(trajs, refs, values, t, self.kl, device)
-        inputs = advantage_inputs(batch, t, device, with_values=self.value_head is not None)
+        inputs = advantage_inputs(batch, t, device, self.value_head is not None, self.estimator_options)
         est = (
             self.estimate(inputs) if not self.dist.on else distributed.step_advantages(self.dist, self.estimate, inputs)
         )

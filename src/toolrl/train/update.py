@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ def step_batch(trajs, refs, values, t, kl, device) -> StepBatch:
     return StepBatch(trajs, counts, old, refs, values, turns, valid, token_rewards)
 
 
-def advantage_inputs(batch: StepBatch, t, device, with_values: bool) -> AdvantageInputs:
+def advantage_inputs(batch: StepBatch, t, device, with_values: bool, options: Any = None) -> AdvantageInputs:
     flat_values = None
     if with_values:
         flat_values = torch.cat([v if v is not None else o for v, o in zip(batch.values, batch.old, strict=True)])
@@ -95,6 +96,7 @@ def advantage_inputs(batch: StepBatch, t, device, with_values: bool) -> Advantag
         valid,
         batch.turns,
         t.step_weight,
+        options,
     )
 
 

@@ -69,8 +69,19 @@ class Workbench:
         env = make_env(config.env, name, config.rollout.parser)
         model = load_model(name, device, config.model.dtype)
         chat = chat_format(config, name, tokenizer, model, env)
-        executor, toolset = run_executor(env.tools(), config.tools, log_dir)
-        return cls(config, device, tokenizer, model, chat, env, executor, toolset)
+        bench = cls(config, device, tokenizer, model, chat, env, None, None)  # type: ignore[arg-type]
+        bench.check_engine()
+        bench.executor, bench.toolset = run_executor(env.tools(), config.tools, log_dir)
+        return bench
+
+    def check_engine(self) -> None:
+        """The engine can serve this policy: a vision-language model needs one that takes images."""
+        if self.chat.supports_images and not ENGINES.capability(self.engine_name, "supports_images"):
+            raise ConfigError(
+                f"rollout.engine: {self.engine_name} cannot take images, and model.name {self.config.model.name} "
+                "is a vision-language model; use rollout.engine: hf (its vision engine) or an engine registered "
+                "with supports_images=True"
+            )
 
     def close(self) -> None:
         """End the engines, the tools' sessions and worker threads."""

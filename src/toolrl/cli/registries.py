@@ -1,0 +1,69 @@
+"""`toolrl list`: every registered part (built in and the plug-ins named), its capabilities and its options."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from toolrl.cli.app import app, console
+from toolrl.errors import ConfigError
+
+
+def registries() -> dict[str, Any]:
+    """Kind -> registry, for every kind of part a config picks by name."""
+    from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from toolrl.envs.base import ENVIRONMENTS
+    from toolrl.parsers.base import PARSERS
+    from toolrl.rewards.rubric import CRITERIA
+    from toolrl.rollout.engine import ENGINES
+    from toolrl.tools.toolset import ENTRY_KINDS
+    from toolrl.train.loggers import LOGGERS
+
+    return {
+        "environment": ENVIRONMENTS,
+        "parser": PARSERS,
+        "engine": ENGINES,
+        "advantage": ADVANTAGES,
+        "loss": POLICY_LOSSES,
+        "aggregation": AGGREGATIONS,
+        "kl": KL_ESTIMATORS,
+        "criterion": CRITERIA,
+        "logger": LOGGERS,
+        "tool-entry": ENTRY_KINDS,
+    }
+
+
+def _options(registry: Any, name: str) -> str:
+    model = registry.options.get(name) or getattr(registry[name], "Options", None)
+    fields = getattr(model, "model_fields", {})
+    return ", ".join(f"{key}={field.default!r}" for key, field in fields.items()) or "-"
+
+
+@app.command("list")
+def list_(
+    kind: Annotated[
+        str | None, typer.Argument(help="Only this kind (environment, parser, engine, advantage, ...).")
+    ] = None,
+    plugin: Annotated[list[str] | None, typer.Option(help="Import this module first (as plugins: does).")] = None,
+) -> None:
+    """The parts a config can name: each registered entry, the config key that picks it, what it declares it
+    can do, and its options with their defaults."""
+    from toolrl.plugins import import_modules
+
+    import_modules(plugin or [], "--plugin")
+    kinds = registries()
+    if kind is not None and kind not in kinds:
+        raise ConfigError(f"toolrl list: unknown kind {kind[:60]!r}; known: {', '.join(kinds)}")
+    for name, registry in kinds.items():
+        if kind not in (None, name):
+            continue
+        table = Table(title=f"{name} ({registry.config_key})")
+        for column in ("name", "capabilities", "options (defaults)"):
+            table.add_column(column)
+        for entry in sorted(registry):
+            declared = registry.capabilities.get(entry, {})
+            capabilities = ", ".join(k for k, v in declared.items() if v is True) or "-"
+            table.add_row(entry, capabilities, _options(registry, entry))
+        console.print(table)
