@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz faults sandbox-probe env-builder test-vllm ui-screenshots
+.PHONY: install install-test demo test lint format fuzz faults before-after sandbox-probe env-builder test-vllm ui-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,9 @@ fuzz: install-test
 
 faults: install-test
 	$(BIN)/python bench/faults.py
+
+before-after: install-test  # REV=<commit>: this checkout against an earlier one, side by side
+	$(BIN)/python bench/before_after.py --rev $(REV)
 
 sandbox-probe: install-test
 	$(BIN)/python bench/sandbox_probe.py

@@ -1,12 +1,19 @@
-"""What every benchmark records: the machine it ran on, and its results as JSON under bench/results/."""
+"""What every benchmark records: the machine it ran on, and its results as JSON under bench/results/. Importing
+it also puts the repository's root on the import path, so that a benchmark reaches the test harness
+(tests/harness: tiny models, the reference engine) as `python bench/NAME.py` runs it."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
 
 
 def machine() -> dict[str, str | int]:

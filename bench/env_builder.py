@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 from common import machine, write_results
+from tests.harness.oracle import ReferenceEngine
 
 from toolrl.build import SCENARIOS, build, load_spec
 from toolrl.build.artifacts import Workspace
 from toolrl.config import load_config
 from toolrl.envs.built.env import reference_script
-from toolrl.envs.oracle import ReferenceEngine
 from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.evaluate import breakdown, summarize
 

@@ -33,7 +33,8 @@ from common import machine, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 MCP_SERVER = ROOT / "tests" / "fixtures" / "mcp_server.py"
-TIMEOUT_S = 3.0
+TIMEOUT_S = float(os.environ.get("TOOLRL_FAULTS_TIMEOUT_S", "3"))
+"""Every call's deadline (--timeout; the child process reads it from the environment the parent sets)."""
 TRAJECTORIES = 64
 
 # (tool, arguments, share of all calls, outcome expected)
@@ -234,8 +235,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results/faults.json")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="each call's deadline in seconds")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    os.environ["TOOLRL_FAULTS_TIMEOUT_S"] = str(args.timeout)
+    globals()["TIMEOUT_S"] = args.timeout
     if args.child:
         run_child(args.calls, args.seed, Path(args.child))
         return

@@ -56,7 +56,7 @@ class Phases:
 
 def qwen05b_folder(root: Path) -> Path:
     """A random-weight Qwen2.5-0.5B-shaped model with the default model's tokenizer, saved as a HF folder."""
-    from toolrl.models.tiny import save_random_model
+    from tests.harness.tiny import save_random_model
 
     return save_random_model(
         root / "qwen05b-random",
@@ -96,16 +96,16 @@ def workload(name: str, steps: int, tmp: Path) -> dict:
     params = sum(p.numel() for p in trainer.model.parameters())
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     for step in range(1, steps + 1):
-        part = phases.run("rollout", lambda step=step: trainer.roll_out(step))
+        part = phases.run("rollout", lambda step=step: trainer.collector.roll_out(step))
         if name.startswith("qwen05b"):  # a random model's rewards are all 0: give every group two values to train on
             for i, traj in enumerate(part.trajs):
                 traj.reward = float(i % 2)
         phases.run("train", lambda part=part: trainer.update(part.trajs))
-        trainer.step_done = step
+        trainer.state.step = step
 
     def checkpoint():
         trainer.save_checkpoint()
-        run.save("final", trainer._write_model)
+        run.save("final", trainer.write_model)
 
     phases.run("checkpoint", checkpoint)
     phases.run("eval", bench.evaluate)

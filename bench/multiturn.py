@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from common import machine, write_results
+from tests.harness.oracle import ReferenceEngine
 
 from toolrl.config import load_config
-from toolrl.envs.oracle import ReferenceEngine
 from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.evaluate import breakdown, summarize
 

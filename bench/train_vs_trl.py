@@ -190,11 +190,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up step")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--out", default="bench/results/train_vs_trl.json")
+    parser.add_argument("--only-toolrl", action="store_true", help="toolrl's half alone (no TRL needed)")
     args = parser.parse_args()
 
+    torch.manual_seed(0)
+    if args.only_toolrl:  # bench/before_after.py compares toolrl with an earlier toolrl this way
+        result = run_toolrl(args)
+        result["tokens_per_s"] = result["generated_tokens_per_step"] / result["step_s"]
+        print("\n".join(f"{key:>28} {value:>10.3f}" for key, value in result.items()))
+        write_results(args.out, {"machine": machine(), "toolrl": {k: round(v, 3) for k, v in result.items()}})
+        return
     import trl
 
-    torch.manual_seed(0)
     tokenizer = load_tokenizer(MODEL)
     prompt_ids = prompts(tokenizer, args.prompts * (args.steps + 1))
     results = {"trl": run_trl(args, tokenizer, prompt_ids), "toolrl": run_toolrl(args)}

@@ -23,7 +23,7 @@ from common import machine, write_results
 
 def a_record(tokenizer) -> dict:
     from toolrl.envs import Task
-    from toolrl.rollout.trajectory import Trajectory
+    from toolrl.rollout.trajectory import Trajectory, UpdateValues
     from toolrl.tools.call import ToolCall, ToolResult
 
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -38,12 +38,12 @@ def a_record(tokenizer) -> dict:
     traj.results = [ToolResult(ToolCall("calculator", {"expression": "714 + 650 - 661"}), "703", "ok", 0.002)]
     traj.rewards, traj.reward, traj.stop_reason, traj.num_tool_calls = {"correct": 1.0}, 1.0, "answer", 1
     trained = sum(traj.loss_mask)
-    traj.advantages, traj.trainer_logprobs = [0.73] * trained, [-0.5001] * trained
-    return traj.to_record(tokenizer, success="correct")
+    update = UpdateValues([0.73] * trained, [-0.5001] * trained)
+    return traj.to_record(tokenizer, success="correct", update=update)
 
 
 def write_run(root: Path, record: dict, megabytes: float, per_step: int) -> tuple[Path, int, int]:
-    from toolrl.train.rundir import RunDir
+    from toolrl.runs.rundir import RunDir
 
     run = root / "big"
     run.mkdir(parents=True)
@@ -74,7 +74,7 @@ def main() -> None:
     from starlette.testclient import TestClient
 
     from toolrl.models import load_tokenizer
-    from toolrl.train.rundir import RunDir
+    from toolrl.runs.rundir import RunDir
     from toolrl.ui import build_app
 
     record = a_record(load_tokenizer("smollm2-135m-instruct"))

@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--out", default="bench/results/vision_engine.json")
     args = parser.parse_args()
-    from toolrl.models.vision import make_tiny_vlm
+    from tests.harness.tiny_vlm import make_tiny_vlm
 
     result = {}
     print(f"{'tok/s':<12}{'one at a time':>15}{'generate':>10}{'toolrl':>8}{'vs one':>8}{'vs generate':>13}")

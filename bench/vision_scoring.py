@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="bench/results/vision_scoring.json")
     args = parser.parse_args()
-    from toolrl.models.vision import make_tiny_vlm
+    from tests.harness.tiny_vlm import make_tiny_vlm
 
     torch.manual_seed(0)
     result: dict = {"machine": machine(), "workload": {k: v for k, v in vars(args).items() if k != "out"}}

@@ -34,6 +34,10 @@ class Registry(dict[str, T], Generic[T]):
         self.options: dict[str, type[BaseModel]] = {}
         self._load = load
 
+    def load_with(self, load: Callable[[], Any]) -> None:
+        """Run `load` at the first read (see the class)."""
+        self._load = load
+
     def _loaded(self) -> None:
         if self._load is not None:
             load, self._load = self._load, None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 MAX_MESSAGE_CHARS = 600
 """Longest error message an observation carries (before the observation's own token limit)."""
@@ -36,3 +38,13 @@ def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     '; ', documentation links dropped."""
     lines = [" ".join(line.split()) for line in text.splitlines() if line.strip() and not _NOISE.match(line)]
     return clip("; ".join(lines), limit)
+
+
+def to_text(value: Any) -> str:
+    """A tool's return value as observation text: strings as they are, anything else as JSON where it can be."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)

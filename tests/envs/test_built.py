@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.oracle import ReferenceEngine
 from toolrl.build import build, load_spec
 from toolrl.build.artifacts import Workspace
 from toolrl.config import load_config
 from toolrl.envs import make_env
 from toolrl.envs.built.env import arguments_match, reference_script, solved_subproblems
-from toolrl.envs.oracle import ReferenceEngine
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
 from toolrl.tools import ToolExecutor

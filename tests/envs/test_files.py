@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from tests.fixtures.http_server import LocalHTTPServer
+from tests.harness.oracle import ReferenceEngine
 from toolrl.config import load_config
 from toolrl.envs import make_env
 from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
 from toolrl.envs.files.tasks import canonical
-from toolrl.envs.oracle import ReferenceEngine
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
 from toolrl.tools import ToolExecutor
@@ -99,7 +99,7 @@ def test_a_simulated_user_asks_through_a_model_endpoint_and_its_failure_ends_onl
 
 
 def test_turn_states_for_gigpo_are_the_request_and_the_tree(chat):
-    from toolrl.train.trainer import turn_inputs
+    from toolrl.train.update import turn_inputs
 
     env = files_env()
     task = env.tasks("test")[0]

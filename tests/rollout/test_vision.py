@@ -21,7 +21,7 @@ from toolrl.train.logprobs import score_tokens
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])
 def tiny_vlm(request, tmp_path_factory):
-    from toolrl.models.vision import make_tiny_vlm
+    from tests.harness.tiny_vlm import make_tiny_vlm
 
     return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model", request.param)
 

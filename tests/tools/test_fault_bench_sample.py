@@ -1,5 +1,8 @@
 """A small sample of bench/faults.py (which makes 10,000 calls): the same mix of hanging, crashing, raising,
-huge and slow Python and MCP tools, 64 trajectories at once, every goal checked."""
+huge and slow Python and MCP tools, 64 trajectories at once, every goal checked. Its deadline is 6 s, not the
+bench's 3 s: on a shared CI machine a healthy call can wait 3 s for the CPU alone (seen: 3 of 600 timed out
+under `make test`, as often before this change as after), and what the sample checks is that faults do not
+spill over, not how loaded the machine is."""
 
 import json
 import subprocess
@@ -15,10 +18,10 @@ BENCH = Path(__file__).parents[2] / "bench" / "faults.py"
 def test_fault_bench_sample_meets_every_goal(tmp_path):
     out = tmp_path / "faults.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--calls", "600", "--seed", "3", "--out", str(out)],
+        [sys.executable, str(BENCH), "--calls", "600", "--seed", "3", "--timeout", "6", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())

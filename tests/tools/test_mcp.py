@@ -12,7 +12,8 @@ import pytest
 
 from toolrl.errors import ToolError
 from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
-from toolrl.tools.mcp import MCPStdioServer, result_text
+from toolrl.tools.mcp import result_text
+from toolrl.tools.mcp_stdio import MCPStdioServer
 
 SERVER = Path(__file__).parent.parent / "fixtures" / "mcp_server.py"
 TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "crash", "square", "note"}
@@ -217,30 +218,42 @@ def test_calls_beside_a_crash_are_never_run_twice_and_each_failure_is_the_server
     ex.close()
 
 
-@pytest.mark.parametrize("spare", [False, True])
-def test_a_spare_server_takes_over_a_crash_at_once(tmp_path, spare):
+@pytest.mark.parametrize("spares", [0, 1, 2])
+def test_a_spare_server_takes_over_a_crash_at_once(tmp_path, spares):
     """A server that takes 2 s to start crashes; a call right behind the crash, with a 1 s deadline, times out
     waiting for the restart, unless a spare was kept started: then it is answered by the spare at once, and
-    another spare is started for the next crash."""
+    another spare is started for the next crash. With two, a second crash right after the first (its
+    replacement still starting) is covered too."""
     server = MCPStdioServer(
-        "slow", sys.executable, [str(SERVER), "--slow-start", "2"], log_path=tmp_path / "slow.log", spare=spare
+        "slow", sys.executable, [str(SERVER), "--slow-start", "2"], log_path=tmp_path / "slow.log", spare=spares
     )
     ex = ToolExecutor(server.tools(), timeout_s=1.0)
-    try:
+
+    def wait_for_spares(n):
         deadline = time.monotonic() + 30
-        while spare and server._spare is None and time.monotonic() < deadline:
+        while len(server._spares) < n and time.monotonic() < deadline:
             time.sleep(0.05)
-        first = run(ex.invoke(ToolCall("slow.pid", {}))).content
-        crashed = run(ex.invoke(ToolCall("slow.crash", {"marker": str(tmp_path / "marker")})))
+        assert len(server._spares) >= n
+
+    def crash(k):
+        crashed = run(ex.invoke(ToolCall("slow.crash", {"marker": str(tmp_path / f"marker{k}")})))
         assert crashed.outcome == "server_crashed" and "about to crash" in crashed.content
+
+    try:
+        wait_for_spares(spares)
+        first = run(ex.invoke(ToolCall("slow.pid", {}))).content
+        crash(0)
         after = run(ex.invoke(ToolCall("slow.pid", {})))
-        if spare:
-            assert after.outcome == "ok" and after.content != first and after.latency_s < 0.5
-            while server._spare is None and time.monotonic() < deadline:  # the next spare
-                time.sleep(0.05)
-            assert server._spare is not None and str(server._spare.process.pid) not in (first, after.content)
-        else:
+        if not spares:
             assert after.outcome == "timeout"
+            return
+        assert after.outcome == "ok" and after.content != first and after.latency_s < 0.5
+        if spares == 2:  # at once again: the second spare, while the first one's replacement starts
+            crash(1)
+            again = run(ex.invoke(ToolCall("slow.pid", {})))
+            assert again.outcome == "ok" and again.content not in (first, after.content) and again.latency_s < 0.5
+        wait_for_spares(spares)  # replaced
+        assert all(str(s.process.pid) not in (first, after.content) for s in server._spares)
     finally:
         ex.close()
         server.close()
@@ -324,7 +337,7 @@ def test_legacy_sse_server_on_localhost():
 
 def test_third_party_server_from_the_package_index():
     """mcp-server-time, installed from PyPI by the test extra, spoken to over stdio like any user's server."""
-    from toolrl.tools.mcp import MCPStdioServer
+    from toolrl.tools.mcp_stdio import MCPStdioServer
 
     srv = MCPStdioServer("time", sys.executable, ["-m", "mcp_server_time", "--local-timezone", "UTC"])
     try:

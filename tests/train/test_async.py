@@ -21,7 +21,7 @@ def test_the_next_rollout_runs_during_the_update_on_weights_one_step_old(tiny_mo
     trainer = Trainer(bench)
     assert trainer.generator is not trainer.model
     sampled_by, spans, weights = {}, {}, {0: fingerprint(trainer.model)}
-    roll_out, update = trainer.roll_out, trainer.update
+    roll_out, update = trainer.collector.roll_out, trainer.update
 
     def traced_roll_out(step):
         sampled_by[step] = (fingerprint(trainer.generator), threading.current_thread().name)
@@ -33,10 +33,10 @@ def test_the_next_rollout_runs_during_the_update_on_weights_one_step_old(tiny_mo
     def traced_update(trajs):
         started = time.perf_counter()
         stats = update(trajs)
-        spans[("update", trainer.step_done + 1)] = (started, time.perf_counter())
+        spans[("update", trainer.state.step + 1)] = (started, time.perf_counter())
         return stats
 
-    trainer.roll_out, trainer.update = traced_roll_out, traced_update
+    trainer.collector.roll_out, trainer.update = traced_roll_out, traced_update
     metrics = []
 
     def on_step(m):
@@ -58,16 +58,16 @@ def test_a_checkpoint_with_a_rollout_in_flight_resumes_on_the_same_tasks(tiny_mo
     bench = Workbench.load(whole)
     trainer = Trainer(bench, RunDir.create(whole))
     trainer.train()
-    expected = copy.deepcopy(trainer.order), trainer.rng.getstate()
+    expected = copy.deepcopy(trainer.collector.order.order), trainer.collector.order.rng.getstate()
 
     cut = tiny_config(tiny_model_dir, tmp_path, "train.steps=2", "train.async_steps=1", "run_name=cut")
     cut_trainer = Trainer(Workbench.load(cut), RunDir.create(cut))
     cut_trainer.config.train.steps = 3  # a pending rollout for step 3 exists when step 2's checkpoint is written
     cut_trainer.step(1)
-    cut_trainer.step_done = 1
+    cut_trainer.state.step = 1
     cut_trainer.step(2)
-    cut_trainer.step_done = 2
-    assert cut_trainer.pending is not None and cut_trainer.pending[0] == 3
+    cut_trainer.state.step = 2
+    assert cut_trainer.collector.pending is not None and cut_trainer.collector.pending[0] == 3
     cut_trainer.save_checkpoint()
     cut_trainer.settle()
 
@@ -75,4 +75,4 @@ def test_a_checkpoint_with_a_rollout_in_flight_resumes_on_the_same_tasks(tiny_mo
     resumed.config.train.steps = 3
     assert resumed.resume() == 2
     resumed.step(3)
-    assert (resumed.order, resumed.rng.getstate()) == expected
+    assert (resumed.collector.order.order, resumed.collector.order.rng.getstate()) == expected

@@ -80,7 +80,7 @@ def test_two_ranks_train_a_vision_policy_as_one_process_does(tmp_path):
     """A tiny Qwen2.5-VL on the images environment (each task's image in its prompt), its decoder layers and
     vision blocks sharded: one step on 2 ranks updates the language model as one process does and leaves the
     vision tower as it was."""
-    from toolrl.models.vision import make_tiny_vlm
+    from tests.harness.tiny_vlm import make_tiny_vlm
 
     model = make_tiny_vlm(tmp_path / "vlm", "qwen2_5_vl")
     (tmp_path / "length_reward.py").write_text(PLUGIN)

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from tests.fixtures.even_env import EvenTokensEnv  # noqa: F401  (registers even-tokens)
 from toolrl.cli import app
 from toolrl.config import load_config
+from toolrl.models.policy import lr_factor
 from toolrl.train import RunDir, Trainer, Workbench
-from toolrl.train.policy import lr_factor
 
 
 def tiny_config(model_dir, tmp_path, *overrides: str):
@@ -72,7 +72,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, tmp_path):
     for checkpointing in (False, True):
         bench.model.load_state_dict(initial)
         config.train.gradient_checkpointing = checkpointing
-        stats = Trainer(bench).update(trajs)
+        stats = Trainer(bench).update(trajs).metrics
         results.append((stats["grad_norm"], copy.deepcopy(bench.model.state_dict())))
         bench.model.gradient_checkpointing_disable()
     (norm_a, params_a), (norm_b, params_b) = results
@@ -88,7 +88,7 @@ def test_dynamic_sampling_leaves_groups_with_equal_rewards_out(tiny_model_dir, t
     trajs = trainer.rollout.run([t for t in bench.env.tasks("train")[:2] for _ in range(4)], seed=2)
     for i, traj in enumerate(trajs):
         traj.reward = 1.0 if i < 4 else float(i % 2)  # group 0 all equal, group 1 mixed
-    stats = trainer.update(trajs)
+    stats = trainer.update(trajs).metrics
     assert stats["kept_fraction"] == 0.5 and stats["trained_trajectories"] == 4
 
 
@@ -137,11 +137,13 @@ def test_lr_schedules():
 
 
 def test_an_unknown_algorithm_name_is_a_config_error(tiny_model_dir, tmp_path):
+    """Checked when the config is resolved, before any model loads."""
     from toolrl.errors import ConfigError
 
-    config = tiny_config(tiny_model_dir, tmp_path, "train.advantage=nope")
     with pytest.raises(ConfigError, match=r"train\.advantage: unknown advantage estimator 'nope'"):
-        Trainer(Workbench.load(config))
+        tiny_config(tiny_model_dir, tmp_path, "train.advantage=nope")
+    with pytest.raises(ConfigError, match=r"train\.loss: unknown policy loss 'nope'"):
+        tiny_config(tiny_model_dir, tmp_path, "train.loss=nope")
 
 
 def test_trajectories_hit_by_tool_faults_are_kept_out_of_the_advantages(tiny_model_dir, tmp_path):
@@ -162,7 +164,7 @@ def test_trajectories_hit_by_tool_faults_are_kept_out_of_the_advantages(tiny_mod
         config.train.infra_faults = mode
         for i in faulted:
             trajs[i].reward = faulted_reward
-        stats = Trainer(bench).update(trajs)
+        stats = Trainer(bench).update(trajs).metrics
         return stats, copy.deepcopy(bench.model.state_dict())
 
     (stats_a, low), (_, high) = update("mask", -5.0), update("mask", 5.0)
@@ -177,7 +179,7 @@ def test_turn_inputs_and_turn_rewards_on_tokens():
     one, else the exact context); turn_rewards: tokens puts each reward at its turn's last token."""
     from toolrl.envs import Task
     from toolrl.rollout.trajectory import Trajectory
-    from toolrl.train.trainer import turn_inputs, turn_reward_tokens
+    from toolrl.train.update import turn_inputs, turn_reward_tokens
 
     def traj(second_call):
         t = Trajectory.start(Task("t", "q", ""), [1, 2, 3])

@@ -75,7 +75,7 @@ def test_micro_batched_update_equals_one_batch(tiny_model_dir, algorithm):
     )
     bench = Workbench.load(config)
     trainer = Trainer(bench)
-    trajs = trainer.rollout.run([task for task in trainer.next_tasks() for _ in range(4)], seed=3)
+    trajs = trainer.rollout.run([task for task in trainer.collector.order.next(2) for _ in range(4)], seed=3)
     initial = copy.deepcopy(bench.model.state_dict())
 
     results = []
@@ -84,7 +84,7 @@ def test_micro_batched_update_equals_one_batch(tiny_model_dir, algorithm):
         config.train.micro_batch_tokens = budget
         torch.manual_seed(0)
         trainer = Trainer(bench)
-        stats = trainer.update(trajs)
+        stats = trainer.update(trajs).metrics
         # The accumulated (clipped) gradients: Adam's first step turns gradients near 0 into +-lr, so the
         # parameters would magnify float noise; the gradients show exactness.
         grads = {n: p.grad.clone() for n, p in bench.model.named_parameters() if p.grad is not None}

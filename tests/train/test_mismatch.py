@@ -30,7 +30,7 @@ def update(config, bench, initial, trajs, shift: float = 0.0, **train):
     trajs = copy.deepcopy(trajs)
     for traj in trajs:
         traj.logprobs = [lp + shift if m else lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True)]
-    stats = Trainer(bench).update(trajs)
+    stats = Trainer(bench).update(trajs).metrics
     grads = {n: p.grad.clone() for n, p in bench.model.named_parameters() if p.grad is not None}
     return stats, grads
 

@@ -158,7 +158,7 @@ def test_a_crafted_checkpoint_cannot_run_code_on_resume(tiny_model_dir, tmp_path
 
 
 def test_training_state_round_trips_exactly_without_pickle(tmp_path):
-    from toolrl.train.checkpoint import load_state, save_state
+    from toolrl.runs.state_io import load_state, save_state
 
     shared = torch.arange(6.0)
     tree = {

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from toolrl.errors import ConfigError
-from toolrl.train import sharded
+from toolrl.runs import sharded
 
 
 def small_model(seed: int):

@@ -18,7 +18,7 @@ from toolrl.train.logprobs import score_tokens
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])
 def bench(request, tmp_path_factory):
-    from toolrl.models.vision import make_tiny_vlm
+    from tests.harness.tiny_vlm import make_tiny_vlm
 
     model = make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model", request.param)
     bench = Workbench.load(vision_run_config(model, tmp_path_factory.mktemp("run"), "rollout.max_new_tokens=8"))

@@ -18,7 +18,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.fixtures import mcp_server_entry, write_tool_config
-from toolrl.train.rundir import RunDir, process_start
+from toolrl.runs.rundir import RunDir, process_start
 from toolrl.ui import build_app
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -19,9 +19,9 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.fixtures import mcp_server_entry, write_tool_config
-from toolrl.rollout.trajectory import Trajectory
+from toolrl.rollout.trajectory import Trajectory, UpdateValues
+from toolrl.runs.rundir import RunDir, process_start
 from toolrl.tools.call import ToolCall, ToolResult
-from toolrl.train.rundir import RunDir, process_start
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -70,15 +70,14 @@ def run_with_tool_calls(root, tokenizer):
     ]
     traj.num_tool_calls, traj.num_tool_errors, traj.stop_reason, traj.reward = 3, 1, "answer", 1.0
     traj.rewards = {"correct": 1.0, "format": 1.0}
-    traj.advantages = [0.8] * sum(traj.loss_mask)
-    record = traj.to_record(tokenizer, success="correct")
+    record = traj.to_record(tokenizer, success="correct", update=UpdateValues([0.8] * sum(traj.loss_mask)))
     RunDir(run).log_samples(1, [{**record, "sample": 0, "group": 0}])
     (run / "status.json").write_text(json.dumps({"state": "finished", "step": 1, "steps": 1}))
 
 
 def vision_run(base, root):
     """One step of a tiny random Qwen2.5-VL on the images environment: records with the task's image."""
-    from toolrl.models.vision import make_tiny_vlm
+    from tests.harness.tiny_vlm import make_tiny_vlm
 
     model = make_tiny_vlm(base / "vlm")
     out = toolrl(

@@ -18,8 +18,8 @@ def registries() -> dict[str, Any]:
     from toolrl.parsers.base import PARSERS
     from toolrl.rewards.rubric import CRITERIA
     from toolrl.rollout.engine import ENGINES
+    from toolrl.runs.loggers import LOGGERS
     from toolrl.tools.toolset import ENTRY_KINDS
-    from toolrl.train.loggers import LOGGERS
 
     return {
         "environment": ENVIRONMENTS,

@@ -37,9 +37,10 @@ def train(
 ) -> None:
     """Train a model with RL (GRPO by default) on an environment's tasks. Progress: a bar on a terminal, one
     line per step otherwise (also in RUN/progress.log)."""
+    from toolrl import distributed
     from toolrl.cli.progress import StepReporter, pick_mode
     from toolrl.config import resolve_config
-    from toolrl.train import RunDir, Trainer, Workbench, distributed
+    from toolrl.train import RunDir, Trainer, Workbench
 
     if resume is not None:
         if config is not None:
@@ -48,7 +49,7 @@ def train(
         if run.pointed("last") is None:
             raise ToolRLError(f"{run.path}: no checkpoint to resume from (no last/); train.save_every writes them")
         from toolrl.config.resolve import read
-        from toolrl.train.trust import check_trusted, code_to_run
+        from toolrl.runs.trust import check_trusted, code_to_run
 
         data = read(run.path / "config.yaml")
         for line in code_to_run(data):  # a run directory is data: what it makes toolrl run is said first
@@ -147,7 +148,7 @@ def eval_(
         out.mkdir(parents=True, exist_ok=True)
         summary = {"model": model or cfg.model.name, "temperature": temp, "tasks": len(trajs), **stats, **details}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        from toolrl.train.journal import write_images
+        from toolrl.runs.journal import write_images
 
         write_images(out, "eval", trajs, records, len(trajs) * cfg.rollout.max_images)  # a vision policy's
         with (out / "trajectories.jsonl").open("w") as f:
@@ -163,7 +164,7 @@ def export(
     out: Annotated[Path, typer.Argument(help="Folder to write the Hugging Face model to.")],
 ) -> None:
     """Write a checkpoint, sharded (torchrun) or not, as a plain Hugging Face model folder (LoRA merged)."""
-    from toolrl.train.export import export_checkpoint
+    from toolrl.runs.export import export_checkpoint
 
     _quiet_libraries()
     console.print(f"exported: {export_checkpoint(checkpoint, out)}")
@@ -180,8 +181,8 @@ def report(
 ) -> None:
     """Summarise a run (first, last and mean of its metrics; its evaluations) and (re)write its plot.png; with
     --param-delta, how much training changed each layer and module (param_delta.json and param_delta.png)."""
-    from toolrl.train.report import split_records, summary_rows, write_plot
-    from toolrl.train.rundir import RunDir
+    from toolrl.runs.report import split_records, summary_rows, write_plot
+    from toolrl.runs.rundir import RunDir
 
     run = RunDir.existing(run_dir)
     if param_delta:

@@ -211,17 +211,9 @@ def start_episode(env: Environment, task: Task, seed: int | None) -> Episode:
     return env.reset(task, seed=seed) if _takes_seed(type(env).reset) else env.reset(task)
 
 
-BUILTIN_ENVIRONMENTS = ("built", "calculator", "code", "files", "images", "nl2sql", "search")
-
-
-def _import_builtin() -> None:
-    import importlib
-
-    for name in BUILTIN_ENVIRONMENTS:
-        importlib.import_module(f"toolrl.envs.{name}")
-
-
-ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name", load=_import_builtin)
+ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name")
+"""The built-in environments register at its first read (toolrl/envs/__init__.py gives it their modules, so that
+importing one of them, a tool's worker process importing the calculator, imports only it)."""
 register_env = ENVIRONMENTS.register
 ENTRY_POINTS = "toolrl.environments"
 """The entry-point group where installed packages list their environment modules."""

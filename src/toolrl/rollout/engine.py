@@ -58,15 +58,12 @@ class Engine(ABC):
         """Free the engine's resources."""
 
 
-def _import_builtin() -> None:
-    import toolrl.rollout  # noqa: F401  (registers hf, hf-vision, openai, vllm, vllm-server)
-
-
-ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine", load=_import_builtin)
+ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine")
 """Engine name -> factory(model=, chat=, device=, seed=, config=). Capabilities: supports_training (it samples
 from the model being trained, or from weights the trainer gives it, so training may use it); supports_images (it
 takes a vision-language policy's images); loads_weights (the trainer gives it the new weights after each
-optimizer step, `Engine.load_weights`, and one instance serves training and evaluation)."""
+optimizer step, `Engine.load_weights`, and one instance serves training and evaluation). The built-in ones
+register when the package toolrl.rollout is imported, which importing this module does first."""
 
 
 def register_engine(

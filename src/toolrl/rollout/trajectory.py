@@ -14,6 +14,16 @@ RECORD_RESULT_CHARS = 2000
 """A tool result is cut to this many characters in a written record (samples.jsonl, eval trajectories)."""
 
 
+@dataclass(frozen=True)
+class UpdateValues:
+    """What an update computed for one trajectory, per trained token, for its written record: the advantage it
+    gave it and the trainer's own log-prob (the old policy of the update); None where the update skipped it (no
+    trained tokens, all-zero advantages, left out of the loss)."""
+
+    advantages: list[float] | None = None
+    trainer_logprobs: list[float] | None = None
+
+
 @dataclass
 class Trajectory:
     task: Task
@@ -56,11 +66,6 @@ class Trajectory:
     images: list[Any] = field(default_factory=list)
     """The images in token_ids (models.vision.VisionImage: patches, grid, position of its pads), in order:
     what a vision-language policy was given with the ids, and what training gives it again."""
-    advantages: list[float] | None = None
-    """Per trained token, the advantage the update gave it (set by the trainer; None before an update)."""
-    trainer_logprobs: list[float] | None = None
-    """Per trained token, the trainer's own log-prob (the old policy of the update; None where the update
-    skipped the trajectory: no trained tokens, all-zero advantages, or left out of the loss)."""
 
     @classmethod
     def start(cls, task: Task, prompt_ids: list[int], images: list[Any] | None = None) -> Trajectory:
@@ -120,11 +125,11 @@ class Trajectory:
         """(start, end) of each model turn over token_ids."""
         return [(a, b) for kind, a, b in self.spans if kind == MODEL]
 
-    def to_record(self, tokenizer, success: str | None = None) -> dict[str, Any]:
+    def to_record(self, tokenizer, success: str | None = None, update: UpdateValues | None = None) -> dict[str, Any]:
         """A JSON-ready view with the mask visible: the prompt's text, then each span's text and whether it is
-        trained on; a model turn token by token (ids, tokens, sampling log-probs, and after an update the
-        trainer's log-probs and the advantages), and every tool call. `success`: the rubric's success
-        criterion, whose value is copied to "success"."""
+        trained on; a model turn token by token (ids, tokens, sampling log-probs, and with `update` the
+        trainer's log-probs and the advantages the update gave it), and every tool call. `success`: the rubric's
+        success criterion, whose value is copied to "success"."""
         a, b = self.spans[0][1], self.spans[0][2]
         record: dict[str, Any] = {
             "task_id": self.task.id,
@@ -135,7 +140,7 @@ class Trajectory:
         }
         if success is not None:
             record["success"] = self.rewards.get(success, 0.0)
-        trained = self._update_values()
+        trained = self._update_values(update or UpdateValues())
         record |= {
             "stop_reason": self.stop_reason,
             "truncated": self.truncated,
@@ -164,12 +169,12 @@ class Trajectory:
         }
         return record
 
-    def _update_values(self) -> dict[int, dict[str, list[float]]]:
+    def _update_values(self, update: UpdateValues) -> dict[int, dict[str, list[float]]]:
         """Model span start -> its share of the update's per-token values (advantages, trainer log-probs) that
         are known; a model span is trained throughout, so spans take the trained tokens' values in order."""
         known = {
             key: values
-            for key, values in (("advantages", self.advantages), ("trainer_logprobs", self.trainer_logprobs))
+            for key, values in (("advantages", update.advantages), ("trainer_logprobs", update.trainer_logprobs))
             if values is not None and len(values) == sum(self.loss_mask)
         }
         out: dict[int, dict[str, list[float]]] = {}

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, get_type_hints
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 from toolrl.errors import ConfigError, ToolError
 from toolrl.tools.call import ToolCall
@@ -26,13 +27,23 @@ from toolrl.tools.limits import ToolPolicy
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
-    from toolrl.tools.toolset import Toolset
+
+
+class ToolSource(Protocol):
+    """What a ToolBox calls through: a tool config file's tools (toolset.py's Toolset)."""
+
+    tools: list[Tool]
+    log_dir: Path
+
+    def policies(self, default: ToolPolicy) -> dict[str, ToolPolicy]: ...
+
+    def resolve(self, name: str) -> str: ...
 
 
 class ToolBox:
     """The tools an agent workflow may call, by full `server.tool` or unambiguous short name."""
 
-    def __init__(self, toolset: Toolset):
+    def __init__(self, toolset: ToolSource):
         self.toolset = toolset
         self._executor: ToolExecutor | None = None
 

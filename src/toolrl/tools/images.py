@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolrl.tools.worker import to_text
+from toolrl.text import to_text
 
 MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif", b"RIFF": "image/webp"}
 SUPPORTED = {"image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp"}

@@ -39,6 +39,9 @@ SPARE_FAILURES = 3
 STOP_GRACE_S = 0.5
 """On close: time for a server to exit after its stdin closes, then after SIGTERM, before SIGKILL."""
 STDERR_TAIL_LINES = 5
+CALL_TAG = "toolrl/call"
+"""The `_meta` key of a tools/call request that names it to a transport that tracks delivery (mcp_stdio.py);
+servers ignore unknown `_meta`."""
 
 
 def result_text(result: Any) -> str:
@@ -141,10 +144,10 @@ class MCPServerConnection:
         self._next_start = 0.0
         self._closed = False
         self._calls = 0
-        self.spare = False
-        """Keep one more server started and initialized, promoted at once when the live one crashes (stdio)."""
-        self._spare: _Live | None = None
-        self._spare_task: asyncio.Task | None = None
+        self.spares = 0
+        """Servers kept started and initialized besides the live one, one promoted at once when it crashes."""
+        self._spares: list[_Live] = []
+        self._spare_tasks: set[asyncio.Task] = set()
         self._spare_failures = 0
         self._loop = LoopThread(f"mcp-{name}")
 
@@ -174,7 +177,7 @@ class MCPServerConnection:
                 await asyncio.wait_for(self._initialize(session, process), self.connect_timeout_s)
                 live = _Live(session, process, delivery)
                 if spare:
-                    self._spare = live
+                    self._spares.append(live)
                 else:
                     self._live = live
                     self.connections += 1
@@ -182,8 +185,8 @@ class MCPServerConnection:
                 await _first(live.stop.wait(), *([_exited(process)] if process is not None else []))
                 if self._live is live:
                     self._live = None
-                if self._spare is live:
-                    self._spare = None
+                if live in self._spares:
+                    self._spares.remove(live)
         except Exception as exc:
             if not ready.done():
                 ready.set_exception(ServerUnavailable(self._start_failure(exc, process)))
@@ -231,26 +234,31 @@ class MCPServerConnection:
         self._start_spare()
 
     def _start_spare(self) -> None:
-        """With `spare`, start one more server in the background, initialized and idle, that a crash promotes
-        at once (a restart takes the server's start-up time, which on a busy machine can exceed a call's
-        deadline). A spare that fails to start is logged; after SPARE_FAILURES such failures, none is tried."""
-        if not self.spare or self._closed or self._spare_task is not None or self._spare_failures >= SPARE_FAILURES:
-            return
-        ready = asyncio.get_running_loop().create_future()
-        owner = asyncio.ensure_future(self._hold(ready, spare=True))
-        self._owners.add(owner)
-        owner.add_done_callback(self._owners.discard)
+        """With `spares`, start servers in the background until that many are started or starting, initialized
+        and idle, which crashes promote at once (a restart takes the server's start-up time, which on a busy
+        machine can exceed a call's deadline; two spares also cover a second crash while the first one's
+        replacement starts). A spare that fails to start is logged; after SPARE_FAILURES such failures, none
+        is tried."""
+        while (
+            len(self._spares) + len(self._spare_tasks) < self.spares
+            and not self._closed
+            and self._spare_failures < SPARE_FAILURES
+        ):
+            ready = asyncio.get_running_loop().create_future()
+            owner = asyncio.ensure_future(self._hold(ready, spare=True))
+            self._owners.add(owner)
+            owner.add_done_callback(self._owners.discard)
 
-        async def watch() -> None:
-            try:
-                await ready
-            except ServerUnavailable as exc:
-                self._spare_failures += 1
-                log.warning("MCP server %s: a spare did not start: %s", self.name, exc)
-            finally:
-                self._spare_task = None
+            async def watch(ready: asyncio.Future = ready) -> None:
+                try:
+                    await ready
+                except ServerUnavailable as exc:
+                    self._spare_failures += 1
+                    log.warning("MCP server %s: a spare did not start: %s", self.name, exc)
 
-        self._spare_task = asyncio.ensure_future(watch())
+            task = asyncio.ensure_future(watch())
+            self._spare_tasks.add(task)
+            task.add_done_callback(self._spare_tasks.discard)
 
     async def _ready(self) -> _Live:
         """The live session, starting (or restarting) the server when it is down and may be tried again."""
@@ -263,9 +271,10 @@ class MCPServerConnection:
             if live is not None:  # its process is gone; the owner is closing it
                 self._live = None
                 live.stop.set()
-            spare = self._spare
-            if spare is not None and spare.process is not None and spare.process.returncode is None:
-                self._live, self._spare = spare, None  # promoted: the restart is already done
+            spare = next((s for s in self._spares if s.process is not None and s.process.returncode is None), None)
+            if spare is not None:
+                self._spares.remove(spare)
+                self._live = spare  # promoted: the restart is already done
                 self.connections += 1
                 self._start_spare()
                 return spare
@@ -286,8 +295,6 @@ class MCPServerConnection:
         live = await self._ready()
         try:
             if tag is not None and live.delivery is not None:
-                from toolrl.tools.mcp_stdio import CALL_TAG
-
                 return await getattr(live.session, method)(*args, meta={CALL_TAG: tag})
             return await getattr(live.session, method)(*args)
         except Exception as exc:
@@ -363,7 +370,7 @@ class MCPServerConnection:
 
         async def stop() -> None:
             # Owners end through their transport's shutdown (stdin closed, SIGTERM, SIGKILL), starting ones too.
-            for task in (self._starting, self._spare_task, *self._owners):
+            for task in (self._starting, *self._spare_tasks, *self._owners):
                 if task is not None:
                     task.cancel()
             if self._owners:
@@ -395,13 +402,3 @@ async def _first(*aws: Any) -> None:
 
 if sys.platform == "win32":  # pragma: no cover
     raise ImportError("toolrl's MCP stdio transport needs POSIX process groups")
-
-
-def __getattr__(name: str) -> Any:
-    """MCPStdioServer lives in mcp_stdio.py (with its transport); `from toolrl.tools.mcp import MCPStdioServer`
-    keeps working."""
-    if name == "MCPStdioServer":
-        from toolrl.tools.mcp_stdio import MCPStdioServer
-
-        return MCPStdioServer
-    raise AttributeError(name)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.text import one_line
-from toolrl.tools.mcp import STDERR_TAIL_LINES, STOP_GRACE_S, MCPServerConnection
+from toolrl.tools.mcp import CALL_TAG, STDERR_TAIL_LINES, STOP_GRACE_S, MCPServerConnection
 
 
 class MCPStdioServer(MCPServerConnection):
@@ -33,7 +33,7 @@ class MCPStdioServer(MCPServerConnection):
         cwd: str | None = None,
         connect_timeout_s: float = 30.0,
         log_path: str | Path | None = None,
-        spare: bool = False,
+        spare: bool | int = False,
     ):
         self.command, self.args, self.cwd = command, list(args), cwd
         self.env = dict(env) if env else None
@@ -41,7 +41,7 @@ class MCPStdioServer(MCPServerConnection):
         self._log_starts: dict[int, int] = {}
         """Where each server process's stderr starts in the log (a spare shares the file)."""
         super().__init__(name, connect_timeout_s)
-        self.spare = spare
+        self.spares = int(spare)  # true: one
 
     async def _open(self, stack: AsyncExitStack) -> tuple[Any, Any, Any | None]:
         from mcp.client.stdio import get_default_environment
@@ -83,10 +83,6 @@ class MCPStdioServer(MCPServerConnection):
             f.seek(max(start, f.seek(0, os.SEEK_END) - 4096))
             lines = f.read().decode("utf-8", "replace").splitlines()[-STDERR_TAIL_LINES:]
         return one_line("\n".join(lines), 400)
-
-
-CALL_TAG = "toolrl/call"
-"""The `_meta` key of a tools/call request that names it to the transport (servers ignore unknown `_meta`)."""
 
 
 class Delivery:

@@ -111,9 +111,10 @@ class ServerEntry(Entry):
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
     connect_timeout_s: float = Field(30.0, gt=0)
-    spare: bool = False
-    """For `command`: keep one more server started and idle, promoted at once when the live one crashes, so
-    that the calls behind a crash do not wait for a restart (one more process)."""
+    spare: bool | int = Field(False, ge=0, le=8)
+    """For `command`: keep servers started and idle besides the live one (true: one; a number: that many),
+    one promoted at once when the live one crashes, so that the calls behind a crash do not wait for a restart
+    (a process each; two also cover a second crash while the first one's replacement starts)."""
     policy: PolicyEntry | None = None
     policies: dict[str, PolicyEntry] = Field(default_factory=dict)
 
@@ -178,7 +179,7 @@ def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
 
     log_path = toolset.log_dir / f"{name}.log"
     server = MCPStdioServer(
-        name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s, log_path, spare=entry.spare
+        name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s, log_path, spare=int(entry.spare)
     )
     toolset.servers[name] = server
     return server.tools()

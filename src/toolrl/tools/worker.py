@@ -19,23 +19,16 @@ from typing import Any, BinaryIO
 HEADER = struct.Struct("!Q")
 
 
-def to_text(value: Any) -> str:
-    """A tool's return value as observation text: strings as they are, anything else as JSON where it can be."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
-
-
 def _reply(value: Any) -> dict[str, Any]:
     """The reply for a tool's value; one that may hold images goes through toolrl.tools.images (imported
-    only then: a worker starts with the standard library alone)."""
+    only then: a worker starts with the standard library alone, and toolrl.text is imported once the parent's
+    import path is set)."""
     if isinstance(value, bytes | bytearray | list | tuple) or (hasattr(value, "save") and hasattr(value, "mode")):
         from toolrl.tools.images import to_wire
 
         return to_wire(value)
+    from toolrl.text import to_text
+
     return {"ok": to_text(value)}
 
 

@@ -1,6 +1,6 @@
 """Training: the workbench (model, tools, environment), the trainer, run directories."""
 
-from toolrl.train.rundir import RunDir
+from toolrl.runs.rundir import RunDir
 from toolrl.train.trainer import GRPOTrainer, Trainer
 from toolrl.train.workbench import Workbench
 

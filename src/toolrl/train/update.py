@@ -1,6 +1,7 @@
 """The pieces of one policy update, as functions of the step's trajectories: the per-token inputs (old and
 reference log-probs, values, token rewards), the advantage estimator's inputs, which trajectories enter the
-loss, and the loss itself over micro-batches. The trainer calls them in order (trainer.py, `Trainer.update`).
+loss, and the loss itself over micro-batches, and the forward passes that score them (Scorer). The trainer
+calls them in order (trainer.py, `Trainer.update`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from typing import Any
 
 import torch
 
+from toolrl import distributed
 from toolrl.algos import AdvantageInputs, Advantages, PolicyInputs, StepTotals, TurnInput, informative_groups
 from toolrl.algos import value_loss as clipped_value_loss
 from toolrl.algos.mismatch import Mismatch, tis_weights
+from toolrl.models.policy import reference_context
 from toolrl.rollout import Trajectory
-from toolrl.train.logprobs import TokenScores
+from toolrl.rollout.trajectory import UpdateValues
+from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens, shared_prefix_length
 
 LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "value_loss")
 
@@ -111,6 +115,10 @@ class Work:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    index: int = 0
+    """Its position among the step's trajectories."""
+    trainer_logprobs: list[float] | None = None
+    """The trainer's own log-probs of its trained tokens, once the loss scored it (for its written record)."""
 
 
 @dataclass
@@ -118,6 +126,13 @@ class Selection:
     work: list[Work]
     keep: list[bool] = field(default_factory=list)
     totals: StepTotals = field(default_factory=lambda: StepTotals(1, 1))
+    advantages: dict[int, list[float]] = field(default_factory=dict)
+    """Trajectory index -> the advantages of its trained tokens, for every trajectory that entered the loss."""
+
+    def values(self, n: int) -> list[UpdateValues | None]:
+        """Per trajectory of the step (`n` of them): what the update computed for it (None: left out)."""
+        scored = {w.index: w.trainer_logprobs for w in self.work}
+        return [UpdateValues(self.advantages[i], scored.get(i)) if i in self.advantages else None for i in range(n)]
 
 
 def select(batch: StepBatch, est: Advantages, t, only_policy: bool) -> Selection:
@@ -125,7 +140,7 @@ def select(batch: StepBatch, est: Advantages, t, only_policy: bool) -> Selection
     train.dynamic_sampling only groups whose rewards differ; with train.mask_truncated none cut by a token limit.
     With `only_policy` (no other loss term), trajectories whose advantages are all 0 are skipped too: they add
     nothing to the gradient, and they still count in the denominators (`totals`), so the loss is unchanged.
-    Each kept trajectory records its advantages (`Trajectory.advantages`, for its written record)."""
+    The advantages of each kept trajectory are in `Selection.advantages` (for its written record)."""
     advantages = est.advantages.split(batch.counts)
     returns = est.returns.split(batch.counts) if est.returns is not None else [None] * len(batch.trajs)
     keep = [n > 0 and v for n, v in zip(batch.counts, batch.valid, strict=True)]
@@ -136,13 +151,12 @@ def select(batch: StepBatch, est: Advantages, t, only_policy: bool) -> Selection
     if t.mask_truncated:  # cut by a token limit: its last turn is unfinished, leave it out of the loss
         keep = [k and not traj.truncated for k, traj in zip(keep, batch.trajs, strict=True)]
     parts = zip(batch.trajs, advantages, batch.old, batch.refs, batch.values, returns, keep, strict=True)
-    work = [Work(traj, a, o, r, v, ret) for traj, a, o, r, v, ret, k in parts if k]
-    for w in work:
-        w.traj.advantages = w.advantages.tolist()
+    work = [Work(traj, a, o, r, v, ret, i) for i, (traj, a, o, r, v, ret, k) in enumerate(parts) if k]
+    given = {w.index: w.advantages.tolist() for w in work}
     totals = StepTotals(tokens=max(sum(len(w.advantages) for w in work), 1), sequences=max(len(work), 1))
     if only_policy:
         work = [w for w in work if bool(w.advantages.any())]
-    return Selection(work, keep, totals)
+    return Selection(work, keep, totals, given)
 
 
 def _cat(work: list[Work], name: str) -> torch.Tensor:
@@ -193,7 +207,7 @@ def backward(
         scored = scores([w.traj for w in chosen])
         engine = _cat(chosen, "old_logprobs")
         for w, own in zip(chosen, scored.logprobs.detach().split(scored.counts), strict=True):
-            w.traj.trainer_logprobs = own.tolist()  # for its written record
+            w.trainer_logprobs = own.tolist()  # for its written record
         if mismatch is not None:
             mismatch.add(scored.logprobs, engine, t.tis_cap)
         against_behaviour = t.async_steps > 0 and t.tis_cap is None
@@ -233,3 +247,67 @@ def backward(
         clipped += int(was_clipped.sum())
     sums["entropy"] = measured[0] / measured[1] if measured[1] else None  # mean over the tokens scored
     return sums, clipped
+
+
+class Scorer:
+    """The trainer's forward passes over a step's trajectories: micro-batches (a group's shared prompt computed
+    once), reference log-probs and value estimates before the update, and the policy's scores in the loss."""
+
+    def __init__(self, reference, temperature: float, micro_batch_tokens: int, dist) -> None:
+        self.reference, self.temperature, self.micro_batch_tokens, self.dist = (
+            reference,
+            temperature,
+            micro_batch_tokens,
+            dist,
+        )
+
+    def scores(self, model, trajs: list[Trajectory], entropy: bool | str = False, value_head=None) -> TokenScores:
+        return score_tokens(model, trajs, self.temperature, entropy, value_head)
+
+    def policy(self, model, value_head, entropy: bool | str) -> Callable[[list[Trajectory]], TokenScores]:
+        """The policy's log-probs (with entropy and values when the loss needs them) for a micro-batch."""
+        return lambda trajs: self.scores(model, trajs, entropy, value_head)
+
+    def micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
+        # sharded, each row runs its whole sequence (logprobs.py): no shared prefix to leave out
+        shared = shared_prefix_length(trajs) if trajs and not self.dist.on else 0
+        return micro_batches([len(traj.token_ids) - shared for traj in trajs], self.micro_batch_tokens)
+
+    def before_update(
+        self, model, value_head, trajs: list[Trajectory], need_ref: bool
+    ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Per trajectory, without gradient: reference log-probs (KL) and the value head's estimates (GAE)."""
+        refs: list[torch.Tensor | None] = [None] * len(trajs)
+        values: list[torch.Tensor | None] = [None] * len(trajs)
+        need_values = value_head is not None
+        if not (need_ref or need_values):
+            return refs, values
+        scored = [i for i, traj in enumerate(trajs) if sum(traj.loss_mask)]
+        model.eval()
+        batches = self.micro_batches([trajs[i] for i in scored])
+        with torch.no_grad():
+            sharded = need_values or (need_ref and self.reference is None)  # passes through the sharded model
+            for _ in range(distributed.max_over_ranks(self.dist, len(batches)) - len(batches) if sharded else 0):
+                self._dummy(model, value_head, trajs[0], need_ref)  # the passes other ranks make
+            for batch in batches:
+                chosen = [trajs[scored[i]] for i in batch]
+                if need_ref:
+                    ref_model, context = reference_context(model, self.reference)
+                    with context:
+                        ref = self.scores(ref_model, chosen)
+                    for i, part in zip(batch, ref.logprobs.split(ref.counts), strict=True):
+                        refs[scored[i]] = part
+                if need_values:
+                    out = self.scores(model, chosen, value_head=value_head)
+                    for i, part in zip(batch, out.values.split(out.counts), strict=True):
+                        values[scored[i]] = part
+        return refs, values
+
+    def _dummy(self, model, value_head, traj: Trajectory, ref: bool) -> None:
+        """The sharded passes another rank makes and this one has no batch for (results unused)."""
+        if ref and self.reference is None:
+            ref_model, context = reference_context(model, None)
+            with context:
+                self.scores(ref_model, [traj])
+        if value_head is not None:
+            self.scores(model, [traj], value_head=value_head)

@@ -61,7 +61,7 @@ class Workbench:
         """`log_dir`: where tool servers and workers write their stderr (a run's tools/ folder; by default
         $TOOLRL_HOME/logs/tools)."""
         config = resolved(config)  # a config built in Python: its code imported, its names checked, here once
-        from toolrl.train import distributed
+        from toolrl import distributed
 
         device = distributed.device_for(distributed.from_env(), pick_device(config.device))
         name = model_name or config.model.name

@@ -6,7 +6,7 @@ A config from the page is data: it may change any value but not what names code 
 `env.module`), which must stay those of the recipe file it started from; commands of tool servers come only
 from tool config files on disk (`tools.file` names one). A run is resumed only after saying what it will
 import or start, and a run made elsewhere only when the caller says it trusts it. "Stop now" signals only a
-process this UI started or one verified to be the run's toolrl process (train/rundir.py: run_process)."""
+process this UI started or one verified to be the run's toolrl process (runs/rundir.py: run_process)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from typing import Any
 from toolrl.config.loader import config_data, default_config_text
 from toolrl.config.resolve import resolve_data
 from toolrl.errors import ConfigError
+from toolrl.runs.journal import STOP_FILE
+from toolrl.runs.rundir import RunDir, run_process
+from toolrl.runs.trust import code_to_run, foreign
 from toolrl.text import clip
-from toolrl.train.journal import STOP_FILE
-from toolrl.train.rundir import RunDir, run_process
-from toolrl.train.trust import code_to_run, foreign
 from toolrl.ui.runs import resolve_run, run_state
 
 CONSOLE_LOG = "console.log"

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from toolrl.errors import ConfigError
-from toolrl.train.rundir import EVALS, METRICS, SAMPLES, RunDir, run_process
+from toolrl.runs.rundir import EVALS, METRICS, SAMPLES, RunDir, run_process
 
 RECORD_FILES = {"train": SAMPLES, "eval": EVALS}
 STALE_S = 1800.0

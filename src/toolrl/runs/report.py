@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from toolrl.train.rundir import RunDir
+from toolrl.runs.rundir import RunDir
 
 PLOT = "plot.png"
 PANELS = [

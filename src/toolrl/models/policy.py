@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import math
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -152,3 +154,17 @@ def save_model(model, tokenizer, target: Path) -> None:
     tokenizer.save_pretrained(target)
     if is_lora(model):
         model.save_pretrained(target / "adapter")
+
+
+@dataclass
+class PolicyState:
+    """The only mutable state of training: the policy being trained, its value head (PPO), its optimizer and
+    schedule; `step`: optimizer steps taken (the steps done); `best`: the best evaluation score so far (None
+    before one). A checkpoint is this and the task order, written (runs/checkpoints.py)."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    value_head: Any = None
+    step: int = 0
+    best: float | None = None

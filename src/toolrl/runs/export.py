@@ -10,10 +10,10 @@ import torch
 
 from toolrl.config.resolve import read_checked
 from toolrl.errors import ConfigError
-from toolrl.train import sharded
-from toolrl.train.checkpointing import STATE, TRAINABLE
-from toolrl.train.policy import apply_lora, load_trainable, save_model
-from toolrl.train.rundir import RunDir
+from toolrl.models.policy import apply_lora, load_trainable, save_model
+from toolrl.runs import sharded
+from toolrl.runs.checkpoints import STATE, TRAINABLE
+from toolrl.runs.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Test harness that users never call: tiny random models, a reference engine that plays a perfect model."""
