@@ -60,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", required=True, help="the earlier revision (a commit, tag or branch)")
     parser.add_argument("--only", choices=sorted(BENCHES), action="append", help="run only these benchmarks")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each side, the order alternating")
     parser.add_argument("--out", default="bench/results/before_after.json")
     args = parser.parse_args()
 
@@ -78,13 +79,26 @@ def main() -> None:
             sides = {"before": tree / "src", "after": ROOT / "src"}
             for i, name in enumerate(args.only or BENCHES):
                 script, metrics = BENCHES[name]
-                order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
-                outputs = {side: run(script, sides[side], Path(tmp) / f"{name}-{side}.json") for side in order}
+                orders, runs = [], {"before": [], "after": []}
+                for r in range(args.rounds):
+                    order = ["before", "after"] if (i + r) % 2 == 0 else ["after", "before"]
+                    orders.append(order)
+                    for side in order:
+                        runs[side].append(run(script, sides[side], Path(tmp) / f"{name}-{side}-{r}.json"))
                 rows = {}
                 for metric, path in metrics.items():
-                    before, after = dig(outputs["before"], path), dig(outputs["after"], path)
-                    rows[metric] = {"before": before, "after": after, "ratio": round(after / before, 3)}
-                result["benchmarks"][name] = {"order": order, "metrics": rows}
+                    before = sum(dig(o, path) for o in runs["before"]) / args.rounds
+                    after = sum(dig(o, path) for o in runs["after"]) / args.rounds
+                    rows[metric] = {
+                        "before": round(before, 3),
+                        "after": round(after, 3),
+                        "ratio": round(after / before, 3),
+                    }
+                    if args.rounds > 1:
+                        rows[metric]["per_round"] = [
+                            [dig(b, path), dig(a, path)] for b, a in zip(runs["before"], runs["after"], strict=True)
+                        ]
+                result["benchmarks"][name] = {"orders": orders, "metrics": rows}
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
     print(f"{'metric':>40} {'before':>10} {'after':>10} {'after/before':>13}")
