@@ -99,9 +99,10 @@ class Registry(dict[str, T], Generic[T]):
         return add
 
     def options_model(self, name: str) -> type[BaseModel] | None:
-        """The options model entry `name` declared (None: it takes no options)."""
-        self.lookup(name)
-        return self.options.get(name)
+        """The options model entry `name` declared on its registration, else its own `Options` attribute (an
+        environment class's); None: it takes no options."""
+        entry = self.lookup(name)
+        return self.options.get(name) or getattr(entry, "Options", None)
 
     def capability(self, name: str, key: str, default: Any = False) -> Any:
         """What entry `name` declares for `key` (`default` when it declares nothing)."""

@@ -25,10 +25,9 @@ def env_list(
     for column in ("env.name", "env.options (default)", "parser"):
         table.add_column(column)
     for name in sorted(ENVIRONMENTS):
-        cls = ENVIRONMENTS[name]
-        options = getattr(cls, "Options", EnvOptions)
+        options = ENVIRONMENTS.options_model(name) or EnvOptions
         fields = ", ".join(f"{k} ({f.default!r})" for k, f in options.model_fields.items()) or "-"
-        table.add_row(name, fields, getattr(cls, "parser", None) or "")
+        table.add_row(name, fields, getattr(ENVIRONMENTS[name], "parser", None) or "")
     console.print(table)
 
 

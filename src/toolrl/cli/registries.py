@@ -36,7 +36,7 @@ def registries() -> dict[str, Any]:
 
 
 def _options(registry: Any, name: str) -> str:
-    model = registry.options.get(name) or getattr(registry[name], "Options", None)
+    model = registry.options_model(name)
     fields = getattr(model, "model_fields", {})
     return ", ".join(f"{key}={field.default!r}" for key, field in fields.items()) or "-"
 
