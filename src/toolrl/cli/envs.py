@@ -17,7 +17,8 @@ def env_list(
     module: Annotated[list[str] | None, typer.Option(help="Also import this module (env.module).")] = None,
 ) -> None:
     """The registered environments with their options (env.options) and defaults."""
-    from toolrl.envs.base import ENVIRONMENTS, EnvOptions
+    from toolrl.cli.registries import describe_options
+    from toolrl.envs.base import ENVIRONMENTS
     from toolrl.plugins import import_modules
 
     import_modules(module or [], "env.module")
@@ -25,8 +26,7 @@ def env_list(
     for column in ("env.name", "env.options (default)", "parser"):
         table.add_column(column)
     for name in sorted(ENVIRONMENTS):
-        options = ENVIRONMENTS.options_model(name) or EnvOptions
-        fields = ", ".join(f"{k} ({f.default!r})" for k, f in options.model_fields.items()) or "-"
+        fields = describe_options(ENVIRONMENTS.options_model(name), "{key} ({default})")
         table.add_row(name, fields, getattr(ENVIRONMENTS[name], "parser", None) or "")
     console.print(table)
 

@@ -35,10 +35,17 @@ def registries() -> dict[str, Any]:
     }
 
 
-def _options(registry: Any, name: str) -> str:
-    model = registry.options_model(name)
+def describe_options(model: Any, form: str = "{key}={default}") -> str:
+    """An options model's fields with their defaults ("required" where there is none), or "-"."""
     fields = getattr(model, "model_fields", {})
-    return ", ".join(f"{key}={field.default!r}" for key, field in fields.items()) or "-"
+    shown = [
+        form.format(key=key, default="required" if f.is_required() else repr(f.default)) for key, f in fields.items()
+    ]
+    return ", ".join(shown) or "-"
+
+
+def _options(registry: Any, name: str) -> str:
+    return describe_options(registry.options_model(name))
 
 
 @app.command("list")
