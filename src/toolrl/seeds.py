@@ -8,6 +8,7 @@ it, never from a shared generator or from arithmetic on seeds that two streams c
     derive(run_seed, "engine", purpose)  an engine's own generator (sequences without a seed of their own)
     derive(seed, index)                  trajectory `index` of a rollout seeded `seed` (its sampler's seed)
     derive(trajectory_seed, "episode")   what the environment draws for that trajectory (Environment.reset)
+    derive(episode_seed, "user", k)      the simulated user's k-th message in that episode (envs/users.py)
 
 A stream is a hash (BLAKE2b) of its path, so streams are independent of each other and of how work is batched or
 ordered: evaluation draws do not change with eval.batch_size or with the number of steps trained, a step's draws

@@ -173,3 +173,39 @@ def test_a_local_simulated_user_answers_the_users_that_ask_together_in_one_batch
         return await asyncio.gather(*asks)
 
     assert asyncio.run(three_users()) == ["reply 0", "reply 1", "reply 2"] and model.batches == [3]
+
+
+def test_a_sampling_simulated_user_gets_a_seed_per_message_from_the_episode(chat):
+    """Each user message has its own named stream (seeds.py: the episode's "user", k): a rerun (a resumed run)
+    sends the same seeds, another rollout seed others, and a greedy user model none."""
+    with LocalHTTPServer() as server:
+
+        def seeds_sent(rollout_seed, temperature=0.7):
+            env = files_env(
+                "env.options.user=simulated",
+                f"env.options.user_model={{base_url: '{server.url}/v1', model: m, temperature: {temperature}}}",
+            )
+            tasks = env.tasks("test")[:2]
+            rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(12, 256, 4000, 200))
+            rollout.engine = ReferenceEngine(rollout, tasks)
+            server.requests.clear()
+            rollout.run(tasks, seed=rollout_seed)
+            sent = [body.get("seed") for _, path, _, body in server.requests if path == "/v1/chat/completions"]
+            return sorted(sent, key=str)
+
+        first = seeds_sent(11)
+        assert len(first) >= 2 and None not in first and len(set(first)) == len(first)
+        assert seeds_sent(11) == first and set(seeds_sent(12)).isdisjoint(first)
+        assert set(seeds_sent(11, temperature=0)) == {None}
+
+
+def test_a_local_user_model_that_samples_draws_each_reply_from_its_seed_whatever_the_batch(tiny_model_dir):
+    from toolrl.tools.model import LocalChat
+
+    local = LocalChat(str(tiny_model_dir), max_tokens=8, temperature=1.0)
+    prompts = ["book a table", "cancel my order", "what is the time"]
+    together = local.batch(prompts, [1, 2, 3])
+    assert [local(p, seed=s) for p, s in zip(prompts, [1, 2, 3], strict=True)] == together
+    assert local.batch(prompts[::-1], [3, 2, 1]) == together[::-1]
+    others = local.batch(prompts, [4, 5, 6])
+    assert others != together  # 8 tokens from a random tiny model: three equal replies would be a broken stream

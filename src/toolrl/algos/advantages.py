@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from toolrl.registry import Registry
+from toolrl.algos.registries import register_advantage
 
 
 @dataclass
@@ -68,9 +68,7 @@ class Advantages:
 
 
 Estimator = Callable[[AdvantageInputs], Advantages]
-ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "train.advantage")
-"""Capabilities: needs_values (it reads value estimates and returns value targets)."""
-register_advantage = ADVANTAGES.register
+"""What ADVANTAGES (registries.py) holds."""
 
 
 def group_advantages(

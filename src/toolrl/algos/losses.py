@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from toolrl.registry import Registry
+from toolrl.algos.registries import KL_ESTIMATORS, register_aggregation, register_policy_loss
 
 
 @dataclass
@@ -30,8 +30,7 @@ class PolicyInputs:
 
 
 PolicyLoss = Callable[[PolicyInputs], tuple[torch.Tensor, torch.Tensor]]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "train.loss")
-register_policy_loss = POLICY_LOSSES.register
+"""What POLICY_LOSSES (registries.py) holds; likewise Aggregation and KLEstimator below."""
 
 
 def _clipped_objective(ratio: torch.Tensor, x: PolicyInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,8 +74,7 @@ class StepTotals:
 
 
 Aggregation = Callable[[torch.Tensor, list[int], StepTotals], torch.Tensor]
-AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation", "train.aggregation")
-register_aggregation = AGGREGATIONS.register
+KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @register_aggregation("token_mean")
@@ -96,10 +94,6 @@ def seq_mean_token_mean(values: torch.Tensor, counts: list[int], totals: StepTot
     """Mean over a sequence's tokens, then mean over sequences (the original GRPO)."""
     n = torch.tensor(counts, device=values.device, dtype=values.dtype)
     return (values / torch.repeat_interleave(n, n.long())).sum() / totals.sequences
-
-
-KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator", "train.kl.estimator")
 
 
 @KL_ESTIMATORS.register("k1")

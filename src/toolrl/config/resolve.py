@@ -74,7 +74,10 @@ def read_checked(path: str | Path) -> RunConfig:
 
 def plugin_options(config: RunConfig) -> dict[str, BaseModel]:
     """The options of the plug-ins a config names, each validated by the model its entry registered with (one
-    line naming the key when wrong): {"advantage": ...}."""
+    line naming the key when wrong): {"advantage": ...}; once per config (it keeps them)."""
+    kept = config.kept_plugin_options()
+    if kept is not None:
+        return kept
     from toolrl.algos import ADVANTAGES
 
     t, typed = config.train, {}
@@ -85,6 +88,7 @@ def plugin_options(config: RunConfig) -> dict[str, BaseModel]:
             typed[key] = model.model_validate(given)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, where, model, f"train.{key}_options.")) from None
+    config.keep_plugin_options(typed)
     return typed
 
 
@@ -105,7 +109,7 @@ def _against_registries(config: RunConfig) -> RunConfig:
 
     options = environment_options(config.env)  # validated once: the environment keeps the typed options
     for registry, name in _registry_checks(config):
-        registry.lookup(name)
+        registry.require(name)
     plugin_options(config)
     config.env.keep_options(options)
     config.mark_resolved()

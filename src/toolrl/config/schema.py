@@ -273,6 +273,7 @@ class RunConfig(Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     _resolved: bool = PrivateAttr(False)
+    _plugin_typed: tuple[Any, dict[str, Any]] | None = PrivateAttr(None)
 
     @property
     def is_resolved(self) -> bool:
@@ -281,3 +282,16 @@ class RunConfig(Section):
 
     def mark_resolved(self) -> None:
         self._resolved = True
+
+    def keep_plugin_options(self, typed: dict[str, Any]) -> None:
+        """The plug-ins' options as their models validated them (config/resolve.py's plugin_options)."""
+        self._plugin_typed = (self._plugin_choice(), typed)
+
+    def kept_plugin_options(self) -> dict[str, Any] | None:
+        """The validated plug-in options, while the choices they were validated for are unchanged (else None)."""
+        if self._plugin_typed is None or self._plugin_typed[0] != self._plugin_choice():
+            return None
+        return self._plugin_typed[1]
+
+    def _plugin_choice(self) -> Any:
+        return copy.deepcopy((self.train.advantage, self.train.advantage_options))

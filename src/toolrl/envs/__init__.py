@@ -1,18 +1,11 @@
-"""Environments, registered by name. The built-in ones are imported at the registry's first read, so that
-importing one environment's module (a tool's worker process importing the calculator) imports only it."""
-
-import importlib
+"""Environments, registered by name. The built-in ones are declared here and each is imported when first asked
+for, so that naming one (a config, a tool's worker process importing the calculator) imports only it."""
 
 from toolrl.envs.base import ENVIRONMENTS, Environment, Task, make_env, register_env
 
 BUILTIN_ENVIRONMENTS = ("built", "calculator", "code", "files", "images", "nl2sql", "search")
 
-
-def _import_builtin() -> None:
-    for name in BUILTIN_ENVIRONMENTS:
-        importlib.import_module(f"toolrl.envs.{name}")
-
-
-ENVIRONMENTS.load_with(_import_builtin)
+for _name in BUILTIN_ENVIRONMENTS:
+    ENVIRONMENTS.declare(_name, f"toolrl.envs.{_name}")
 
 __all__ = ["ENVIRONMENTS", "Environment", "Task", "make_env", "register_env"]

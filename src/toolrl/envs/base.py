@@ -211,9 +211,9 @@ def start_episode(env: Environment, task: Task, seed: int | None) -> Episode:
     return env.reset(task, seed=seed) if _takes_seed(type(env).reset) else env.reset(task)
 
 
-ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name")
-"""The built-in environments register at its first read (toolrl/envs/__init__.py gives it their modules, so that
-importing one of them, a tool's worker process importing the calculator, imports only it)."""
+ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment", "env.name", options_attribute="Options")
+"""The built-in environments are declared in toolrl/envs/__init__.py and imported when first asked for, each
+alone (checking a config for the calculator, or a tool's worker process importing it, imports no other)."""
 register_env = ENVIRONMENTS.register
 ENTRY_POINTS = "toolrl.environments"
 """The entry-point group where installed packages list their environment modules."""

@@ -9,6 +9,7 @@ the stop reason `user_failed`, counted in the step metrics, and the others go on
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Sequence
 
 from pydantic import Field
@@ -39,7 +40,9 @@ def user_model(options: UserModel) -> Callable[[str], str]:
 class ScriptedUser:
     """Says the task's requests in order."""
 
-    async def next_message(self, requests: Sequence[str], done: int, reply: str, persona: str = "") -> str:
+    async def next_message(
+        self, requests: Sequence[str], done: int, reply: str, persona: str = "", seed: int | None = None
+    ) -> str:
         return requests[done]
 
 
@@ -47,14 +50,14 @@ class _Batcher:
     """Gathers the prompts that arrive together (within `window_s`) into one call of a `batch(prompts)`
     function, run in a thread: a local model answers a group's users in one generate, not one by one."""
 
-    def __init__(self, batch: Callable[[list[str]], list[str]], window_s: float = 0.01):
+    def __init__(self, batch: Callable[..., list[str]], window_s: float = 0.01):
         self.batch, self.window_s = batch, window_s
-        self.pending: list[tuple[str, asyncio.Future]] = []
+        self.pending: list[tuple[str, int | None, asyncio.Future]] = []
         self.flush: asyncio.Task | None = None
 
-    async def ask(self, prompt: str) -> str:
+    async def ask(self, prompt: str, seed: int | None = None) -> str:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt, future))
+        self.pending.append((prompt, seed, future))
         if self.flush is None or self.flush.done():
             self.flush = asyncio.ensure_future(self._flush())
         return await future
@@ -62,26 +65,35 @@ class _Batcher:
     async def _flush(self) -> None:
         await asyncio.sleep(self.window_s)
         batch, self.pending = self.pending, []
+        prompts, seeds = [prompt for prompt, _, _ in batch], [seed for _, seed, _ in batch]
         try:
-            replies = await asyncio.to_thread(self.batch, [prompt for prompt, _ in batch])
+            if any(seed is not None for seed in seeds):
+                replies = await asyncio.to_thread(self.batch, prompts, seeds)
+            else:
+                replies = await asyncio.to_thread(self.batch, prompts)
         except Exception as exc:  # every user of the batch failed: each trajectory ends as user_failed
-            for _, future in batch:
+            for _, _, future in batch:
                 future.set_exception(exc)
         else:
-            for (_, future), reply in zip(batch, replies, strict=True):
+            for (_, _, future), reply in zip(batch, replies, strict=True):
                 future.set_result(reply)
 
 
 class SimulatedUser:
     """A model playing the user: it knows the task's goals (its requests) and how far the assistant got, and
     asks for the next one in its own words. A backend with `batch(prompts)` (a local model) answers the users
-    that ask at the same moment together."""
+    that ask at the same moment together. `seed` (the episode's stream for this message, seeds.py) reaches a
+    backend that takes one (`ask(prompt, seed=)`, `batch(prompts, seeds)`): a sampling user model then says
+    the same words in a resumed run, and whatever the batch."""
 
-    def __init__(self, ask: Callable[[str], str]):
+    def __init__(self, ask: Callable[..., str]):
         self.ask = ask
         self._batcher = _Batcher(ask.batch) if hasattr(ask, "batch") else None
+        self._takes_seed = "seed" in inspect.signature(ask).parameters
 
-    async def next_message(self, requests: Sequence[str], done: int, reply: str, persona: str = "") -> str:
+    async def next_message(
+        self, requests: Sequence[str], done: int, reply: str, persona: str = "", seed: int | None = None
+    ) -> str:
         prompt = SIMULATOR_PROMPT.format(
             persona=persona,
             goals="\n".join(f"{i + 1}. {r}" for i, r in enumerate(requests)),
@@ -90,7 +102,9 @@ class SimulatedUser:
             next=done + 1,
         )
         if self._batcher is not None:
-            message = (await self._batcher.ask(prompt)).strip()
+            message = (await self._batcher.ask(prompt, seed if self._takes_seed else None)).strip()
+        elif self._takes_seed:
+            message = (await asyncio.to_thread(self.ask, prompt, seed=seed)).strip()
         else:
             message = (await asyncio.to_thread(self.ask, prompt)).strip()
         if not message:

@@ -1,25 +1,21 @@
-"""Rollouts: generation engines, trajectories and the multi-turn tool loop."""
+"""Rollouts: generation engines, trajectories and the multi-turn tool loop. Names are imported from their
+modules when first read (toolrl.lazy): checking a config's engine name imports no engine."""
 
-from toolrl.rollout.engine import ENGINES, Engine, Sampled, get_engine_factory
-from toolrl.rollout.hf import HFEngine
-from toolrl.rollout.loop import Rollout, RolloutLimits
-from toolrl.rollout.openai import OpenAIEngine
-from toolrl.rollout.sampling import SamplingParams
-from toolrl.rollout.trajectory import Trajectory
-from toolrl.rollout.vision import VisionEngine
-from toolrl.rollout.vllm import VLLMEngine
+from toolrl.lazy import lazy_exports
 
-__all__ = [
-    "ENGINES",
-    "Engine",
-    "HFEngine",
-    "OpenAIEngine",
-    "Rollout",
-    "RolloutLimits",
-    "Sampled",
-    "SamplingParams",
-    "Trajectory",
-    "VLLMEngine",
-    "VisionEngine",
-    "get_engine_factory",
-]
+_EXPORTS = {
+    "ENGINES": "toolrl.rollout.engine",
+    "Engine": "toolrl.rollout.engine",
+    "Sampled": "toolrl.rollout.engine",
+    "get_engine_factory": "toolrl.rollout.engine",
+    "HFEngine": "toolrl.rollout.hf",
+    "Rollout": "toolrl.rollout.loop",
+    "RolloutLimits": "toolrl.rollout.loop",
+    "OpenAIEngine": "toolrl.rollout.openai",
+    "SamplingParams": "toolrl.rollout.sampling",
+    "Trajectory": "toolrl.rollout.trajectory",
+    "VisionEngine": "toolrl.rollout.vision",
+    "VLLMEngine": "toolrl.rollout.vllm",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -10,12 +10,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from toolrl.registry import Registry
-from toolrl.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolrl.rollout.sampling import SamplingParams
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -62,25 +64,35 @@ ENGINES: Registry[Callable[..., Engine]] = Registry("engine", "rollout.engine")
 """Engine name -> factory(model=, chat=, device=, seed=, config=). Capabilities: supports_training (it samples
 from the model being trained, or from weights the trainer gives it, so training may use it); supports_images (it
 takes a vision-language policy's images); loads_weights (the trainer gives it the new weights after each
-optimizer step, `Engine.load_weights`, and one instance serves training and evaluation). The built-in ones
-register when the package toolrl.rollout is imported, which importing this module does first."""
+optimizer step, `Engine.load_weights`, and one instance serves training and evaluation). The built-in ones are
+declared below and imported when first asked for, so that checking a config's engine imports no torch."""
 
 
-def register_engine(
-    name: str,
-    *,
+def engine_capabilities(
     supports_training: bool = False,
     supports_images: bool = False,
     loads_weights: bool = False,
     can_train: bool | None = None,
     **more: Any,
-) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
-    """Register an engine factory under `name` with its capabilities (`can_train`: the earlier name of
-    supports_training)."""
+) -> dict[str, Any]:
+    """An engine's capabilities, each named (`can_train`: the earlier name of supports_training)."""
     training = supports_training if can_train is None else can_train
-    return ENGINES.register(
-        name, supports_training=training, supports_images=supports_images, loads_weights=loads_weights, **more
-    )
+    return dict(supports_training=training, supports_images=supports_images, loads_weights=loads_weights, **more)
+
+
+def register_engine(name: str, **capabilities: Any) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
+    """Register an engine factory under `name` with its capabilities (see engine_capabilities)."""
+    return ENGINES.register(name, **engine_capabilities(**capabilities))
+
+
+for _name, _module, _capabilities in [
+    ("hf", "toolrl.rollout.hf", dict(supports_training=True)),
+    ("hf-vision", "toolrl.rollout.vision", dict(supports_training=True, supports_images=True)),
+    ("openai", "toolrl.rollout.openai", {}),
+    ("vllm-server", "toolrl.rollout.openai", dict(supports_training=True, loads_weights=True)),
+    ("vllm", "toolrl.rollout.vllm", dict(supports_training=True, loads_weights=True)),
+]:
+    ENGINES.declare(_name, _module, **engine_capabilities(**_capabilities))
 
 
 def get_engine_factory(name: str) -> Callable[..., Engine]:

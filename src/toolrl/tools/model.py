@@ -102,8 +102,12 @@ class OpenAIChat:
         self.body = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
         self.system = system
 
-    def __call__(self, prompt: str) -> str:
+    def __call__(self, prompt: str, seed: int | None = None) -> str:
+        """The reply to `prompt`; `seed` (sampling only) is sent as the request's `seed`, which servers that
+        honour it (vLLM, SGLang, OpenAI's best effort) use for this request alone."""
         body = {**self.body, "messages": chat_messages(self.system, prompt)}
+        if seed is not None and self.body["temperature"] > 0:
+            body["seed"] = seed & 0x7FFFFFFF
         reply = tool_request(self.client, "POST", self.url, body)
         try:
             return reply["choices"][0]["message"]["content"] or ""
@@ -126,6 +130,7 @@ class LocalChat:
         device: str = "auto",
     ):
         self.path, self.system, self.device = path, system, device
+        self.temperature = temperature
         self.generation = {"max_new_tokens": max_tokens, "do_sample": temperature > 0}
         if temperature > 0:
             self.generation["temperature"] = temperature
@@ -139,11 +144,13 @@ class LocalChat:
         self._tokenizer = load_tokenizer(self.path)
         self._model = load_model(self.path, pick_device(self.device)).eval()
 
-    def __call__(self, prompt: str) -> str:
-        return self.batch([prompt])[0]
+    def __call__(self, prompt: str, seed: int | None = None) -> str:
+        return self.batch([prompt], None if seed is None else [seed])[0]
 
-    def batch(self, prompts: list[str]) -> list[str]:
-        """Answer several prompts with one batched `generate` (left padding)."""
+    def batch(self, prompts: list[str], seeds: list[int | None] | None = None) -> list[str]:
+        """Answer several prompts with one batched `generate` (left padding). With `seeds` (one per prompt, when
+        sampling), each reply draws from its own seed's stream (rollout/sampling.py), the same whichever prompts
+        it is batched with."""
         import torch
 
         with self._lock:
@@ -159,6 +166,31 @@ class LocalChat:
             width = max(len(ids) for ids in encoded)
             ids = torch.tensor([[pad_id] * (width - len(e)) + e for e in encoded], device=model.device)
             mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=model.device)
+            generation = dict(self.generation)
+            if self.temperature > 0 and seeds is not None and all(seed is not None for seed in seeds):
+                generation.update(do_sample=False, logits_processor=[SeededDraw(seeds, self.temperature, width)])
+                generation.pop("temperature")
             with torch.inference_mode():
-                out = model.generate(ids, attention_mask=mask, pad_token_id=pad_id, **self.generation)
+                out = model.generate(ids, attention_mask=mask, pad_token_id=pad_id, **generation)
             return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
+
+
+class SeededDraw:
+    """A logits processor for `generate` that samples each row from its own seed (rollout/sampling.py's seeded
+    draw at the row's n-th new token) and leaves only that token, so that greedy decoding takes it."""
+
+    def __init__(self, seeds: list[int], temperature: float, prompt_width: int):
+        from toolrl.rollout.sampling import SamplingParams
+
+        self.params = [SamplingParams(temperature=temperature, seed=seed) for seed in seeds]
+        self.width = prompt_width
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        from toolrl.rollout.sampling import sample_tokens
+
+        drawn = input_ids.shape[1] - self.width
+        tokens, _ = sample_tokens(scores, self.params, positions=[drawn] * len(self.params))
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(1, tokens[:, None], 0.0)

@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from toolrl import seeds
 from toolrl.envs.base import Environment, Episode, StepResult, Task, register_env, tool_call_example
 from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
 from toolrl.envs.files.tasks import canonical, generate
@@ -73,11 +74,11 @@ def file_tools(fs: FileSystem, names=TOOL_NAMES) -> list[Tool]:
 class FilesEpisode(Episode):
     """One trajectory: its own FileSystem, the request being worked on, and the user."""
 
-    def __init__(self, task: Task, messages, user, persona: str):
+    def __init__(self, task: Task, messages, user, persona: str, seed: int | None = None):
         self.fs = FileSystem(task.meta["tree"])
         offered = task.meta.get("tools", TOOL_NAMES)  # this task's tools: the prompt shows these, no others
         super().__init__(task, messages, file_tools(self.fs, offered), offered=offered, ordered=True)
-        self.user, self.persona = user, persona
+        self.user, self.persona, self.seed = user, persona, seed
         self.request = 0
         self.solved: list[bool] = []
 
@@ -99,7 +100,8 @@ class FilesEpisode(Episode):
         self.request += 1
         if self.request >= len(meta["requests"]):
             return StepResult(reward=float(solved), done=True, info=info)
-        message = await self.user.next_message(meta["requests"], self.request, text, self.persona)
+        seed = None if self.seed is None else seeds.derive(self.seed, "user", self.request)
+        message = await self.user.next_message(meta["requests"], self.request, text, self.persona, seed)
         return StepResult(reward=float(solved), user_message=message, info={**info, "state": self.state()})
 
 
@@ -193,6 +195,6 @@ class FilesEnv(Environment):
             examples += tool_call_example(question, tool, arguments, result, "Done.", self.syntax)
         return [{"role": "system", "content": system}, *examples, {"role": "user", "content": task.question}]
 
-    def reset(self, task: Task) -> FilesEpisode:
+    def reset(self, task: Task, seed: int | None = None) -> FilesEpisode:
         persona = task.meta.get("persona", self.options.persona)  # a task may carry its own
-        return FilesEpisode(task, self.messages(task), self.user, persona)
+        return FilesEpisode(task, self.messages(task), self.user, persona, seed)
