@@ -128,3 +128,19 @@ def test_tool_faults_are_counted_apart_from_the_models_mistakes(chat):
     assert (mistaken.num_tool_errors, mistaken.num_tool_faults) == (1, 0)
     assert mistaken.results[0].outcome == "invalid_arguments"
     assert (executor.metrics["infra_faults"], executor.metrics["model_errors"]) == (1, 1)
+
+
+def test_calls_past_the_cap_of_a_turn_are_told_to_the_model_and_counted(chat, tokenizer):
+    env = make_env(EnvConfig(options={"num_train": 1, "num_test": 2}))
+    task = env.tasks("test")[0]
+    calls = "\n".join(
+        "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": e}}) + "</tool_call>"
+        for e in ["1+1", "2+2", "3+3"]
+    )
+    turn = chat.encode(calls) + [chat.end_of_turn_id]
+    answer = chat.encode("<answer>1</answer>") + [chat.end_of_turn_id]
+    env, engine, rollout = make_rollout(chat, [[turn, answer]], max_calls_per_turn=2, max_new_tokens=300)
+    [traj] = rollout.run([task])
+    fed = tokenizer.decode(engine.fed[0][0])
+    assert "Error: at most 2 tool calls per turn; 1 calls after the first 2 were not run" in fed
+    assert (traj.num_tool_calls, traj.num_format_errors) == (2, 1)

@@ -119,6 +119,9 @@ class RolloutConfig(Section):
     max_response_tokens: int = Field(384, ge=1)
     """Token budget of one trajectory after its prompt: generated plus observation tokens."""
     max_observation_tokens: int = Field(128, ge=1)
+    max_calls_per_turn: int = Field(16, ge=1)
+    """Tool calls run from one model turn; the calls past it are not run, and the model is told how many (one
+    format error per call not run, in the `format_errors` metric)."""
     max_images: int = Field(16, ge=0)
     """Images per trajectory a vision-language policy is shown (the task's and the tools'); past it, further
     images are named in the observation's text instead."""

@@ -27,6 +27,25 @@ class ParseResult:
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """One-line format-error observations for the model, one per malformed call."""
+    more: int = 0
+    """Call-like spans not run beyond those the errors tell one by one (summed up in the last error)."""
+
+    @property
+    def not_run(self) -> int:
+        """Spans that looked like calls and were not run: what the `format_errors` metric counts."""
+        return len(self.errors) + self.more
+
+    def within(self, max_calls: int) -> ParseResult:
+        """At most `max_calls` calls to run and `max_calls` errors to show; what is past either is told in one
+        more error (`rollout.max_calls_per_turn`) and counted, never dropped."""
+        calls, errors = self.calls[:max_calls], self.errors[:max_calls]
+        over, hidden = len(self.calls) - len(calls), len(self.errors) - len(errors)
+        if not over and not hidden:
+            return self
+        told = [f"{over} calls after the first {max_calls} were not run"] if over else []
+        told += [f"{hidden} more malformed calls are not shown"] if hidden else []
+        errors.append(f"Error: at most {max_calls} tool calls per turn; " + "; ".join(told))
+        return ParseResult(calls, errors, self.more + over + hidden - 1)
 
 
 Parser = Callable[[str, Collection[str] | None], ParseResult]

@@ -67,6 +67,8 @@ class RolloutLimits:
     """Images per trajectory a vision-language policy is shown; further ones are named in text."""
     max_image_tokens: int = 8192
     """Image tokens per trajectory (the task's images and the tools'); images past it are named in text."""
+    max_calls_per_turn: int = 16
+    """Calls run from one model turn (ParseResult.within): the rest are reported to the model and counted."""
 
 
 # ---- stop rules: each says whether (and why) a trajectory ends at this point -------------------------------
@@ -267,8 +269,8 @@ class Rollout:
         traj.add_model_turn(sampled.ids, sampled.logprobs, text)
         run.tools = run.episode.available(self.executor.tools)  # an episode may offer more at a later turn
         known = {name: list(tool.parameters.get("properties", {})) for name, tool in run.tools.items()}
-        parsed = self.parser(text, known)
-        traj.num_format_errors += len(parsed.errors)
+        parsed = self.parser(text, known).within(self.limits.max_calls_per_turn)
+        traj.num_format_errors += parsed.not_run
         if not parsed.calls and not parsed.errors:
             traj.truncated = not sampled.ended
             return _Turn(State.REPLYING, sampled=sampled, text=text)

@@ -134,6 +134,7 @@ class Workbench:
             r.last_turn_tools,
             r.max_images,
             r.max_image_tokens,
+            r.max_calls_per_turn,
         )
         engine = self.engine(purpose, seed)
         parser = self.env.syntax  # rollout.parser, else the environment's own, else hermes (make_env)
