@@ -14,12 +14,11 @@ import time
 from pathlib import Path
 
 from common import machine, write_results
-from tests.harness.oracle import ReferenceEngine
 
 from toolrl.build import SCENARIOS, build, load_spec
 from toolrl.build.artifacts import Workspace
 from toolrl.config import load_config
-from toolrl.envs.built.env import reference_script
+from toolrl.rollout.scripted import scripted_engine
 from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.evaluate import breakdown, summarize
 
@@ -44,7 +43,7 @@ def measure(bench: Workbench, temperature: float) -> dict:
 def reference_success(bench: Workbench) -> float:
     tasks = bench.env.tasks("test")
     rollout = bench.rollout(bench.config.eval.sampling, seed=0, purpose="oracle")
-    rollout.engine = ReferenceEngine(rollout, tasks, script=reference_script)
+    rollout.engine = scripted_engine("reference", bench.chat, bench.env.syntax, bench.env)
     return summarize(rollout.run(tasks), "correct")["success"]
 
 

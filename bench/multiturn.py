@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from common import machine, write_results
-from tests.harness.oracle import ReferenceEngine
 
 from toolrl.config import load_config
+from toolrl.rollout.scripted import scripted_engine
 from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.evaluate import breakdown, summarize
 
@@ -27,7 +27,7 @@ KEYS = ("success", "reward/requests", "tool_calls", "format_errors", "tool_error
 def oracle_success(bench: Workbench, idle: bool) -> float:
     tasks = bench.env.tasks("test")
     rollout = bench.rollout(bench.config.eval.sampling, seed=0, purpose="oracle")
-    rollout.engine = ReferenceEngine(rollout, tasks, idle=idle)
+    rollout.engine = scripted_engine("idle" if idle else "reference", bench.chat, bench.env.syntax, bench.env)
     return summarize(rollout.run(tasks), bench.env.rubric.success)["success"]
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.oracle import ReferenceEngine
 from toolrl.build import build, load_spec
 from toolrl.build.artifacts import Workspace
 from toolrl.config import load_config
 from toolrl.envs import make_env
-from toolrl.envs.built.env import arguments_match, reference_script, solved_subproblems
+from toolrl.envs.built.env import arguments_match, solved_subproblems
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
+from toolrl.rollout.scripted import scripted_engine
 from toolrl.tools import ToolExecutor
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.train.evaluate import breakdown, summarize
@@ -47,7 +47,7 @@ def built_env(path, *overrides, parser=None):
 
 def play(env, chat, tasks, idle=False, seed=None, first=0):
     rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(8, 256, 4000, 200))
-    rollout.engine = ReferenceEngine(rollout, tasks, idle=idle, script=reference_script)
+    rollout.engine = scripted_engine("idle" if idle else "reference", chat, env.syntax, env)
     return rollout.run(tasks, seed, first)
 
 

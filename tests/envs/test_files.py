@@ -7,13 +7,13 @@ import asyncio
 import pytest
 
 from tests.fixtures.http_server import LocalHTTPServer
-from tests.harness.oracle import ReferenceEngine
 from toolrl.config import load_config
 from toolrl.envs import make_env
 from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
 from toolrl.envs.files.tasks import canonical
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
+from toolrl.rollout.scripted import scripted_engine
 from toolrl.tools import ToolExecutor
 from toolrl.train.evaluate import summarize
 
@@ -25,7 +25,7 @@ def files_env(*overrides, parser=None):
 
 def play(env, chat, tasks, idle=False):
     rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(12, 256, 4000, 200))
-    rollout.engine = ReferenceEngine(rollout, tasks, idle=idle)
+    rollout.engine = scripted_engine("idle" if idle else "reference", chat, env.syntax, env)
     return rollout.run(tasks)
 
 
@@ -187,7 +187,7 @@ def test_a_sampling_simulated_user_gets_a_seed_per_message_from_the_episode(chat
             )
             tasks = env.tasks("test")[:2]
             rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(12, 256, 4000, 200))
-            rollout.engine = ReferenceEngine(rollout, tasks)
+            rollout.engine = scripted_engine("reference", chat, env.syntax, env)
             server.requests.clear()
             rollout.run(tasks, seed=rollout_seed)
             sent = [body.get("seed") for _, path, _, body in server.requests if path == "/v1/chat/completions"]

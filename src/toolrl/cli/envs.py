@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from toolrl.cli.app import console, env_app, retriever_app
+from toolrl.cli.app import ConfigArg, SetOption, console, env_app, retriever_app
+from toolrl.errors import ToolRLError
 
 
 @env_app.command("list")
@@ -42,6 +43,69 @@ def env_new(
     folder = write_package(name, directory)
     typer.echo(f"wrote {folder}/ (__init__.py, env.py, test_env.py, config.yaml)")
     typer.echo(f"test it: pytest {folder}    train on it: toolrl train {folder}/config.yaml")
+
+
+@env_app.command("check")
+def env_check(
+    config: ConfigArg = None,
+    set_: SetOption = None,
+    num_tasks: Annotated[int | None, typer.Option(help="Tasks to play (default: eval.num_tasks).")] = None,
+    split: Annotated[str, typer.Option(help="The split to play: test or train.")] = "test",
+    min_reference: Annotated[float, typer.Option(help="The reference policy must succeed at least this often.")] = 0.95,
+    max_idle: Annotated[float, typer.Option(help="The idle policy may succeed at most this often.")] = 0.05,
+) -> None:
+    """Check an environment without a model: its reference policy (each task's reference calls, turn by turn)
+    must score about 100%, its idle policy (no call) about 0. Prints the table; exit 1 when either is off."""
+    from toolrl.cli.app import _quiet_libraries
+    from toolrl.config import resolve_config
+    from toolrl.envs.check import LIMIT_HINTS, PolicyScore, limit_hint, problems
+    from toolrl.train import Workbench
+    from toolrl.train.evaluate import breakdown, summarize
+
+    cfg = resolve_config(config, set_)
+    _quiet_libraries()
+    scores = []
+    for policy in ("reference", "idle"):
+        bench = Workbench.load(cfg, policy=policy)
+        try:
+            tasks, left = bench.eval_tasks(num_tasks, split)
+            if not tasks:
+                raise ToolRLError(
+                    f"env {cfg.env.name}: none of its {len(left)} {split} tasks has a reference; give tasks "
+                    "meta['reference'] or override Environment.reference (docs/environments.md)"
+                )
+            trajs = bench.evaluation(tasks=tasks)
+            success = bench.env.rubric.success
+            stats = summarize(trajs, success)
+            solve = breakdown(trajs, success).get("solve", {}).get("f1")
+            s = stats.get("success", stats["reward"])
+            limits = {k: stats.get(f"stop/{k}", 0.0) for k in LIMIT_HINTS}
+            scores.append(
+                PolicyScore(policy, len(tasks), len(left), s, stats["reward"], stats["tool_calls"],
+                            stats["format_errors"], solve, limits)
+            )  # fmt: skip
+        finally:
+            bench.close()
+    solves = any(s.solve_f1 is not None for s in scores)
+    columns = ["policy", "tasks", "left out", "success", *(["Solve-F1"] if solves else []), "reward", "tool calls"]
+    table = Table(title=f"env check: {cfg.env.name}, {split} split")
+    for column in (*columns, "format errors", "verdict"):
+        table.add_column(column, justify="left" if column in ("policy", "verdict") else "right")
+    failed = []
+    for s in scores:
+        found = problems(s, min_reference, max_idle)
+        failed += found
+        solve = ["n/a" if s.solve_f1 is None else f"{s.solve_f1:.3f}"] if solves else []
+        table.add_row(
+            s.policy, str(s.tasks), str(s.left_out), f"{s.success:.1%}", *solve, f"{s.reward:.3f}",
+            f"{s.tool_calls:.2f}", f"{s.format_errors:.2f}", "WRONG" if found else "ok",
+        )  # fmt: skip
+    console.print(table)
+    if failed:
+        hint = "".join(limit_hint(s) for s in scores if s.policy == "reference")
+        line = f"env {cfg.env.name} is wrong: {'; '.join(failed)}{hint}"
+        console.print(line, soft_wrap=True, highlight=False, markup=False)  # one line, whatever the width
+        raise typer.Exit(1)
 
 
 @env_app.command("build")

@@ -109,9 +109,14 @@ def eval_(
     out: Annotated[
         Path | None, typer.Option(help="Folder for summary.json and trajectories.jsonl (every trajectory).")
     ] = None,
+    policy: Annotated[
+        str,
+        typer.Option(help="Who plays: model, or reference (the env's reference calls) or idle (no call), no model."),
+    ] = "model",
 ) -> None:
     """Evaluate a model on the environment's test split: success, tool use, and where the tasks say more,
-    success per category and per request, Solve-P/R/F1. A served model: --set rollout.engine=openai."""
+    success per category and per request, Solve-P/R/F1. A served model: --set rollout.engine=openai.
+    --policy reference or idle plays the environment's checks instead (toolrl env check runs both)."""
     import json
 
     from toolrl.config import resolve_config
@@ -122,9 +127,12 @@ def eval_(
     _quiet_libraries()
     started = time.perf_counter()
     with console.status("evaluating"):
-        bench = Workbench.load(cfg, model_name=model or None)
+        bench = Workbench.load(cfg, model_name=model or None, policy=policy)
         try:
-            trajs = bench.evaluation(num_tasks, temperature)
+            tasks, left = bench.eval_tasks(num_tasks)
+            if left:
+                console.print(f"{len(left)} of {len(tasks) + len(left)} tasks have no reference: left out")
+            trajs = bench.evaluation(num_tasks, temperature, tasks=tasks)
             success = bench.env.rubric.success
             stats, details = summarize(trajs, success), breakdown(trajs, success)
             records = [traj.to_record(bench.tokenizer, success) for traj in trajs]
@@ -132,7 +140,8 @@ def eval_(
             bench.close()
     temp = cfg.eval.sampling.temperature if temperature is None else temperature
     title = f"{cfg.env.name} test split, {len(trajs)} tasks, temperature {temp:g}"
-    console.print(_eval_table(title, {model or cfg.model.name: stats}))
+    player = model or cfg.model.name if policy == "model" else f"{policy} policy"
+    console.print(_eval_table(title, {player: stats}))
     for key, label in (("by_category", "category"), ("by_request", "request"), ("by_kind", "kind of request")):
         if key in details:
             table = Table(title=f"success by {label}")
@@ -146,7 +155,8 @@ def eval_(
         console.print(f"Solve-P {s['precision']:.3f}  Solve-R {s['recall']:.3f}  Solve-F1 {s['f1']:.3f}")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        summary = {"model": model or cfg.model.name, "temperature": temp, "tasks": len(trajs), **stats, **details}
+        summary = {"model": model or cfg.model.name, "policy": policy, "temperature": temp, "tasks": len(trajs)}
+        summary |= {"left_out": len(left), **stats, **details}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         from toolrl.runs.journal import write_images
 

@@ -1,11 +1,22 @@
 """Environments, registered by name. The built-in ones are declared here and each is imported when first asked
 for, so that naming one (a config, a tool's worker process importing the calculator) imports only it."""
 
-from toolrl.envs.base import ENVIRONMENTS, Environment, Task, make_env, register_env
+from toolrl.envs.base import ENVIRONMENTS, Environment, EnvOptions, Episode, StepResult, Task, make_env, register_env
+from toolrl.envs.reference import ReferenceRequest
 
 BUILTIN_ENVIRONMENTS = ("built", "calculator", "code", "files", "images", "nl2sql", "search")
 
 for _name in BUILTIN_ENVIRONMENTS:
     ENVIRONMENTS.declare(_name, f"toolrl.envs.{_name}")
 
-__all__ = ["ENVIRONMENTS", "Environment", "Task", "make_env", "register_env"]
+__all__ = [
+    "ENVIRONMENTS",
+    "EnvOptions",
+    "Environment",
+    "Episode",
+    "ReferenceRequest",
+    "StepResult",
+    "Task",
+    "make_env",
+    "register_env",
+]

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from toolrl.envs.reference import ReferenceRequest, reference_from_meta
 from toolrl.errors import ConfigError
 from toolrl.parsers import CallSyntax, get_parser
 from toolrl.plugins import import_modules
@@ -193,6 +194,19 @@ class Environment(ABC):
     @abstractmethod
     def messages(self, task: Task) -> list[dict[str, str]]:
         """Prompt messages for a task (system, in-context example, user question)."""
+
+    def reference(self, task: Task) -> list[ReferenceRequest] | None:
+        """What a perfect agent does on `task`, request by request (envs/reference.py): `toolrl eval --policy
+        reference` plays it and `toolrl env check` expects about 100% from it. By default the task's
+        `meta["reference"]`, else its `meta["subproblems"]` as one round of calls answered with
+        `<answer>{task.answer}</answer>` when each names its call's arguments; None: the task has no reference
+        (counted, and left out of the check)."""
+        found = reference_from_meta(task.id, task.meta)
+        subproblems = task.meta.get("subproblems")
+        if found is not None or not subproblems or not all("arguments" in s for s in subproblems):
+            return found
+        calls = [ToolCall(s["name"], dict(s["arguments"])) for s in subproblems]
+        return [ReferenceRequest.of(calls, f"<answer>{task.answer}</answer>")]
 
     def reset(self, task: Task, seed: int | None = None) -> Episode:
         """Start one trajectory on `task`; environments with per-trajectory state override this. `seed`: what

@@ -29,6 +29,13 @@ def load_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(resolve_model(name))
 
 
+def load_config(name: str):
+    """The model's transformers config, without its weights."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(resolve_model(name))
+
+
 def load_model(name: str, device: torch.device, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 

@@ -17,6 +17,7 @@ from toolrl.registry import Registry
 if TYPE_CHECKING:
     import torch
 
+    from toolrl.envs.base import Task
     from toolrl.rollout.sampling import SamplingParams
 
 
@@ -43,6 +44,10 @@ class Engine(ABC):
     @abstractmethod
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         """Sample up to params.max_new_tokens tokens after `tokens`, the sequence's whole context so far."""
+
+    def begin(self, seq: Hashable, task: Task) -> None:  # noqa: B027 - optional: engines that play any task
+        """A sequence for `task` begins (before its first `generate`): a policy played without a model (the
+        reference, rollout/scripted.py) keys its turns by task and turn."""
 
     def release(self, seq: Hashable) -> None:  # noqa: B027 - optional: engines without per-sequence state
         """The sequence is finished: free what the engine keeps for it."""

@@ -195,6 +195,7 @@ class Rollout:
             )
         traj = Trajectory.start(episode.task, *self.prompt(episode.task, episode.messages, tools))
         traj.episode = episode
+        self.engine.begin(seq, episode.task)
         return _Run(seq, traj, episode, tools)
 
     async def arun(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:

@@ -3,6 +3,8 @@ rollouts and evaluations made with it. Training (trainer.py), `toolrl eval` and 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,26 +16,29 @@ from toolrl.chat import ChatFormat
 from toolrl.config import RunConfig
 from toolrl.config.resolve import resolved
 from toolrl.config.schema import SamplingConfig
-from toolrl.envs import Environment, make_env
+from toolrl.envs import Environment, Task, make_env
 from toolrl.errors import ConfigError
-from toolrl.models import load_model, load_tokenizer, pick_device
+from toolrl.models import load_config, load_model, load_tokenizer, pick_device
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import ENGINES
+from toolrl.rollout.scripted import MODEL, POLICIES, playable, scripted_engine
 from toolrl.tools import ToolExecutor
 from toolrl.tools.toolset import Toolset, run_executor
 from toolrl.train.evaluate import run_tasks, summarize
 
+log = logging.getLogger(__name__)
 
-def chat_format(config: RunConfig, name: str, tokenizer, model, env: Environment) -> ChatFormat:
-    """The policy's chat format: with images for a vision-language model. An environment whose tasks show
-    images refuses a text-only model, in one line."""
+
+def chat_format(config: RunConfig, name: str, tokenizer, model_config, env: Environment) -> ChatFormat:
+    """The policy's chat format: with images for a vision-language model (`model_config`: its transformers
+    config). An environment whose tasks show images refuses a text-only model, in one line."""
     from toolrl.models.vision import image_processor_for, is_vision_config
 
-    if is_vision_config(model.config):
+    if is_vision_config(model_config):
         from toolrl.chat.vision import VisionChatFormat
         from toolrl.models import resolve_model
 
-        return VisionChatFormat(tokenizer, image_processor_for(resolve_model(name), tokenizer, model.config))
+        return VisionChatFormat(tokenizer, image_processor_for(resolve_model(name), tokenizer, model_config))
     if env.needs_vision:
         raise ConfigError(
             f"env {env.name} shows images, but model.name {name} reads text only; use a vision-language model "
@@ -55,27 +60,36 @@ class Workbench:
     executor: ToolExecutor
     toolset: Toolset | None = None
     engines: dict[str, Engine] = field(default_factory=dict)
+    policy: str = MODEL
+    """Who plays the turns: the model, or a policy played without one (rollout/scripted.py: reference, idle)."""
 
     @classmethod
-    def load(cls, config: RunConfig, model_name: str | None = None, log_dir: Path | None = None) -> Workbench:
+    def load(
+        cls, config: RunConfig, model_name: str | None = None, log_dir: Path | None = None, policy: str = MODEL
+    ) -> Workbench:
         """`log_dir`: where tool servers and workers write their stderr (a run's tools/ folder; by default
-        $TOOLRL_HOME/logs/tools)."""
+        $TOOLRL_HOME/logs/tools). `policy`: a scripted policy's name loads the tokenizer and the model's config,
+        not its weights (`model` is then None)."""
         config = resolved(config)  # a config built in Python: its code imported, its names checked, here once
+        if policy != MODEL:
+            POLICIES.lookup(policy)  # an unknown name fails before anything loads (after the plug-ins register)
         from toolrl import distributed
 
         device = distributed.device_for(distributed.from_env(), pick_device(config.device))
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
         env = make_env(config.env, name, config.rollout.parser)
-        model = load_model(name, device, config.model.dtype)
-        chat = chat_format(config, name, tokenizer, model, env)
-        bench = cls(config, device, tokenizer, model, chat, env, None, None)  # type: ignore[arg-type]
+        model = load_model(name, device, config.model.dtype) if policy == MODEL else None
+        chat = chat_format(config, name, tokenizer, model.config if model else load_config(name), env)
+        bench = cls(config, device, tokenizer, model, chat, env, None, None, policy=policy)  # type: ignore[arg-type]
         bench.check_engine()
         bench.executor, bench.toolset = run_executor(env.tools(), config.tools, log_dir)
         return bench
 
     def check_engine(self) -> None:
         """The engine can serve this policy: a vision-language model needs one that takes images."""
+        if self.policy != MODEL:
+            return
         if self.chat.supports_images and not ENGINES.capability(self.engine_name, "supports_images"):
             raise ConfigError(
                 f"rollout.engine: {self.engine_name} cannot take images, and model.name {self.config.model.name} "
@@ -100,7 +114,7 @@ class Workbench:
     @property
     def context_length(self) -> int:
         """The policy's context in tokens (its language model's position embeddings)."""
-        config = self.model.config
+        config = self.model.config if self.model is not None else load_config(self.config.model.name)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return int(getattr(text, "max_position_embeddings", None) or 2**31)
 
@@ -111,6 +125,8 @@ class Workbench:
     def engine(self, purpose: str, seed: int) -> Engine:
         """One engine per purpose (train, eval), made on first use and kept for the run (it frees its cache
         between rollouts). An engine that loads the trainer's weights (vLLM) is one instance for every purpose."""
+        if self.policy != MODEL:
+            return self.engines.setdefault(purpose, scripted_engine(self.policy, self.chat, self.env.syntax, self.env))
         name = self.engine_name
         if purpose not in self.engines and ENGINES.capability(name, "loads_weights") and self.engines:
             self.engines[purpose] = next(iter(self.engines.values()))
@@ -144,10 +160,21 @@ class Workbench:
         """Means over the test split (see evaluation for the trajectories themselves)."""
         return summarize(self.evaluation(num_tasks, temperature), self.env.rubric.success)
 
-    def evaluation(self, num_tasks: int | None = None, temperature: float | None = None) -> list[Trajectory]:
-        """The test split's trajectories (the first `num_tasks`, at `temperature`; eval.* by default)."""
+    def eval_tasks(self, num_tasks: int | None = None, split: str = "test") -> tuple[list[Task], list[Task]]:
+        """The split's first `num_tasks` (eval.num_tasks): (those the policy plays, those it cannot: tasks
+        without a reference under the reference policy), so that what is left out is counted."""
+        return playable(self.env, self.env.tasks(split)[: num_tasks or self.config.eval.num_tasks], self.policy)
+
+    def evaluation(
+        self, num_tasks: int | None = None, temperature: float | None = None, tasks: Sequence[Task] | None = None
+    ) -> list[Trajectory]:
+        """The test split's trajectories (the first `num_tasks`, or `tasks`; at `temperature`, eval.* by
+        default). A task the policy cannot play is left out, with a warning that counts them."""
         e = self.config.eval
-        tasks = self.env.tasks("test")[: num_tasks or e.num_tasks]
+        if tasks is None:
+            tasks, left = self.eval_tasks(num_tasks)
+            if left:
+                log.warning("%d of %d tasks have no reference to play: left out", len(left), len(tasks) + len(left))
         sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
         rollout = self.rollout(sampling, seed=seeds.engine(self.config.seed, "eval"), purpose="eval")
         rollout.refuse_long_prompts(tasks, self.context_length)

@@ -29,6 +29,7 @@ from pydantic import Field
 from toolrl.build.artifacts import BuiltTask, Deployed, Workspace
 from toolrl.envs.base import Environment, EnvOptions, Episode, StepResult, Task, final_answer, register_env
 from toolrl.envs.code.sandbox import SandboxLimits
+from toolrl.envs.reference import ReferenceRequest
 from toolrl.errors import ConfigError, DataError
 from toolrl.rewards.ftrl import ftrl_criteria
 from toolrl.rewards.rubric import Criterion, Rubric
@@ -123,14 +124,16 @@ def correct(trajectory, task: Task) -> float:
     return float(contains_all(final_answer(trajectory.final_text), task.meta["answers"]))
 
 
-def reference_script(task: Task) -> list[tuple[list[ToolCall], str]]:
-    """What a perfect model does (for ReferenceEngine): each sub-problem's call, then the answer; per request
-    for multi-turn tasks."""
+def reference_requests(task: Task) -> list[ReferenceRequest]:
+    """What a perfect model does: each sub-problem's call, then the answer; per request for multi-turn tasks."""
     calls = [ToolCall(c["name"], c["arguments"]) for c in task.meta["subproblems"]]
     if task.meta.get("requests"):
         answers = task.meta["request_answers"]
-        return [([call], f"<answer>{'; '.join(a)}</answer>") for call, a in zip(calls, answers, strict=True)]
-    return [(calls, f"<answer>{'; '.join(task.meta['answers'])}</answer>")]
+        return [
+            ReferenceRequest.of([call], f"<answer>{'; '.join(a)}</answer>")
+            for call, a in zip(calls, answers, strict=True)
+        ]
+    return [ReferenceRequest.of(calls, f"<answer>{'; '.join(task.meta['answers'])}</answer>")]
 
 
 def injected_faults(trajectory, task: Task) -> float:
@@ -273,6 +276,9 @@ class BuiltEnv(Environment):
             )
             for d in self.deployed
         ]
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        return reference_requests(task)
 
     def tasks(self, split: str) -> list[Task]:
         tasks = [

@@ -9,10 +9,12 @@ from pydantic import Field
 
 from toolrl.envs.base import Environment, Task, final_answer, register_env, tool_call_example
 from toolrl.envs.calculator.tool import calculator, evaluate
+from toolrl.envs.reference import ReferenceRequest, answered
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
 from toolrl.rewards.ftrl import ftrl_criteria
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
+from toolrl.tools.call import ToolCall
 from toolrl.tools.function import tool_from_function
 
 SYSTEM = (
@@ -90,6 +92,10 @@ class CalculatorEnv(Environment):
 
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        """The calculator on the task's expression, then its value."""
+        return answered(task.answer, ToolCall("calculator", {"expression": task.meta["expression"]}))
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         examples = example_exchange(self.syntax)

@@ -23,9 +23,11 @@ from pydantic import Field
 from toolrl.envs.base import Environment, Episode, Task, register_env, tool_call_example
 from toolrl.envs.calculator.env import correct
 from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, resolve_isolation, run_python
+from toolrl.envs.reference import ReferenceRequest, answered
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
+from toolrl.tools.call import ToolCall
 from toolrl.tools.function import tool_from_function
 
 log = logging.getLogger(__name__)
@@ -239,6 +241,10 @@ class CodeEnv(Environment):
 
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        """A program that prints the value, then the value as the answer."""
+        return answered(task.answer, ToolCall("python", {"code": f"print({task.answer})"}))
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": SYSTEM}]

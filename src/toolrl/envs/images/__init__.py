@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from toolrl.envs.base import Environment, Episode, Task, final_answer, register_env
+from toolrl.envs.reference import ReferenceRequest, answered
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
 from toolrl.models.vision import as_pil
 from toolrl.rewards.rubric import Criterion, Rubric
@@ -144,6 +145,10 @@ class ImagesEnv(Environment):
 
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        """The number on the image, read without a tool."""
+        return answered(task.answer)
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.question}]

@@ -18,10 +18,11 @@ from pydantic import Field
 
 from toolrl.envs.base import Environment, EnvOptions, Episode, Task, final_answer, register_env, tool_call_example
 from toolrl.envs.nl2sql.database import Database, format_rows, load_template, same_results, schema_text
+from toolrl.envs.reference import ReferenceRequest, answered
 from toolrl.envs.tasks import TaskSplits, task_from_record
 from toolrl.rewards.rubric import Criterion, Rubric, process_reward
 from toolrl.rewards.rules import common_criteria
-from toolrl.tools.call import ToolResult
+from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import tool_from_function
 
 SYSTEM = (
@@ -122,6 +123,10 @@ class NL2SQLEnv(Environment):
         """(question, SQL, rows) of the in-context exchanges on the bundled database (a user's own database
         gets none); run once."""
         return [(q, sql, format_rows(*self._run_fresh(sql), self.options.max_rows)) for q, sql in EXAMPLES]
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        """Run the gold query, then answer with it."""
+        return answered(task.answer, ToolCall("execute_sql", {"query": task.answer}))
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         system = {"role": "system", "content": SYSTEM.format(schema=self.schema)}

@@ -21,12 +21,14 @@ import httpx
 from pydantic import Field
 
 from toolrl.envs.base import Environment, EnvOptions, Task, register_env
+from toolrl.envs.reference import ReferenceRequest, answered
 from toolrl.envs.search import wiki
 from toolrl.envs.search.retriever import Retriever, format_docs, make_retriever
 from toolrl.envs.tasks import TaskSplits, load_tasks
 from toolrl.errors import DataError
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria, exact_match_answer
+from toolrl.tools.call import ToolCall
 from toolrl.tools.function import Tool, tool_from_function
 
 INSTRUCTIONS = (
@@ -140,6 +142,11 @@ class SearchEnv(Environment):
 
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        """Search for the question (its first 24 words: a query fits a turn's token budget), then answer with
+        the gold answer."""
+        return answered(task.answer, ToolCall("search", {"query": " ".join(task.question.split()[:24])}))
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         return [
