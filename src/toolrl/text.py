@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import enum
 import json
 import re
 from typing import Any
@@ -40,11 +43,37 @@ def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return clip("; ".join(lines), limit)
 
 
+def jsonable(value: Any) -> Any:
+    """What JSON cannot hold as it is, as what it can: a pydantic model as its JSON-mode dump, a dataclass as its
+    fields, a set as a sorted list, a date or a path as text, an enum as its value; anything else as str()."""
+    if hasattr(value, "model_dump") and not isinstance(value, type):  # a pydantic model
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}  # nested ones: again, here
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=str)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    return str(value)
+
+
 def to_text(value: Any) -> str:
-    """A tool's return value as observation text: strings as they are, anything else as JSON where it can be."""
+    """A tool's return value as observation text: strings as they are, anything else as JSON (pydantic models,
+    dataclasses, dicts and lists of them too: `jsonable`), never a repr."""
     if isinstance(value, str):
         return value
     try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
+        return json.dumps(value, ensure_ascii=False, default=jsonable)
+    except (TypeError, ValueError, RecursionError):  # a circular structure, a NaN-free encoder's refusal
         return str(value)
+
+
+def from_text(text: str) -> Any:
+    """The value a tool's observation text stands for, where only the text crossed (a worker process, a
+    server, the cache): what it decodes to as JSON, else the text itself."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text

@@ -30,15 +30,21 @@ def test_env_new_writes_a_package_whose_tests_pass_and_that_trains_from_the_comm
         "test_env.py",
         "config.yaml",
     }
-    tested = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "word_env"], capture_output=True, text=True, cwd=tmp_path
-    )
+    printed = dict(line.split(":", 1) for line in made.stdout.splitlines()[1:])
+    assert set(printed) == {"test it", "check it", "train on it"}
+
+    def run_printed(what, *extra):  # as printed, from another folder
+        command = printed[what].strip() + " " + " ".join(extra)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        return subprocess.run(command, shell=True, capture_output=True, text=True, cwd="/", env=env, timeout=600)
+
+    tested = run_printed("test it", "-q")
     assert tested.returncode == 0 and "2 passed" in tested.stdout, tested.stdout + tested.stderr
-    trained = toolrl(
-        "train", "word_env/config.yaml",
-        "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=1",
-        "--set", "eval.num_tasks=2", "--set", "rollout.max_new_tokens=8", "--set", f"output_dir={tmp_path / 'runs'}",
-        cwd=tmp_path,
+    checked = run_printed("check it", f"--set model.name={tiny_model_dir}")
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
+    trained = run_printed(
+        "train on it", f"--set model.name={tiny_model_dir} --set device=cpu --set train.steps=1",
+        f"--set eval.num_tasks=2 --set rollout.max_new_tokens=8 --set output_dir={tmp_path / 'runs'}",
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert (tmp_path / "runs" / "word_env" / "final" / "model.safetensors").is_file()
@@ -200,3 +206,18 @@ def test_an_environment_registered_by_a_plugin_is_named_in_the_config_from_the_c
     evaluated = toolrl("eval", "--num-tasks", "3", *(a for s in sets for a in ("--set", s)), cwd=ROOT)
     assert evaluated.returncode == 0, evaluated.stderr
     assert "plugin-shelf test split, 3 tasks" in evaluated.stdout
+
+
+def test_task_files_given_to_an_environment_that_never_reads_them_are_refused(tmp_path):
+    from toolrl.envs import make_env
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"question": "q", "answer": "a"}\n')
+    shelf = load_config(overrides=["plugins=[tests.fixtures.plugin_env]", "env.name=plugin-shelf"])
+    shelf.env.test_file = str(tasks)
+    with pytest.raises(
+        ConfigError, match=r"^env\.test_file: environment plugin-shelf takes no task files .*TaskSplits"
+    ):
+        make_env(shelf.env)
+    reads = load_config(overrides=["env.name=calculator", f"env.test_file={tasks}"])
+    assert [t.question for t in make_env(reads.env).tasks("test")] == ["q"]  # one that reads them gets them

@@ -51,6 +51,7 @@ def test_calls_and_errors_through_the_executor(server):
         )
     )
     assert (add.content, echo.content) == ("5", "héllo")
+    assert (add.value, echo.value) == (5, "héllo")  # rewards get the value the text stands for
     assert fail.error and fail.content == "Error: srv.fail failed: disk on fire" and fail.outcome == "tool_error"
     assert ex.metrics["errors_tool_error"] == 1 and ex.metrics["infra_faults"] == 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -40,9 +41,12 @@ def env_new(
     """Write NAME/: a minimal working environment (tasks, a tool, a prompt, a rubric), its test, a run config."""
     from toolrl.envs.scaffold import write_package
 
-    folder = write_package(name, directory)
+    folder = write_package(name, directory).resolve()
     typer.echo(f"wrote {folder}/ (__init__.py, env.py, test_env.py, config.yaml)")
-    typer.echo(f"test it: pytest {folder}    train on it: toolrl train {folder}/config.yaml")
+    here = f"cd {shlex.quote(str(folder.parent))} &&"  # env.module: NAME is imported from the folder holding it
+    typer.echo(f"test it:     {here} pytest {name}")
+    typer.echo(f"check it:    {here} toolrl env check {name}/config.yaml")
+    typer.echo(f"train on it: {here} toolrl train {name}/config.yaml")
 
 
 @env_app.command("check")

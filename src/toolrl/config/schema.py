@@ -66,6 +66,18 @@ class EnvConfig(Section):
     options: dict[str, Any] = {}
     """The environment's own settings (see its Options model: `toolrl config show --set env.name=NAME`)."""
     _typed: tuple[dict[str, Any], Any] | None = PrivateAttr(None)
+    _files_read: bool = PrivateAttr(False)
+
+    def task_files(self) -> dict[str, str | None]:
+        """`train_file` and `test_file` by split, for an environment that reads them (TaskSplits does): an
+        environment that never asks is refused them (make_env), never given them to ignore."""
+        self._files_read = True
+        return {"train": self.train_file, "test": self.test_file}
+
+    def unread_task_files(self) -> list[str]:
+        """The task-file keys set for an environment that never asked for them (`task_files`)."""
+        given = [k for k in ("train_file", "test_file") if getattr(self, k)]
+        return [] if self._files_read else given
 
     def modules(self) -> list[str]:
         """`module` as a list."""

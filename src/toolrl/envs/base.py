@@ -184,9 +184,11 @@ class Environment(ABC):
         self.syntax: CallSyntax = get_parser("hermes")
         """How the run writes tool calls (set by make_env from rollout.parser): for in-context examples."""
 
-    @abstractmethod
     def tools(self) -> list[Tool]:
-        """The tools as the prompt shows them (and as shared by episodes that bind no state of their own)."""
+        """The run's tools, as the prompt shows them and shared by episodes that bind no state of their own.
+        None by default: an environment whose tasks or episodes bring their own tools (`Episode(tools=...)`,
+        `episode.offer`) need not define it."""
+        return []
 
     @abstractmethod
     def tasks(self, split: str) -> list[Task]: ...
@@ -276,6 +278,11 @@ def make_env(config, model_name: str | None = None, parser: str | None = None) -
     (rollout.parser; None: its own, else hermes), its rubric adjusted by `reward_weights` and joined by the
     model judge when `judge` is set (a local judge defaults to `model_name`, the run's model)."""
     env = environment_class(config)(config, environment_options(config))
+    if unread := config.unread_task_files():  # given a file it would never read: refused, not ignored
+        raise ConfigError(
+            f"env.{unread[0]}: environment {config.name} takes no task files (its tasks() are its own); remove "
+            f"env.{unread[0]}, or have it read them with toolrl.envs.tasks.TaskSplits(config, own_tasks)"
+        )
     env.syntax = get_parser(parser_name(config, parser))
     bad = [tool for tool in env.tools() if not isinstance(tool, Tool)]
     if bad:

@@ -29,12 +29,13 @@ import random
 
 from pydantic import Field
 
-from toolrl.envs import Environment, Task, register_env
-from toolrl.envs.base import EnvOptions, tool_call_example
+from toolrl.envs import Environment, EnvOptions, ReferenceRequest, Task, register_env
+from toolrl.envs.base import tool_call_example
+from toolrl.envs.tasks import TaskSplits
 from toolrl.rewards import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
 from toolrl.rewards.text import final_answer
-from toolrl.tools import tool_from_function
+from toolrl.tools import ToolCall, tool_from_function
 
 WORDS = ["apple", "river", "mountain", "keyboard", "window", "garden", "pencil", "harbour", "lantern", "meadow"]
 SYSTEM = "Use the count_letters tool, then give the final answer as <answer>NUMBER</answer>."
@@ -71,17 +72,23 @@ class {cls}(Environment):
         words = list(WORDS)
         random.Random(config.seed).shuffle(words)
         tasks = [
-            Task(f"{name}-{{i}}", f"How many letters are in the word {{w}}?", str(len(w)))
+            Task(f"{name}-{{i}}", f"How many letters are in the word {{w}}?", str(len(w)), {{"word": w}})
             for i, w in enumerate(words)
         ]
-        self.splits = {{"test": tasks[: options.num_test], "train": tasks[options.num_test :]}}
+        # its own splits, each replaced by env.train_file / env.test_file when a run gives one
+        self.splits = TaskSplits(config, {{"test": tasks[: options.num_test], "train": tasks[options.num_test :]}})
         self.rubric = Rubric([Criterion("correct", correct, 1.0), *common_criteria()], success="correct")
 
     def tools(self):
         return [tool_from_function(count_letters, idempotent=True, isolation="thread")]
 
     def tasks(self, split: str) -> list[Task]:
-        return self.splits[split]
+        return self.splits(split)
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        """What a perfect agent does (toolrl env check): count the letters, then answer."""
+        count = ToolCall("count_letters", {{"word": task.meta["word"]}})
+        return [ReferenceRequest.of([count], f"<answer>{{task.answer}}</answer>")]
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         question = "How many letters are in the word cat?"

@@ -204,7 +204,7 @@ class TaskSplits:
 
     def __init__(self, config, own: Mapping[str, list[Task]] | Callable[[str], list[Task]] | None = None):
         self.own = own if own is not None else {}
-        self.files = {"train": config.train_file, "test": config.test_file}
+        self.files = config.task_files()
         self.loaded: dict[str, list[Task]] = {}
 
     def __call__(self, split: str) -> list[Task]:

@@ -48,6 +48,11 @@ class ToolResult:
     """From the call's start (its concurrency slot taken) to its result, retries included."""
     images: tuple[Any, ...] = ()
     """Images the tool returned with its text (toolrl.tools.images.ToolImage), checked and within limits."""
+    value: Any = None
+    """The tool's return value, for rewards and environments that check values, not text: the object itself
+    when the tool ran in this process (isolation thread, loop or inline: a pydantic model, a dataclass, a dict),
+    else what `content` decodes to as JSON, else `content` (a worker process, a server, the cache: only text
+    crossed). None for a call that failed."""
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.errors import ToolError
-from toolrl.text import clip, first_line, one_line
+from toolrl.text import clip, first_line, from_text, one_line
 from toolrl.tools.cache import ResultCache, cache_key
 from toolrl.tools.call import INFRA_FAULTS, MODEL_ERRORS, Outcome, ToolCall, ToolResult, unknown_tool_error
 from toolrl.tools.function import Tool
@@ -112,7 +112,7 @@ class ToolExecutor:
                 self.metrics["model_errors"] += 1
         latency = time.monotonic() - started if started is not None else 0.0
         if isinstance(content, ToolOutput):
-            return ToolResult(call, content.text, outcome, latency, tuple(content.images))
+            return ToolResult(call, content.text, outcome, latency, tuple(content.images), content.value)
         return ToolResult(call, content, outcome, latency)
 
     async def invoke(self, call: ToolCall, offered: Mapping[str, Tool] | None = None) -> ToolResult:
@@ -131,7 +131,7 @@ class ToolExecutor:
             cached = self.cache.get(key)
             self.metrics["cache_hits" if cached is not None else "cache_misses"] += 1
             if cached is not None:
-                return ToolResult(call, cached)
+                return ToolResult(call, cached, value=from_text(cached))
         result = await self._call(tool, call, policy)
         if key is not None and not result.error and not result.images:  # the cache keeps text only
             self.cache.put(key, result.content)
@@ -192,7 +192,10 @@ class ToolExecutor:
             value = await self.processes.run(tool.target, arguments, timeout)
         else:
             value = await self.threads.run(tool.fn, arguments, timeout)
-        return to_output(value, self.image_limits)
+        output = to_output(value, self.image_limits)
+        if (where == "process" or tool.text_only) and not output.images:  # only text crossed: what it stands for
+            output.value = from_text(output.text)
+        return output
 
     async def _run_async(self, coro: Any, timeout: float) -> Any:
         """Await `coro` until `timeout`; past it, cancel it and go on without waiting for it (a coroutine may

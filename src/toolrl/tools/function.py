@@ -118,6 +118,9 @@ class Tool:
     target: str | None = None
     """`module:qualname` by which a worker process imports `fn`; None when it cannot (closures, bound methods,
     functions of __main__, partials)."""
+    text_only: bool = False
+    """Its value arrives as text (an MCP server's result): ToolResult.value is what the text decodes to as
+    JSON, as for a tool run in a worker process."""
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -168,43 +171,74 @@ def tool_from_function(
     name: str | None = None,
     inject: Mapping[str, Any] | None = None,
     *,
+    description: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    validate: bool = True,
     idempotent: bool = False,
     isolation: Isolation | None = None,
 ) -> Tool:
-    """Build a Tool from a function with type hints on every parameter. Parameters named in `inject` are
-    filled with its values on every call and left out of the schema the model sees. `idempotent` declares the
-    tool safe to repeat after a failure; `isolation` where it runs (see `Tool.isolation`)."""
-    tool_name = name or fn.__name__
-    description, arg_docs = parse_docstring(fn.__doc__)
-    hints = get_type_hints(fn)
-    fields: dict[str, Any] = {}
-    for param in inspect.signature(fn).parameters.values():
-        if inject and param.name in inject:
-            continue
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ToolError(f"tool {tool_name}: *args/**kwargs cannot be described to a model; name each parameter")
-        if param.name not in hints:
-            raise ToolError(f"tool {tool_name}: parameter {param.name!r} needs a type hint")
-        default = ... if param.default is param.empty else param.default
-        fields[param.name] = (hints[param.name], _field(default, arg_docs.get(param.name)))
-    model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    """Build a Tool from a function. By default its name, description and JSON schema come from the function:
+    its name, its docstring (Google style `Args:` describe the parameters) and its type hints, needed on every
+    parameter; arguments are validated and coerced by those types. Each can be given instead: `name`,
+    `description`, and `parameters`, a JSON schema object shown to the model and checked as it is (type hints
+    are then not needed: a benchmark's own schema for its own functions). `validate=False` passes the model's
+    arguments to the function as written, unchecked (a benchmark that checks them itself; what the function
+    raises is the call's error). Parameters named in `inject` are filled with its values on every call and left
+    out of the schema. `idempotent` declares the tool safe to repeat after a failure; `isolation` where it runs
+    (see `Tool.isolation`)."""
+    tool_name = name or getattr(fn, "__name__", None)
+    if not isinstance(tool_name, str) or not tool_name:
+        raise ToolError(f"tool_from_function({fn!r}): give it a name (name=...)")
+    doc, arg_docs = parse_docstring(getattr(fn, "__doc__", None))
+    call = functools.partial(fn, **inject) if inject else fn
+    target = None if inject else import_target(fn)
+    own = dict(idempotent=idempotent, isolation=isolation, target=target)
+    if parameters is not None:
+        schema = _given_schema(parameters, tool_name, inject or {})
+        check = json_schema_checker(schema, f"tool {tool_name}: parameters") if validate else None
+        return Tool(tool_name, description or doc or tool_name, schema, call, check=check, **own)
+    model = _arguments_model(fn, tool_name, inject or {}, arg_docs)
     schema = model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
     schema.setdefault("required", [])
-    call = functools.partial(fn, **inject) if inject else fn
-    target = None if inject else import_target(fn)
-    return Tool(
-        tool_name,
-        description or tool_name,
-        schema,
-        call,
-        model,
-        idempotent=idempotent,
-        isolation=isolation,
-        target=target,
-    )
+    return Tool(tool_name, description or doc or tool_name, schema, call, model if validate else None, **own)
+
+
+def _arguments_model(fn: Callable[..., Any], tool_name: str, inject: Mapping[str, Any], arg_docs) -> type[BaseModel]:
+    """The pydantic model of the function's parameters (by their type hints), the injected ones left out."""
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.name in inject:
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolError(f"tool {tool_name}: *args/**kwargs cannot be described to a model; name each parameter")
+        if param.name not in hints:
+            raise ToolError(
+                f"tool {tool_name}: parameter {param.name!r} needs a type hint (or give the tool's JSON schema: "
+                "parameters=...)"
+            )
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (hints[param.name], _field(default, arg_docs.get(param.name)))
+    return create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def _given_schema(parameters: Mapping[str, Any], tool_name: str, inject: Mapping[str, Any]) -> dict[str, Any]:
+    """A schema given for a tool: a JSON schema object (`{"type": "object", "properties": {...}}`) that names
+    no injected parameter; a one-line ToolError otherwise."""
+    schema = dict(parameters) if isinstance(parameters, Mapping) else None
+    if schema is None or schema.get("type", "object") != "object" or not isinstance(schema.get("properties", {}), dict):
+        shape = '{"type": "object", "properties": ...}'
+        raise ToolError(f"tool {tool_name}: parameters is a JSON schema object, {shape}")
+    if hidden := sorted(set(schema.get("properties", {})) & set(inject)):
+        raise ToolError(f"tool {tool_name}: parameters names {hidden[0]!r}, which is injected; leave it out")
+    try:
+        json_schema_checker(schema, f"tool {tool_name}: parameters")
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
+    return {"type": "object", **schema, "properties": dict(schema.get("properties", {}))}
 
 
 def _field(default: Any, description: str | None) -> Any:

@@ -62,6 +62,8 @@ class ToolOutput:
 
     text: str
     images: list[ToolImage] = field(default_factory=list)
+    value: Any = None
+    """The tool's return value itself (ToolResult.value)."""
 
 
 def _sniff(data: bytes) -> str | None:
@@ -149,7 +151,7 @@ def to_output(value: Any, limits: ImageLimits = ImageLimits()) -> ToolOutput:
             texts.append(to_text(part))
     if len(images) > limits.max_per_result:
         raise ImageError(f"{len(images)} images in one result; at most {limits.max_per_result}")
-    return ToolOutput("\n".join(texts), images)
+    return ToolOutput("\n".join(texts), images, value)
 
 
 def name_images(text: str, images: list, why: str) -> str:

@@ -360,7 +360,8 @@ class MCPServerConnection:
         except ValueError as exc:  # the server's own schema is broken: let the server judge the arguments
             log.warning("%s; arguments are not checked before sending", exc)
             check = None
-        return Tool(name, spec.description or spec.name, schema, call, check=check, idempotent=safe_to_repeat(spec))
+        repeat = safe_to_repeat(spec)
+        return Tool(name, spec.description or spec.name, schema, call, check=check, idempotent=repeat, text_only=True)
 
     def close(self) -> None:
         """End the session and the server (stdin closed, then SIGTERM, then SIGKILL, each after a short grace)."""

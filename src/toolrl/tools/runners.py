@@ -171,8 +171,19 @@ class _Worker:
     def _send(self, data: bytes) -> None:
         write_frame(self.process.stdin, data)
 
+    def _frames(self):
+        """The worker's replies until its stdout ends, or is closed under the reader by `kill`."""
+        while True:
+            try:
+                frame = read_frame(self.process.stdout)
+            except (ValueError, OSError):  # closed by kill() while read: the end, as an EOF is
+                return
+            if frame is None:
+                return
+            yield frame
+
     def _read(self) -> None:
-        while (frame := read_frame(self.process.stdout)) is not None:
+        for frame in self._frames():
             if self.pending is not None and not self.pending.done():
                 self.pending.set_result(json.loads(frame.decode("utf-8", "surrogatepass")))
         code = self.process.wait()
