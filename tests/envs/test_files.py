@@ -85,15 +85,29 @@ def test_a_simulated_user_asks_through_a_model_endpoint_and_its_failure_ends_onl
         )
         tasks = env.tasks("test")[:2]
         [first, _] = play(env, chat, tasks)
-    asked = first.user_messages[0]
-    assert asked.startswith("YOU ARE A USER TALKING TO AN ASSISTANT. YOU ARE SAM.") and "GOALS DONE SO FAR: 1." in asked
-    assert tasks[0].meta["requests"][1].upper() in asked and first.rewards["correct"] == 1.0
+        chats = [body["messages"] for _, path, _, body in server.requests if path == "/v1/chat/completions"]
+    assert first.user_messages[0] == "DONE." and first.rewards["correct"] == 1.0  # what the user model wrote
+    requests = tasks[0].meta["requests"]
+    system, *heard = next(c for c in chats if requests[1] in c[0]["content"])
+    assert (
+        system["role"] == "system"
+        and "You are Sam." in system["content"]
+        and "Now ask for request 2" in system["content"]
+    )
+    # the whole conversation from the user's side, the roles turned: the greeting it answered, its question, the
+    # assistant's reply
+    opening = {"role": "user", "content": "Hi! How can I help you today?"}
+    assert heard == [opening, {"role": "assistant", "content": requests[0]}, {"role": "user", "content": "Done."}]
+    if len(requests) > 2:  # a later message: everything said before, not the last 500 characters
+        later = next(c for c in chats if "Now ask for request 3" in c[0]["content"])
+        assert [m["content"] for m in later[2:]] == [requests[0], "Done.", "DONE.", "Done."]
+    assert first.user_tokens == 0 and first.timings["user_s"] > 0  # the endpoint reported no usage
     down = files_env(
         "env.options.user=simulated", "env.options.user_model={base_url: 'http://127.0.0.1:9/v1', model: m}"
     )
     trajs = play(down, chat, down.tasks("test")[:2])
-    assert [t.stop_reason for t in trajs] == ["user_failed"] * 2
-    assert summarize(trajs, "correct")["stop/user_failed"] == 1.0
+    assert [t.stop_reason for t in trajs] == ["user_failed"] * 2 and all(t.env_fault for t in trajs)
+    assert summarize(trajs, "correct")["stop/user_failed"] == 1.0 and summarize(trajs, "correct")["env_faults"] == 1.0
     with pytest.raises(ConfigError, match=r"env\.options\.user_model: a simulated user needs a model"):
         files_env("env.options.user=simulated")
 
@@ -152,27 +166,33 @@ def test_tasks_from_a_file_are_honoured_or_refused_naming_the_field(tmp_path, ch
 
 
 def test_a_local_simulated_user_answers_the_users_that_ask_together_in_one_batch():
-    from toolrl.envs.users import SimulatedUser
+    from toolrl.envs.users import Scenario, SimulatedUser, Transcript
+    from toolrl.tools.model import Completion
 
     class Local:
         def __init__(self):
             self.batches = []
 
-        def __call__(self, prompt):
+        def complete(self, messages):
             raise AssertionError("asked one by one")
 
-        def batch(self, prompts):
-            self.batches.append(len(prompts))
-            return [f"reply {i}" for i in range(len(prompts))]
+        def complete_batch(self, conversations, seeds=None):
+            self.batches.append(len(conversations))
+            return [Completion(f"reply {i}", 10, 3) for i in range(len(conversations))]
 
     model = Local()
     user = SimulatedUser(model)
 
     async def three_users():
-        asks = [user.next_message(["a", "b", "c"], 1, f"said {i}") for i in range(3)]
+        asks = [
+            user.respond(Scenario("Ask for b."), Transcript([("user", "a"), ("assistant", f"said {i}")]))
+            for i in range(3)
+        ]
         return await asyncio.gather(*asks)
 
-    assert asyncio.run(three_users()) == ["reply 0", "reply 1", "reply 2"] and model.batches == [3]
+    said = asyncio.run(three_users())
+    assert [s.text for s in said] == ["reply 0", "reply 1", "reply 2"] and model.batches == [3]
+    assert all(s.tokens == 13 and not s.ended for s in said)
 
 
 def test_a_sampling_simulated_user_gets_a_seed_per_message_from_the_episode(chat):

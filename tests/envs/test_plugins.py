@@ -221,3 +221,14 @@ def test_task_files_given_to_an_environment_that_never_reads_them_are_refused(tm
         make_env(shelf.env)
     reads = load_config(overrides=["env.name=calculator", f"env.test_file={tasks}"])
     assert [t.question for t in make_env(reads.env).tasks("test")] == ["q"]  # one that reads them gets them
+
+
+def test_env_list_shows_every_environment_with_real_defaults_and_a_plugins_own(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per environment
+    listed = toolrl("env", "list", "--module", "tests.fixtures.plugin_env", cwd=ROOT)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if line.startswith("│")}
+    assert {"calculator", "files", "support", "built", "plugin-shelf"} <= set(rows)
+    assert "PydanticUndefined" not in listed.stdout
+    assert "path (required)" in rows["built"] and "user ('scripted')" in rows["support"]
+    assert "shelves (2)" in rows["plugin-shelf"] and "kinds (['rotated', 'small'])" in rows["images"]

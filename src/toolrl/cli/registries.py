@@ -38,8 +38,9 @@ def registries() -> dict[str, Any]:
 def describe_options(model: Any, form: str = "{key}={default}") -> str:
     """An options model's fields with their defaults ("required" where there is none), or "-"."""
     fields = getattr(model, "model_fields", {})
-    shown = [
-        form.format(key=key, default="required" if f.is_required() else repr(f.default)) for key, f in fields.items()
+    shown = [  # a default_factory's value, made (a list default is no PydanticUndefined)
+        form.format(key=key, default="required" if f.is_required() else repr(f.get_default(call_default_factory=True)))
+        for key, f in fields.items()
     ]
     return ", ".join(shown) or "-"
 

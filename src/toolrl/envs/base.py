@@ -89,6 +89,13 @@ class StepResult:
     """Anything for rewards and logs; kept on the trajectory (`infos`, one per step)."""
     user_message: str | None = None
     """After a turn without tool calls: the user's next message, rendered in the template's user role."""
+    stop_reason: str | None = None
+    """Why the episode ends, when it does and says why (`user_ended`: the user ended the conversation);
+    None: the rollout names it (answer, no_tool_call, env_done)."""
+    user_tokens: int = 0
+    """Tokens a simulated user's model read and wrote for this step's message (metrics: user_tokens)."""
+    user_seconds: float = 0.0
+    """Seconds the user took to write it (metrics: user_s)."""
 
 
 class Episode:
@@ -145,6 +152,12 @@ class Episode:
         else:
             results = await executor.invoke_all(calls, offered)
         return StepResult(results, self.process_reward(results))
+
+    async def open(self) -> StepResult | None:
+        """Before the first model turn: None when `messages` is the whole prompt (the default), or a StepResult
+        whose `user_message` the prompt ends with: a simulated user's opening message, written while other
+        episodes start. A failure fails this trajectory alone (stop reason `user_failed`, an environment fault)."""
+        return None
 
     async def reply(self, text: str) -> StepResult:
         """Answer a model turn without tool calls: a StepResult with `user_message` goes on, done ends."""

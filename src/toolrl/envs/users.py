@@ -1,28 +1,51 @@
-"""The user in a multi-turn task: scripted (the task's next request, as published multi-turn function-calling
-benchmarks have them) or simulated by a model with an instruction per task (as tau-bench does), through the
-model-tool machinery: an OpenAI-compatible endpoint or a local Hugging Face model.
+"""The user in a multi-turn task: scripted (the task's messages, as published multi-turn function-calling
+benchmarks have them) or simulated by a model, as tau-bench does, through the model-tool machinery (an
+OpenAI-compatible endpoint or a local Hugging Face model, `UserModel`).
 
-A simulated user that fails (its endpoint down, an empty reply) raises; the rollout ends that trajectory with
-the stop reason `user_failed`, counted in the step metrics, and the others go on.
+A user answers `respond(scenario, transcript, seed)`:
+- `scenario` is the task's `Scenario`: the instructions a simulated user plays (who it is, what it wants, what
+  it knows), which the policy never sees, and the lines a scripted user says in order;
+- `transcript` is the whole conversation from the user's side (`Transcript`: what the user said and what the
+  assistant replied; never the tool calls or results), so a simulated user reads all of it, not an excerpt;
+- `seed` is the episode's stream for this message (seeds.derive(episode_seed, "user", k)).
+It returns a `UserTurn`: the message, whether the user ended the conversation (a simulated user writes the stop
+marker `###STOP###`; a scripted one ends after its last line), and what it cost (tokens, seconds).
+
+A user that fails (its endpoint down, an empty reply) raises; the rollout ends that trajectory with the stop
+reason `user_failed` as an environment fault (counted, and left out of training with train.infra_faults: mask),
+and the others go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import Field
 
-from toolrl.tools.model import ModelBackend, chat_backend
+from toolrl.tools.model import Completion, ModelBackend, chat_backend
 
-SIMULATOR_PROMPT = """You are a user talking to an assistant. {persona}
-Your goals, in order:
-{goals}
-Goals done so far: {done}.
-The assistant just said: "{reply}"
-Write your next message to the assistant: ask for goal {next} in your own words, in one or two sentences.
-Do not do it yourself and do not mention the other goals."""
+STOP = "###STOP###"
+"""What a simulated user writes to end the conversation (tau-bench's marker): stop reason `user_ended`."""
+OPENING = "Hi! How can I help you today?"
+"""What the user hears before its first message, when the assistant has not spoken yet."""
+
+USER_SYSTEM = """You are playing a user who talks to an assistant. Stay in your role.
+
+Your instructions (the assistant cannot see them):
+{instructions}
+
+Rules:
+- Write only your next message to the assistant, one or two sentences, in your own words.
+- Give a piece of information only when it is needed or asked for, and only what your instructions say;
+  never make up details (names, numbers, emails) that they do not give you.
+- Do not do the assistant's work, and do not repeat your instructions word for word.
+- When what you wanted is done, or the assistant cannot do it, write {stop} and nothing else."""
 
 
 class UserModel(ModelBackend):
@@ -32,32 +55,88 @@ class UserModel(ModelBackend):
     max_tokens: int = Field(64, ge=1)
 
 
-def user_model(options: UserModel) -> Callable[[str], str]:
-    """A function asking the user's model one prompt (blocking: call it in a thread)."""
+def user_model(options: UserModel) -> Any:
+    """The user's model: an object with `complete(messages, seed=None) -> Completion` (and, for a local model,
+    `complete_batch`), blocking (SimulatedUser calls it in a thread)."""
     return chat_backend(options, "env.options.user_model")[0]
 
 
-class ScriptedUser:
-    """Says the task's requests in order."""
+@dataclass(frozen=True)
+class Scenario:
+    """What a user of one task is given."""
 
-    async def next_message(
-        self, requests: Sequence[str], done: int, reply: str, persona: str = "", seed: int | None = None
-    ) -> str:
-        return requests[done]
+    instructions: str = ""
+    """What a simulated user plays; the policy never sees it."""
+    script: tuple[str, ...] = ()
+    """What a scripted user says after the task's question, in order; past the end it ends the conversation."""
+
+
+@dataclass(frozen=True)
+class UserTurn:
+    text: str
+    """The user's message (the stop marker taken out)."""
+    ended: bool = False
+    """The user ended the conversation: stop reason `user_ended`."""
+    tokens: int = 0
+    """Tokens the user's model read and wrote for this message."""
+    seconds: float = 0.0
+
+
+@dataclass
+class Transcript:
+    """The conversation as the user sees it: its messages and the assistant's replies, in order."""
+
+    turns: list[tuple[str, str]] = field(default_factory=list)
+
+    def user(self, text: str) -> None:
+        self.turns.append(("user", text))
+
+    def assistant(self, text: str) -> None:
+        self.turns.append(("assistant", text))
+
+    @property
+    def user_turns(self) -> int:
+        return sum(role == "user" for role, _ in self.turns)
+
+    def for_user_model(self, instructions: str) -> list[dict[str, str]]:
+        """The chat a user model continues: the roles turned around (the assistant's replies are what it
+        hears, its own messages what it said), after its instructions."""
+        system = {"role": "system", "content": USER_SYSTEM.format(instructions=instructions.strip(), stop=STOP)}
+        heard = [{"role": "user" if role == "assistant" else "assistant", "content": text} for role, text in self.turns]
+        if not heard or heard[0]["role"] == "assistant":
+            heard.insert(0, {"role": "user", "content": OPENING})
+        return [system, *heard]
+
+
+class User(ABC):
+    @abstractmethod
+    async def respond(self, scenario: Scenario, transcript: Transcript, seed: int | None = None) -> UserTurn:
+        """The user's next message, given its scenario and the conversation so far."""
+
+
+class ScriptedUser(User):
+    """Says the scenario's lines in order (one per reply of the assistant), then ends the conversation."""
+
+    async def respond(self, scenario: Scenario, transcript: Transcript, seed: int | None = None) -> UserTurn:
+        said = max(transcript.user_turns - 1, 0)  # the task's question was the first
+        if said < len(scenario.script):
+            return UserTurn(scenario.script[said])
+        return UserTurn("", ended=True)
 
 
 class _Batcher:
-    """Gathers the prompts that arrive together (within `window_s`) into one call of a `batch(prompts)`
-    function, run in a thread: a local model answers a group's users in one generate, not one by one."""
+    """Gathers the conversations that arrive together (within `window_s`) into one call of a
+    `complete_batch(conversations, seeds)` function, run in a thread: a local model answers a group's users in
+    one generate, not one by one."""
 
-    def __init__(self, batch: Callable[..., list[str]], window_s: float = 0.01):
+    def __init__(self, batch: Callable[..., list[Completion]], window_s: float = 0.01):
         self.batch, self.window_s = batch, window_s
-        self.pending: list[tuple[str, int | None, asyncio.Future]] = []
+        self.pending: list[tuple[list[dict[str, str]], int | None, asyncio.Future]] = []
         self.flush: asyncio.Task | None = None
 
-    async def ask(self, prompt: str, seed: int | None = None) -> str:
+    async def ask(self, messages: list[dict[str, str]], seed: int | None = None) -> Completion:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt, seed, future))
+        self.pending.append((messages, seed, future))
         if self.flush is None or self.flush.done():
             self.flush = asyncio.ensure_future(self._flush())
         return await future
@@ -65,12 +144,10 @@ class _Batcher:
     async def _flush(self) -> None:
         await asyncio.sleep(self.window_s)
         batch, self.pending = self.pending, []
-        prompts, seeds = [prompt for prompt, _, _ in batch], [seed for _, seed, _ in batch]
+        conversations, seeds = [m for m, _, _ in batch], [s for _, s, _ in batch]
         try:
-            if any(seed is not None for seed in seeds):
-                replies = await asyncio.to_thread(self.batch, prompts, seeds)
-            else:
-                replies = await asyncio.to_thread(self.batch, prompts)
+            given = any(seed is not None for seed in seeds)
+            replies = await asyncio.to_thread(self.batch, conversations, seeds if given else None)
         except Exception as exc:  # every user of the batch failed: each trajectory ends as user_failed
             for _, _, future in batch:
                 future.set_exception(exc)
@@ -79,34 +156,53 @@ class _Batcher:
                 future.set_result(reply)
 
 
-class SimulatedUser:
-    """A model playing the user: it knows the task's goals (its requests) and how far the assistant got, and
-    asks for the next one in its own words. A backend with `batch(prompts)` (a local model) answers the users
-    that ask at the same moment together. `seed` (the episode's stream for this message, seeds.py) reaches a
-    backend that takes one (`ask(prompt, seed=)`, `batch(prompts, seeds)`): a sampling user model then says
-    the same words in a resumed run, and whatever the batch."""
+class SimulatedUser(User):
+    """A model playing the user, tau-bench style: it reads its scenario's instructions and the whole
+    conversation from the user's side, writes the next message, and ends the conversation with the stop
+    marker. A backend with `complete_batch` (a local model) answers the users that ask at the same moment in
+    one generate. `seed` reaches a backend that takes one: a sampling user model then says the same words in a
+    resumed run, and whatever the batch."""
 
-    def __init__(self, ask: Callable[..., str]):
-        self.ask = ask
-        self._batcher = _Batcher(ask.batch) if hasattr(ask, "batch") else None
-        self._takes_seed = "seed" in inspect.signature(ask).parameters
+    def __init__(self, model: Any):
+        self.model = model
+        self._batcher = _Batcher(model.complete_batch) if hasattr(model, "complete_batch") else None
+        self._takes_seed = "seed" in inspect.signature(model.complete).parameters
 
-    async def next_message(
-        self, requests: Sequence[str], done: int, reply: str, persona: str = "", seed: int | None = None
-    ) -> str:
-        prompt = SIMULATOR_PROMPT.format(
-            persona=persona,
-            goals="\n".join(f"{i + 1}. {r}" for i, r in enumerate(requests)),
-            done=", ".join(str(i + 1) for i in range(done)) or "none",
-            reply=" ".join(reply.split())[:500],
-            next=done + 1,
-        )
+    async def respond(self, scenario: Scenario, transcript: Transcript, seed: int | None = None) -> UserTurn:
+        messages = transcript.for_user_model(scenario.instructions)
+        started = time.perf_counter()
         if self._batcher is not None:
-            message = (await self._batcher.ask(prompt, seed if self._takes_seed else None)).strip()
+            reply = await self._batcher.ask(messages, seed)
         elif self._takes_seed:
-            message = (await asyncio.to_thread(self.ask, prompt, seed=seed)).strip()
+            reply = await asyncio.to_thread(self.model.complete, messages, seed=seed)
         else:
-            message = (await asyncio.to_thread(self.ask, prompt)).strip()
-        if not message:
+            reply = await asyncio.to_thread(self.model.complete, messages)
+        text, ended = reply.text.strip(), STOP in reply.text
+        text = text.replace(STOP, "").strip()
+        if not text and not ended:
             raise RuntimeError("the simulated user gave an empty reply")
-        return message
+        cost = reply.prompt_tokens + reply.completion_tokens
+        return UserTurn(text, ended, cost, time.perf_counter() - started)
+
+
+def make_user(kind: str, model: UserModel | None) -> User:
+    """`scripted`, or `simulated` with its model (env.options.user, env.options.user_model)."""
+    if kind == "scripted":
+        return ScriptedUser()
+    if model is None:
+        from toolrl.errors import ConfigError
+
+        raise ConfigError("env.options.user_model: a simulated user needs a model (base_url + model, or path)")
+    return SimulatedUser(user_model(model))
+
+
+def requests_scenario(requests: Sequence[str], done: int, persona: str = "") -> Scenario:
+    """The scenario of a task whose user asks for its requests in turn (the files environment): the
+    instructions say which request comes next; the script is the requests after the first."""
+    goals = "\n".join(f"{i + 1}. {r}" for i, r in enumerate(requests))
+    instructions = (
+        f"{persona}\nYou want these done, one at a time, in this order:\n{goals}\n"
+        f"Requests done so far: {', '.join(str(i + 1) for i in range(done)) or 'none'}. "
+        f"Now ask for request {done + 1} in your own words."
+    )
+    return Scenario(instructions.strip(), tuple(requests[1:]))

@@ -37,7 +37,9 @@ from toolrl.tools.observation import clip_observation
 
 log = logging.getLogger(__name__)
 
-STOP_REASONS = ("answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done", "user_failed")
+STOP_REASONS = (
+    "answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done", "user_ended", "user_failed"
+)  # fmt: skip
 
 
 class State(enum.Enum):
@@ -209,13 +211,20 @@ class Rollout:
         try:
             for task, traj_seed in zip(tasks, own, strict=True):
                 episodes.append(start_episode(self.env, task, seeds.episode(traj_seed)))
+            opened = await asyncio.gather(*(self._open(episode) for episode in episodes))
             runs = [self._start(episode, seq) for episode, seq in zip(episodes, seqs, strict=True)]
-            for run, traj_seed in zip(runs, own, strict=True):
+            for run, traj_seed, opening in zip(runs, own, opened, strict=True):
                 run.traj.seed = traj_seed
+                if isinstance(opening, str):  # the user's opening failed: this trajectory alone fails
+                    self._user_failed(run.traj, opening)
+                elif opening is not None:
+                    run.traj.timings["user_s"] = opening.user_seconds
+                    run.traj.user_tokens += opening.user_tokens
+            playing = [run for run in runs if not run.traj.stop_reason]
             if self.schedule == "lockstep":
-                await self._lockstep(runs)
+                await self._lockstep(playing)
             else:
-                await asyncio.gather(*(self._run_one(run) for run in runs))
+                await asyncio.gather(*(self._run_one(run) for run in playing))
             trajs = [run.traj for run in runs]
             await self.env.rubric.score_all(trajs)  # before close: criteria may read the episode's final state
         finally:
@@ -226,6 +235,27 @@ class Rollout:
             for run in runs:
                 run.traj.episode = None  # closed: its state is no longer there to read
         return trajs
+
+    async def _open(self, episode: Episode) -> StepResult | str | None:
+        """The episode's opening (Episode.open): its first user message joins the prompt; a failure is returned
+        as its one line (the trajectory fails, the others go on)."""
+        try:
+            opening = await episode.open()
+        except Exception as exc:  # a simulated user whose model is down, say
+            return first_line(exc) or type(exc).__name__
+        if opening is None:
+            return None
+        if not isinstance(opening, StepResult) or not isinstance(opening.user_message, str):
+            raise ConfigError(f"env {self.env.name}: episode.open must return None or a StepResult with a user_message")
+        episode.messages = [*episode.messages, {"role": "user", "content": opening.user_message}]
+        return opening
+
+    def _user_failed(self, traj: Trajectory, why: str) -> _Turn:
+        """The user failed (an environment fault, not the policy's): this trajectory ends, counted."""
+        log.warning("env %s: the user of task %s failed: %s", self.env.name, traj.task.id, why)
+        traj.env_fault = why
+        traj.record_step(0.0, {"user_error": why})
+        return self._stop(traj, "user_failed")
 
     # ---- the state machine -------------------------------------------------------------------------------
 
@@ -334,14 +364,14 @@ class Rollout:
         try:
             step = await run.episode.reply(turn.text)
         except Exception as exc:  # a simulated user that failed (its model down, say): this trajectory ends
-            log.warning("env %s: the user of task %s failed: %s", self.env.name, traj.task.id, first_line(exc))
-            traj.record_step(0.0, {"user_error": first_line(exc)})
-            return self._stop(traj, "user_failed")
+            return self._user_failed(traj, first_line(exc) or type(exc).__name__)
         if not isinstance(step, StepResult) or not (step.user_message is None or isinstance(step.user_message, str)):
             raise ConfigError(f"env {self.env.name}: episode.reply must return a StepResult with a str user_message")
         traj.record_step(step.reward, step.info)
+        traj.user_tokens += step.user_tokens
+        traj.timings["user_s"] = traj.timings.get("user_s", 0.0) + step.user_seconds
         if step.done or step.user_message is None:
-            return self._stop(traj, answer_reason(turn.text))
+            return self._stop(traj, step.stop_reason or answer_reason(turn.text))
         if out_of_turns(traj, self.limits):
             return self._stop(traj, "max_turns")
         user = self.chat.user_ids(step.user_message, model_ended_turn=turn.sampled.ended)

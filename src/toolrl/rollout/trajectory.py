@@ -55,6 +55,10 @@ class Trajectory:
     num_tool_errors: int = 0
     num_tool_faults: int = 0
     """Calls that failed for reasons of infrastructure (timeout, crash, transport), not the model's."""
+    user_tokens: int = 0
+    """Tokens a simulated user's model read and wrote for this trajectory."""
+    env_fault: str | None = None
+    """Why the environment failed this trajectory (its user could not answer), not the policy: one line."""
     stop_reason: str = ""
     truncated: bool = False
     reward: float = 0.0
@@ -147,6 +151,8 @@ class Trajectory:
             "tool_calls": self.num_tool_calls,
             "tool_errors": self.num_tool_errors,
             "tool_faults": self.num_tool_faults,
+            "env_fault": self.env_fault,
+            "user_tokens": self.user_tokens,
             "format_errors": self.num_format_errors,
             "turns": self.num_turns,
             "turn_rewards": self.turn_rewards,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -86,6 +87,15 @@ def model_tool(name: str, description: str, ask: Callable[[str], str]) -> Tool:
     return Tool(name, description, PROMPT_SCHEMA, call, check=_check_prompt, idempotent=True, isolation="thread")
 
 
+@dataclass(frozen=True)
+class Completion:
+    """A chat model's reply and what it cost in tokens."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class OpenAIChat:
     """Ask an OpenAI-compatible `/chat/completions` endpoint through `client` (with its auth headers)."""
 
@@ -105,14 +115,21 @@ class OpenAIChat:
     def __call__(self, prompt: str, seed: int | None = None) -> str:
         """The reply to `prompt`; `seed` (sampling only) is sent as the request's `seed`, which servers that
         honour it (vLLM, SGLang, OpenAI's best effort) use for this request alone."""
-        body = {**self.body, "messages": chat_messages(self.system, prompt)}
+        return self.complete(chat_messages(self.system, prompt), seed).text
+
+    def complete(self, messages: list[dict[str, str]], seed: int | None = None) -> Completion:
+        """The reply to a whole conversation (`messages`, the system message included), with its token counts
+        as the server reports them (`usage`; 0 when it reports none)."""
+        body = {**self.body, "messages": messages}
         if seed is not None and self.body["temperature"] > 0:
             body["seed"] = seed & 0x7FFFFFFF
         reply = tool_request(self.client, "POST", self.url, body)
         try:
-            return reply["choices"][0]["message"]["content"] or ""
+            text = reply["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
             raise RuntimeError(f"{self.url} did not answer in the chat-completions shape: {str(reply)[:200]}") from None
+        usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+        return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
 
 
 class LocalChat:
@@ -148,9 +165,18 @@ class LocalChat:
         return self.batch([prompt], None if seed is None else [seed])[0]
 
     def batch(self, prompts: list[str], seeds: list[int | None] | None = None) -> list[str]:
-        """Answer several prompts with one batched `generate` (left padding). With `seeds` (one per prompt, when
-        sampling), each reply draws from its own seed's stream (rollout/sampling.py), the same whichever prompts
-        it is batched with."""
+        """Answer several prompts with one batched `generate` (complete_batch)."""
+        return [c.text for c in self.complete_batch([chat_messages(self.system, p) for p in prompts], seeds)]
+
+    def complete(self, messages: list[dict[str, str]], seed: int | None = None) -> Completion:
+        return self.complete_batch([messages], None if seed is None else [seed])[0]
+
+    def complete_batch(
+        self, conversations: list[list[dict[str, str]]], seeds: list[int | None] | None = None
+    ) -> list[Completion]:
+        """Answer several conversations with one batched `generate` (left padding), with their token counts.
+        With `seeds` (one per conversation, when sampling), each reply draws from its own seed's stream
+        (rollout/sampling.py), the same whichever conversations it is batched with."""
         import torch
 
         with self._lock:
@@ -158,8 +184,8 @@ class LocalChat:
                 self._load()
             tokenizer, model = self._tokenizer, self._model
             rows = [
-                tokenizer.apply_chat_template(chat_messages(self.system, p), add_generation_prompt=True, tokenize=False)
-                for p in prompts
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                for messages in conversations
             ]
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
             encoded = [tokenizer(row, add_special_tokens=False)["input_ids"] for row in rows]
@@ -172,7 +198,15 @@ class LocalChat:
                 generation.pop("temperature")
             with torch.inference_mode():
                 out = model.generate(ids, attention_mask=mask, pad_token_id=pad_id, **generation)
-            return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
+            stops = {pad_id, tokenizer.eos_token_id}
+            return [
+                Completion(
+                    tokenizer.decode(row[width:], skip_special_tokens=True).strip(),
+                    len(e),
+                    sum(1 for token in row[width:].tolist() if token not in stops) + 1,
+                )
+                for row, e in zip(out, encoded, strict=True)
+            ]
 
 
 class SeededDraw:

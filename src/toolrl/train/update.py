@@ -61,7 +61,8 @@ class StepBatch:
     values: list[torch.Tensor | None]
     turns: list[list[TurnInput]]
     valid: list[bool]
-    """False for a trajectory that a tool's infrastructure fault cut short (with train.infra_faults: mask)."""
+    """False for a trajectory that a tool's infrastructure fault or its environment's (a user that failed) cut
+    short (with train.infra_faults: mask)."""
     token_rewards: torch.Tensor | None = None
 
 
@@ -78,7 +79,7 @@ def step_batch(trajs, refs, values, t, kl, device) -> StepBatch:
     if t.turn_rewards == "tokens":
         placed = torch.cat([turn_reward_tokens(traj_turns) for traj_turns in turns]).to(device)
         token_rewards = placed if token_rewards is None else token_rewards + placed
-    valid = [not (t.infra_faults == "mask" and traj.num_tool_faults) for traj in trajs]
+    valid = [not (t.infra_faults == "mask" and (traj.num_tool_faults or traj.env_fault)) for traj in trajs]
     counts = [sum(traj.loss_mask) for traj in trajs]
     return StepBatch(trajs, counts, old, refs, values, turns, valid, token_rewards)
 

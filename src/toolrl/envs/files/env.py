@@ -24,7 +24,7 @@ from toolrl.envs.base import Environment, Episode, StepResult, Task, register_en
 from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
 from toolrl.envs.files.tasks import canonical, generate
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits
-from toolrl.envs.users import ScriptedUser, SimulatedUser, UserModel, user_model
+from toolrl.envs.users import Transcript, User, UserModel, make_user, requests_scenario
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
 from toolrl.tools.function import Tool, tool_from_function
@@ -81,6 +81,7 @@ class FilesEpisode(Episode):
         self.user, self.persona, self.seed = user, persona, seed
         self.request = 0
         self.solved: list[bool] = []
+        self.transcript = Transcript([("user", task.question)])
 
     def state(self) -> tuple[int, str]:
         """Where the trajectory stands: the request it is on, and the tree."""
@@ -100,9 +101,16 @@ class FilesEpisode(Episode):
         self.request += 1
         if self.request >= len(meta["requests"]):
             return StepResult(reward=float(solved), done=True, info=info)
+        self.transcript.assistant(text)
         seed = None if self.seed is None else seeds.derive(self.seed, "user", self.request)
-        message = await self.user.next_message(meta["requests"], self.request, text, self.persona, seed)
-        return StepResult(reward=float(solved), user_message=message, info={**info, "state": self.state()})
+        scenario = requests_scenario(meta["requests"], self.request, self.persona)
+        said = await self.user.respond(scenario, self.transcript, seed)
+        cost = {"user_tokens": said.tokens, "user_seconds": said.seconds}
+        if said.ended:
+            return StepResult(reward=float(solved), done=True, info=info, stop_reason="user_ended", **cost)
+        self.transcript.user(said.text)
+        info = {**info, "state": self.state()}
+        return StepResult(reward=float(solved), user_message=said.text, info=info, **cost)
 
 
 def complete_task(task: Task, split: str) -> Task:
@@ -173,14 +181,8 @@ class FilesEnv(Environment):
         )
 
     @staticmethod
-    def _user(options: FilesOptions):
-        if options.user == "scripted":
-            return ScriptedUser()
-        if options.user_model is None:
-            from toolrl.errors import ConfigError
-
-            raise ConfigError("env.options.user_model: a simulated user needs a model (base_url + model, or path)")
-        return SimulatedUser(user_model(options.user_model))
+    def _user(options: FilesOptions) -> User:
+        return make_user(options.user, options.user_model)
 
     def tools(self) -> list[Tool]:
         return file_tools(FileSystem({}))

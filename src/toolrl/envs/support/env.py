@@ -1,0 +1,151 @@
+"""Customer service, tau-bench style (shop.py: the database, its tools, the users' errands).
+
+The agent reads the shop's policy (the system prompt), talks with a user and works the database with tools; a
+task ends when the user ends the conversation (`###STOP###` from a simulated user, a scripted one after the
+agent's answer) or at rollout.max_turns. Reward, as tau-bench's: `correct` is 1 when the final database equals
+the one the reference actions leave (`db`) and every output the user had to hear (a refund, a total) is in
+the agent's replies (`outputs`); both are logged.
+
+With `user: simulated` a model plays the user from its scenario (who it is, what it wants, what it knows), which
+the agent never sees, and writes the opening message itself (Episode.open); `user: scripted` opens with the
+task's question and ends after the agent's first answer.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+from pydantic import Field
+
+from toolrl import seeds
+from toolrl.envs.base import Environment, Episode, StepResult, Task, register_env
+from toolrl.envs.reference import ReferenceRequest
+from toolrl.envs.support.shop import Shop, canonical, draw_case, make_database
+from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
+from toolrl.envs.users import Scenario, Transcript, User, UserModel, make_user
+from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.tools.call import ToolCall
+from toolrl.tools.function import Tool
+
+POLICY = """You are the customer-service agent of Harbor Goods, an online shop. Follow this policy:
+1. Before looking up or changing anything, identify the customer with find_customer(email, zip).
+2. Act only on that customer's own orders, and only as they ask.
+3. A pending order can be cancelled (its total is refunded) or sent to another address; a delivered one cannot.
+4. Items of a delivered order can be returned; their prices are refunded.
+5. Tell the customer the result, with the amount when money is refunded or asked about.
+Use the tools for every lookup and change; never guess an order's contents."""
+
+
+class SupportOptions(GeneratedTasks):
+    num_train: int = Field(200, ge=1)
+    num_test: int = Field(40, ge=1)
+    customers: int = Field(24, ge=2)
+    user: Literal["scripted", "simulated"] = "scripted"
+    """scripted: the task's opening message, then the conversation ends after the agent answers; simulated: a
+    model plays the user from the task's scenario (user_model)."""
+    user_model: UserModel | None = None
+
+
+def _said(trajectory) -> str:
+    return " ".join(trajectory.texts)
+
+
+def database_matches(trajectory, task: Task) -> float:
+    """The final database equals the one the reference actions leave (tau-bench's state check)."""
+    return float(canonical(trajectory.episode.shop.db) == task.meta["final_db"])
+
+
+def outputs_said(trajectory, task: Task) -> float:
+    """The share of what the user had to hear (amounts) that the agent's turns said."""
+    outputs = task.meta["outputs"]
+    return sum(o in _said(trajectory) for o in outputs) / len(outputs) if outputs else 1.0
+
+
+def correct(trajectory, task: Task) -> float:
+    return float(database_matches(trajectory, task) == 1.0 and outputs_said(trajectory, task) == 1.0)
+
+
+class SupportEpisode(Episode):
+    def __init__(self, task: Task, messages, shop: Shop, user: User, seed: int | None):
+        super().__init__(task, messages, shop.tools(), ordered=True)
+        self.shop, self.user, self.seed = shop, user, seed
+        self.scenario = Scenario(task.meta["instructions"])
+        self.transcript = Transcript()
+        self.simulated = messages[-1]["role"] != "user"
+
+    async def _hear(self) -> StepResult:
+        k = self.transcript.user_turns  # message k of the episode draws from its own stream
+        seed = None if self.seed is None else seeds.derive(self.seed, "user", k)
+        said = await self.user.respond(self.scenario, self.transcript, seed)
+        cost = {"user_tokens": said.tokens, "user_seconds": said.seconds}
+        if said.ended:
+            return StepResult(done=True, stop_reason="user_ended", **cost)
+        self.transcript.user(said.text)
+        return StepResult(user_message=said.text, **cost)
+
+    async def open(self) -> StepResult | None:
+        if not self.simulated:
+            self.transcript.user(self.task.question)
+            return None
+        opening = await self._hear()
+        if opening.user_message is None:
+            raise RuntimeError("the simulated user ended the conversation before saying anything")
+        return opening
+
+    async def reply(self, text: str) -> StepResult:
+        self.transcript.assistant(text)
+        return await self._hear()
+
+
+@register_env("support")
+class SupportEnv(Environment):
+    name = "support"
+    Options = SupportOptions
+
+    def __init__(self, config, options: SupportOptions):
+        super().__init__(config, options)
+        self.db = make_database(config.seed, options.customers)
+        self.user = make_user(options.user, options.user_model)
+        self.splits = TaskSplits(config, self._tasks())
+        self.rubric = Rubric(
+            [
+                Criterion("correct", correct, 1.0),
+                Criterion("db", database_matches, 0.0),
+                Criterion("outputs", outputs_said, 0.0),
+            ],
+            success="correct",
+        )
+
+    def _tasks(self) -> dict[str, list[Task]]:
+        def draw(rng: random.Random, i: int):
+            case = draw_case(self.db, rng)
+            shop = Shop(self.db)
+            for call in case.calls:  # the reference actions, on a fresh copy: the state to reach
+                getattr(shop, call["name"])(**call["arguments"])
+            meta = {"instructions": case.instructions, "calls": case.calls, "outputs": case.outputs,
+                    "intent": case.intent, "category": case.intent, "final_db": canonical(shop.db)}  # fmt: skip
+            return case.opening, "; ".join(case.outputs) or "-", meta
+
+        return unique_seeded_tasks(self.config.seed, self.options, draw, "support")
+
+    def tools(self) -> list[Tool]:
+        return Shop(self.db).tools()  # the schemas the prompt shows; each episode binds its own copy
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.splits(split)
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        system = {"role": "system", "content": POLICY}
+        if self.options.user == "simulated":  # the user writes its opening itself (SupportEpisode.open)
+            return [system]
+        return [system, {"role": "user", "content": task.question}]
+
+    def reference(self, task: Task) -> list[ReferenceRequest]:
+        """Identify the customer, then the errand's action; then tell the user what they had to hear."""
+        rounds = tuple((ToolCall(c["name"], c["arguments"]),) for c in task.meta["calls"])
+        outputs = " ".join(task.meta["outputs"])
+        return [ReferenceRequest(rounds, f"Done. {outputs}".strip())]
+
+    def reset(self, task: Task, seed: int | None = None) -> SupportEpisode:
+        return SupportEpisode(task, self.messages(task), Shop(self.db), self.user, seed)
