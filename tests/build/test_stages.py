@@ -59,6 +59,14 @@ def test_a_graph_is_labelled_by_its_shape_and_a_forward_dependency_is_refused():
     assert scenario_of([sub("a"), sub("b")]) == "parallel_single_hop"
     assert scenario_of([sub("a"), sub("b", ["a"]), sub("c", ["b"])]) == "multi_hop"
     assert scenario_of([sub("a"), sub("b", ["a"]), sub("c")]) == "parallel_multi_hop"
+    # FTRL's definitions on the shapes real decompositions have
+    fan_out = [sub("list"), sub("b1", ["list"]), sub("b2", ["list"]), sub("b3", ["list"])]
+    assert scenario_of(fan_out) == "parallel_multi_hop"  # one list answer, then one question per element
+    assert scenario_of([sub("a"), sub("b"), sub("c", ["a", "b"])]) == "parallel_multi_hop"  # fan-in
+    assert scenario_of([sub("a"), sub("b", ["a"]), sub("c"), sub("d", ["c"])]) == "parallel_multi_hop"  # two chains
+    assert scenario_of([sub("a"), sub("b", ["a"]), sub("c", ["a"]), sub("d", ["c"])]) == "parallel_multi_hop"
+    assert scenario_of([sub("a"), sub("b", ["a"])]) == "multi_hop"  # the shortest chain
+    assert scenario_of([sub("a"), sub("b"), sub("c")]) == "parallel_single_hop"
     with pytest.raises(ValueError, match="not an earlier sub-problem"):
         check_graph([sub("a", ["b"]), sub("b")])
 

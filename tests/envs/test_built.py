@@ -152,6 +152,8 @@ def test_built_from_the_command_line_and_trained_two_steps(tmp_path, tiny_model_
     made = toolrl("env", "build", str(spec), "--source", "synthetic", "--seed", "0", "--all", "--out", "built")
     assert made.returncode == 0, made.stderr
     assert "stage deploy: done" in made.stderr and "train on it" in made.stdout
+    scenarios = "single_hop 6, parallel_single_hop 6, multi_hop 6, parallel_multi_hop 6"
+    assert f"tasks per scenario: {scenarios}" in made.stdout
     manifest = json.loads((tmp_path / "built" / "build.json").read_text())
     assert manifest["deploy"]["tools_dropped"] == 0 and manifest["decompose"]["tasks"] == 24
     trained = toolrl(

@@ -55,25 +55,22 @@ Task: {question}
 
 
 def scenario_of(subproblems: Sequence[SubProblem]) -> str:
-    """The FTRL scenario of a dependency graph: one sub-problem; several independent ones; one chain (a later
-    sub-problem needs an earlier answer); several groups, at least one of them a chain."""
+    """The FTRL scenario of a dependency graph, as the paper defines the four: one sub-problem (single_hop);
+    several with no dependency (parallel_single_hop); one chain, each sub-problem needing the one before it and
+    feeding only the next (multi_hop); anything else with a dependency (parallel_multi_hop): several groups with
+    a chain among them, a fan-out (one answer, a list, feeding several sub-problems that run side by side) or a
+    fan-in (several answers combined by one sub-problem)."""
     if len(subproblems) == 1:
         return "single_hop"
-    parent = {s.id: s.id for s in subproblems}
-
-    def root(x: str) -> str:
-        while parent[x] != x:
-            x = parent[x]
-        return x
-
+    if not any(s.depends_on for s in subproblems):
+        return "parallel_single_hop"
+    dependents: dict[str, int] = {s.id: 0 for s in subproblems}
     for s in subproblems:
         for d in s.depends_on:
-            parent[root(s.id)] = root(d)
-    groups = len({root(s.id) for s in subproblems})
-    chained = any(s.depends_on for s in subproblems)
-    if not chained:
-        return "parallel_single_hop"
-    return "multi_hop" if groups == 1 else "parallel_multi_hop"
+            dependents[d] = dependents.get(d, 0) + 1
+    chain = all(len(s.depends_on) == 1 for s in subproblems[1:]) and not subproblems[0].depends_on
+    chain = chain and all(count <= 1 for count in dependents.values())
+    return "multi_hop" if chain else "parallel_multi_hop"
 
 
 def check_graph(subproblems: Sequence[SubProblem]) -> None:

@@ -139,6 +139,9 @@ def env_build(
             shown = {k: v for k, v in manifest[name].items() if k not in ("input", "dropped", "llm")}
             table.add_row(name, ", ".join(f"{k} {v}" for k, v in shown.items()))
     console.print(table)
+    if scenarios := manifest.get("decompose", {}).get("by_scenario"):
+        counts = ", ".join(f"{name} {count}" for name, count in scenarios.items())
+        console.print(f"tasks per scenario: {counts}", soft_wrap=True, highlight=False, markup=False)
     dropped = manifest.get("deploy", {}).get("dropped") or []
     for item in dropped:
         console.print(f"dropped {item['tool']}: {item['reason']}")
