@@ -232,3 +232,28 @@ def test_env_list_shows_every_environment_with_real_defaults_and_a_plugins_own(m
     assert "PydanticUndefined" not in listed.stdout
     assert "path (required)" in rows["built"] and "user ('scripted')" in rows["support"]
     assert "shelves (2)" in rows["plugin-shelf"] and "kinds (['rotated', 'small'])" in rows["images"]
+
+
+def test_an_environment_sets_the_rollout_limits_its_tasks_need_where_the_config_sets_none():
+    from toolrl.config import resolve_config
+    from toolrl.envs.base import Environment, register_env
+
+    @register_env("long-talks")
+    class LongTalks(Environment):
+        name = "long-talks"
+        rollout_defaults = {"max_turns": 9, "max_new_tokens": 200}  # noqa: RUF012
+
+        def tasks(self, split):
+            return []
+
+        def messages(self, task):
+            return []
+
+    config = resolve_config(overrides=["env.name=long-talks"])
+    assert (config.rollout.max_turns, config.rollout.max_new_tokens) == (9, 200)
+    mine = resolve_config(overrides=["env.name=long-talks", "rollout.max_turns=2"])
+    assert (mine.rollout.max_turns, mine.rollout.max_new_tokens) == (2, 200)  # what the config sets wins
+    plain = resolve_config(overrides=["env.name=calculator"])
+    assert plain.rollout.max_turns == 3  # toolrl's own default
+    built = resolve_config(overrides=["env.name=built", "env.options.path=anywhere"])
+    assert built.rollout.max_turns == 6 and built.rollout.max_new_tokens == 96

@@ -105,9 +105,10 @@ def resolve_data(data: dict[str, Any], where: str = "config") -> RunConfig:
 
 def _against_registries(config: RunConfig) -> RunConfig:
     import_code(config)
-    from toolrl.envs.base import environment_options
+    from toolrl.envs.base import apply_rollout_defaults, environment_options
 
     options = environment_options(config.env)  # validated once: the environment keeps the typed options
+    apply_rollout_defaults(config)  # the limits its tasks need, where the config sets none
     for registry, name in _registry_checks(config):
         registry.require(name)
     plugin_options(config)

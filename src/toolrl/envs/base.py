@@ -191,6 +191,10 @@ class Environment(ABC):
     (Search-R1's `<search>`)."""
     needs_vision: ClassVar[bool] = False
     """Its tasks show images (Task.images): a text-only model is refused at start-up."""
+    rollout_defaults: ClassVar[dict[str, Any]] = {}
+    """The rollout limits its tasks need (max_turns, max_new_tokens, max_response_tokens, ...): each takes the
+    place of toolrl's default for a `rollout.*` key the config does not set (`toolrl config show` prints the
+    result), so that the environment's reference fits a run's limits out of the box (toolrl env check)."""
 
     def __init__(self, config, options: EnvOptions):
         self.config, self.options = config, options
@@ -265,6 +269,14 @@ def environment_class(config) -> Callable[..., Environment]:
     except ConfigError as exc:
         hint = "an environment of your own: set env.module to the module that registers it (or list it in plugins)"
         raise ConfigError(f"{exc}; {hint}") from None
+
+
+def apply_rollout_defaults(config) -> None:
+    """Fill the rollout keys `config` (a RunConfig) leaves unset with its environment's `rollout_defaults`."""
+    defaults = getattr(environment_class(config.env), "rollout_defaults", {})
+    for key, value in defaults.items():
+        if key not in config.rollout.model_fields_set:
+            setattr(config.rollout, key, value)
 
 
 def environment_options(config) -> EnvOptions:

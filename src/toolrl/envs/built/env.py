@@ -22,7 +22,7 @@ import random
 import re
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -192,6 +192,13 @@ class BuiltEpisode(Episode):
 @register_env("built")
 class BuiltEnv(Environment):
     name = "built"
+    rollout_defaults: ClassVar[dict[str, Any]] = {
+        "max_turns": 6,
+        "max_new_tokens": 96,
+        "max_response_tokens": 512,
+        "max_observation_tokens": 96,
+    }
+    """Its reference's turns and calls fit these (toolrl env check)."""
     Options = BuiltOptions
 
     def __init__(self, config, options: BuiltOptions):

@@ -15,7 +15,7 @@ leave (`requests`, the share solved, and a per-turn reward of 1 for each), and a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -159,6 +159,13 @@ def requests_solved(trajectory, task: Task) -> float:
 @register_env("files")
 class FilesEnv(Environment):
     name = "files"
+    rollout_defaults: ClassVar[dict[str, Any]] = {
+        "max_turns": 10,
+        "max_new_tokens": 64,
+        "max_response_tokens": 768,
+        "max_observation_tokens": 64,
+    }
+    """Its reference's turns and calls fit these (toolrl env check)."""
     Options = FilesOptions
 
     def __init__(self, config, options: FilesOptions):

@@ -14,7 +14,7 @@ task's question and ends after the agent's first answer.
 from __future__ import annotations
 
 import random
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -101,6 +101,8 @@ class SupportEpisode(Episode):
 @register_env("support")
 class SupportEnv(Environment):
     name = "support"
+    rollout_defaults: ClassVar[dict[str, Any]] = {"max_turns": 6, "max_new_tokens": 96, "max_response_tokens": 768}
+    """Its reference's turns and calls fit these (toolrl env check)."""
     Options = SupportOptions
 
     def __init__(self, config, options: SupportOptions):
