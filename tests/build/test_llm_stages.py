@@ -171,3 +171,21 @@ def test_a_local_model_can_be_the_builder_and_its_bad_replies_are_counted(tmp_pa
         run_stage(spec, Workspace(tmp_path / "out"), "decompose")
     log = [json.loads(line) for line in (tmp_path / "out" / "llm" / "decompose.jsonl").read_text().splitlines()]
     assert [r["attempt"] for r in log] == [0, 1] and not any(r["valid"] for r in log)
+
+
+def test_a_reply_holding_several_json_values_gives_the_one_asked_for():
+    import jsonschema
+    import pytest
+
+    from toolrl.build.llm import extract_json, json_values
+
+    schema = {"type": "object", "required": ["subproblems"]}
+    reply = 'For example {"id": "s1"} is one sub-problem. Here is my answer: {"subproblems": [{"id": "s1"}]} Done [1]'
+    assert extract_json(reply, schema) == {"subproblems": [{"id": "s1"}]}  # not first-brace-to-last-brace
+    assert json_values(reply) == [{"id": "s1"}, {"subproblems": [{"id": "s1"}]}, [1]]
+    fenced = 'Sure.\n```json\n{"subproblems": []}\n```\nAn aside: {"x": 1}'
+    assert extract_json(fenced, schema) == {"subproblems": []}
+    with pytest.raises(jsonschema.ValidationError):
+        extract_json('{"id": "s1"} and {"id": "s2"}', schema)
+    with pytest.raises(ValueError, match="no JSON value"):
+        extract_json("no braces {here at all", schema)

@@ -8,6 +8,7 @@ without asking again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -27,19 +28,41 @@ log = logging.getLogger(__name__)
 _FENCE = re.compile(r"```(?:json|python)?\s*\n?(.*?)```", re.DOTALL)
 
 
-def extract_json(reply: str) -> Any:
-    """The JSON value of a reply: the whole text, a fenced block, or the first {...} or [...] span."""
-    candidates = [reply.strip(), *(m.group(1).strip() for m in _FENCE.finditer(reply))]
-    for opener, closer in (("{", "}"), ("[", "]")):
-        start, end = reply.find(opener), reply.rfind(closer)
-        if 0 <= start < end:
-            candidates.append(reply[start : end + 1])
-    for text in candidates:
+def json_values(reply: str) -> list[Any]:
+    """Every JSON value a reply holds, in the order to try them: the whole text, its fenced blocks, then each
+    `{...}` or `[...]` value from left to right (a value inside another is not taken apart)."""
+    values: list[Any] = []
+    for text in (reply.strip(), *(m.group(1).strip() for m in _FENCE.finditer(reply))):
+        with contextlib.suppress(ValueError, RecursionError):
+            values.append(json.loads(text))
+    decoder, at = json.JSONDecoder(), 0
+    while True:
+        starts = [i for i in (reply.find("{", at), reply.find("[", at)) if i >= 0]
+        if not starts:
+            return values
+        at = min(starts)
         try:
-            return json.loads(text)
-        except (json.JSONDecodeError, ValueError):
+            value, at = decoder.raw_decode(reply, at)
+        except (ValueError, RecursionError):
+            at += 1
             continue
-    raise ValueError("the reply holds no JSON value")
+        values.append(value)
+
+
+def extract_json(reply: str, schema: dict[str, Any] | None = None) -> Any:
+    """The JSON value of a reply (see json_values): with `schema`, the first that validates against it, so
+    that a reply holding an example or a second object gives the one asked for; a ValueError when none is JSON,
+    the first one's jsonschema.ValidationError when none validates."""
+    values = json_values(reply)
+    if not values:
+        raise ValueError("the reply holds no JSON value")
+    if schema is None:
+        return values[0]
+    for value in values:
+        if jsonschema.Draft202012Validator(schema).is_valid(value):
+            return value
+    jsonschema.validate(values[0], schema)
+    return values[0]
 
 
 @dataclass
@@ -108,9 +131,7 @@ class StageLLM:
             else:
                 error = None
                 try:
-                    value = _code(reply) if raw else extract_json(reply)
-                    if not raw:
-                        jsonschema.validate(value, schema)
+                    value = _code(reply) if raw else extract_json(reply, schema)
                     if check is not None:
                         check(value)
                 except jsonschema.ValidationError as exc:
