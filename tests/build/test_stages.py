@@ -252,3 +252,65 @@ def test_a_sampler_without_links_says_it_cannot_make_multi_hop_tasks(tmp_path):
     assert TaskSampler(tables, random.Random(0)).chain("s", 2) is None
     with pytest.raises(DataError, match=r"only 0 distinct multi_hop tasks .* add rows or links"):
         sample_tasks(tables, load_spec(None, {"scenarios": ["multi_hop"], "test_per_scenario": 1}))
+
+
+def decompositions(tmp_path, rows):
+    path = tmp_path / "decompositions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_spec(None, {"source": "decompositions", "tasks": {"path": str(path)}})
+
+
+def test_ready_made_decompositions_are_a_source_without_a_model(tmp_path):
+    people = {"Ann Vale": "Oslo", "Bo Rink": "Lima", "Cy Dorn": "Pune", "Di Mott": "Baku", "Ed Sarn": "Riga"}
+    rows = [
+        {"id": f"p{i}", "question": f"Where was {p} born?", "answer": city, "subproblems": [
+            {"id": "a", "question": f"Where was {p} born?", "kind": "person.birthplace", "arguments": {"person": p},
+             "answer": city}]}
+        for i, (p, city) in enumerate(people.items())
+    ]  # fmt: skip
+    team = [{"id": "team", "question": "Who is in team Blue?", "kind": "team.members", "arguments": {"team": "Blue"},
+             "answer": ", ".join(people)}]  # fmt: skip
+    team += [
+        {
+            "id": f"b{k}",
+            "question": f"Where was {p} born?",
+            "kind": "person.birthplace",
+            "arguments": {"person": p},
+            "answer": city,
+            "depends_on": ["team"],
+        }
+        for k, (p, city) in enumerate([*people.items(), *people.items()])
+    ]  # fmt: skip  (11 sub-problems: past the 8 an LLM's reply may hold)
+    rows.append({"id": "fan", "question": "Where was each member of team Blue born?", "subproblems": team})
+    ws = Workspace(tmp_path / "out")
+    manifest = build(decompositions(tmp_path, rows), ws)
+    assert manifest["decompose"]["given"] == 6 and "llm" not in manifest["decompose"]
+    assert manifest["decompose"]["by_scenario"] == {"single_hop": 5, "parallel_multi_hop": 1}
+    assert manifest["deploy"]["tasks"] == 6 and manifest["deploy"]["tasks_dropped"] == 0
+    built = {t.id: t for t in ws.read_rows("1_scenarios.jsonl", BuiltTask, "decompose")}
+    assert len(built["fan"].subproblems) == 11 and built["p0"].answers == ["Oslo"]
+
+    bad = [{**rows[0], "subproblems": [{**rows[0]["subproblems"][0], "arguments": {}}]}]
+    with pytest.raises(DataError, match=r"decompositions\.jsonl: row 1, field subproblems/0/arguments: .*"):
+        build(decompositions(tmp_path, bad), Workspace(tmp_path / "bad"))
+    forward = [{**rows[0], "subproblems": [{**rows[0]["subproblems"][0], "depends_on": ["later"]}]}]
+    with pytest.raises(DataError, match=r"row 1, field subproblems: sub-problem 'a' depends on 'later'"):
+        build(decompositions(tmp_path, forward), Workspace(tmp_path / "forward"))
+    with pytest.raises(ConfigError, match=r"source decompositions needs tasks\.path"):
+        load_spec(None, {"source": "decompositions"})
+
+
+def test_an_artifact_written_by_hand_is_never_overwritten(tmp_path, caplog):
+    ws, spec = Workspace(tmp_path), small_spec()
+    build(spec, ws)
+    scenarios = ws.path("1_scenarios.jsonl")
+    mine = "".join(scenarios.read_text().splitlines(keepends=True)[:6])  # the user keeps six tasks
+    scenarios.write_text(mine)
+    with caplog.at_level("INFO", logger="toolrl.build.pipeline"):
+        manifest = build(spec, ws)  # --all
+    assert scenarios.read_text() == mine and manifest["decompose"]["kept"] == "by hand"
+    assert manifest["scale"]["tasks"] == 6  # the later stages were built on it
+    assert any("written by hand: kept" in r.message for r in caplog.records)
+    assert build(spec, ws)["decompose"]["kept"] == "by hand"  # and stays the user's on the next --all
+    run_stage(spec, ws, "decompose")  # asked for by name: the stage writes its own, the user's is set aside
+    assert ws.path("1_scenarios.by-hand.jsonl").read_text() == mine and scenarios.read_text() != mine

@@ -16,6 +16,7 @@ from toolrl.build.artifacts import BuiltTask, FactRow, SubProblem, Workspace
 from toolrl.build.spec import BuildSpec
 from toolrl.build.world import facts, load_tables, sample_tasks, synthetic_world
 from toolrl.errors import DataError
+from toolrl.text import first_line
 
 SCENARIOS_FILE = "1_scenarios.jsonl"
 FACTS_FILE = "facts.json"
@@ -91,23 +92,61 @@ def _split(question: str, spec: BuildSpec) -> str:
     return "test" if digest < share else "train"
 
 
-def _from_llm(spec: BuildSpec, ws: Workspace, llm) -> tuple[list[BuiltTask], dict[str, list[FactRow]], dict]:
+_LISTED = {k: v for k, v in DECOMPOSE_SCHEMA["properties"]["subproblems"].items() if k != "maxItems"}
+GIVEN_SCHEMA = {**DECOMPOSE_SCHEMA, "properties": {"subproblems": _LISTED}}
+"""A given decomposition's shape: the LLM's, without its limit of 8 sub-problems (a prompt's, not the data's)."""
+
+
+def _records(spec: BuildSpec):
+    """(row number, record, question) of the tasks file (tasks.path), with one-line errors."""
     from toolrl.files import read_jsonl
 
     assert spec.tasks is not None
     path = Path(spec.tasks.path).expanduser()
     if not path.is_file():
         raise DataError(f"{path}: tasks file not found (tasks.path)")
-    tasks, table, rejected = [], {}, 0
     for number, record in enumerate(read_jsonl(path, DataError), 1):
         question = record.get("question") if isinstance(record, dict) else None
         if not isinstance(question, str) or not question.strip():
             raise DataError(f"{path}: row {number}, field question: a non-empty string is required")
+        yield path, number, record, question
+
+
+def _subproblems(items: list[dict[str, Any]]) -> list[SubProblem]:
+    subs = [SubProblem.model_validate({**s, "answer": str(s["answer"])}) for s in items]
+    check_graph(subs)
+    return subs
+
+
+def _task(spec: BuildSpec, number: int, record: dict[str, Any], question: str, subs: list[SubProblem]) -> BuiltTask:
+    needed = {d for s in subs for d in s.depends_on}
+    answers = [s.answer for s in subs if s.id not in needed]
+    split = record.get("split") if record.get("split") in ("train", "test") else _split(question, spec)
+    return BuiltTask(
+        id=str(record.get("id") or f"task-{number}"),
+        split=split,
+        scenario=scenario_of(subs),
+        question=question,
+        answers=[str(record["answer"])] if record.get("answer") and len(answers) == 1 else answers,
+        subproblems=subs,
+    )
+
+
+def _facts(tasks: list[BuiltTask]) -> dict[str, list[FactRow]]:
+    table: dict[str, list[FactRow]] = {}
+    for task in tasks:
+        for s in task.subproblems:
+            table.setdefault(s.kind, []).append(FactRow(arguments=s.arguments, answer=s.answer))
+    return table
+
+
+def _from_llm(spec: BuildSpec, ws: Workspace, llm) -> tuple[list[BuiltTask], dict[str, list[FactRow]], dict]:
+    tasks, rejected = [], 0
+    for _, number, record, question in _records(spec):
         hint = f"Its final answer: {record['answer']}" if record.get("answer") else ""
 
         def valid(value: dict[str, Any]) -> None:
-            subs = [SubProblem.model_validate({**s, "answer": str(s["answer"])}) for s in value["subproblems"]]
-            check_graph(subs)
+            _subproblems(value["subproblems"])
 
         value = llm.ask_json(
             f"row {number}", DECOMPOSE_PROMPT.format(question=question, answer=hint), DECOMPOSE_SCHEMA, valid
@@ -115,28 +154,34 @@ def _from_llm(spec: BuildSpec, ws: Workspace, llm) -> tuple[list[BuiltTask], dic
         if value is None:
             rejected += 1
             continue
-        subs = [SubProblem.model_validate({**s, "answer": str(s["answer"])}) for s in value["subproblems"]]
-        needed = {d for s in subs for d in s.depends_on}
-        answers = [s.answer for s in subs if s.id not in needed]
-        split = record.get("split") if record.get("split") in ("train", "test") else _split(question, spec)
-        tasks.append(
-            BuiltTask(
-                id=str(record.get("id") or f"task-{number}"),
-                split=split,
-                scenario=scenario_of(subs),
-                question=question,
-                answers=[str(record["answer"])] if record.get("answer") and len(answers) == 1 else answers,
-                subproblems=subs,
-            )
-        )
-        for s in subs:
-            table.setdefault(s.kind, []).append(FactRow(arguments=s.arguments, answer=s.answer))
-    return tasks, table, {"rejected": rejected}
+        tasks.append(_task(spec, number, record, question, _subproblems(value["subproblems"])))
+    return tasks, _facts(tasks), {"rejected": rejected}
+
+
+def _from_decompositions(spec: BuildSpec) -> tuple[list[BuiltTask], dict[str, list[FactRow]], dict]:
+    """Tasks whose sub-problems the file gives (a published decomposition): read and checked, no LLM."""
+    import jsonschema
+
+    tasks = []
+    for path, number, record, question in _records(spec):
+        where = f"{path}: row {number}"
+        try:
+            jsonschema.validate({"subproblems": record.get("subproblems")}, GIVEN_SCHEMA)
+            subs = _subproblems(record["subproblems"])
+        except jsonschema.ValidationError as exc:
+            at = "/".join(str(p) for p in exc.absolute_path) or "subproblems"
+            raise DataError(f"{where}, field {at}: {first_line(exc.message)} (docs/environments.md)") from None
+        except ValueError as exc:
+            raise DataError(f"{where}, field subproblems: {first_line(exc)}") from None
+        tasks.append(_task(spec, number, record, question, subs))
+    return tasks, _facts(tasks), {"given": len(tasks)}
 
 
 def run(spec: BuildSpec, ws: Workspace, llm_for) -> dict[str, Any]:
     extra: dict[str, Any] = {}
-    if spec.source == "tasks":
+    if spec.source == "decompositions":
+        tasks, table, extra = _from_decompositions(spec)
+    elif spec.source == "tasks":
         llm = llm_for("decompose")
         try:
             tasks, table, extra = _from_llm(spec, ws, llm)

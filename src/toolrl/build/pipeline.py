@@ -2,7 +2,10 @@
 
 `--stage NAME` runs one stage from the artifact of the one before it; `--all` runs the stages whose output is
 missing or older than their input (what an interrupted build has left to do) and re-runs the rest only when
-asked again with `--stage`. `build.json` records, per stage, its input's hash and its report.
+asked again with `--stage`. `build.json` records, per stage, its input's hash, its output's hash and its report.
+An artifact the builder did not write as it is (a hand-written `1_scenarios.jsonl`, an edited tool file) is
+the user's: `--all` keeps it as that stage's output and builds the later stages on it; `--stage` sets it aside
+as `NAME.by-hand.SUFFIX` before writing its own. Nothing a user wrote is lost.
 """
 
 from __future__ import annotations
@@ -65,13 +68,47 @@ def llm_factory(spec: BuildSpec, ws: Workspace, ask=None) -> Callable[[str], Any
     return make
 
 
+def _output_hash(ws: Workspace, stage: Stage) -> str | None:
+    path = ws.path(stage.writes)
+    return content_hash(path.read_bytes().decode("utf-8", "replace")) if path.is_file() else None
+
+
+def by_hand(ws: Workspace, stage: Stage, done: dict[str, Any]) -> bool:
+    """The stage's artifact is there and this builder did not write it as it is: written or edited by hand (a
+    build made before outputs were recorded counts as the builder's)."""
+    output = _output_hash(ws, stage)
+    if output is None:
+        return False
+    return not done or done.get("kept") == "by hand" or ("output" in done and done["output"] != output)
+
+
+def keep_by_hand(spec: BuildSpec, ws: Workspace, stage: Stage) -> dict[str, Any]:
+    """Take a hand-written artifact as the stage's output: recorded, never overwritten by --all."""
+    log.info("stage %s: %s was written by hand: kept as the stage's output", stage.name, stage.writes)
+    report = {"kept": "by hand", "input": _input_hash(spec, ws, stage), "output": _output_hash(ws, stage)}
+    ws.record(stage.name, report)
+    return report
+
+
+def _set_aside(ws: Workspace, stage: Stage) -> None:
+    """Before `--stage` replaces a hand-written artifact: keep it beside, as NAME.by-hand.SUFFIX."""
+    path = ws.path(stage.writes)
+    kept = path.with_name(f"{path.stem}.by-hand{path.suffix}")
+    path.replace(kept)
+    log.warning("stage %s: %s was written by hand; kept as %s before the stage writes its own", stage.name,
+                stage.writes, kept.name)  # fmt: skip
+
+
 def run_stage(spec: BuildSpec, ws: Workspace, name: str, ask=None) -> dict[str, Any]:
     stage = STAGES.lookup(name)
+    if by_hand(ws, stage, ws.read_json("build.json", {}).get(name, {})):
+        _set_aside(ws, stage)
     started = time.perf_counter()
     log.info("stage %s: started", name)
     input_hash = _input_hash(spec, ws, stage)
     report = stage.run(spec, ws, llm_factory(spec, ws, ask))
     report = {**report, "input": input_hash, "seconds": round(time.perf_counter() - started, 2)}
+    report["output"] = _output_hash(ws, stage)
     ws.record(name, report)
     log.info("stage %s: done in %.1f s: %s", name, report["seconds"], _brief(report))
     return report
@@ -93,9 +130,12 @@ def build(spec: BuildSpec, ws: Workspace, stages: list[str] | None = None, ask=N
     for name in ORDER:
         stage = STAGES.lookup(name)
         done = manifest.get(name, {})
-        if ws.path(stage.writes).is_file() and done.get("input") == _input_hash(spec, ws, stage):
+        if by_hand(ws, stage, done):  # a user's own artifact: the stages after it build on it
+            keep_by_hand(spec, ws, stage)
+        elif ws.path(stage.writes).is_file() and done.get("input") == _input_hash(spec, ws, stage):
             log.info("stage %s: up to date, skipped", name)
             continue
-        run_stage(spec, ws, name, ask)
+        else:
+            run_stage(spec, ws, name, ask)
         manifest = ws.read_json("build.json", {})
     return manifest

@@ -97,7 +97,9 @@ class DeploySpec(Section):
 
 
 class BuildSpec(Section):
-    source: Literal["synthetic", "table", "tasks"] = "synthetic"
+    source: Literal["synthetic", "table", "tasks", "decompositions"] = "synthetic"
+    """synthetic (a seeded world), table (your tables), tasks (texts an LLM decomposes), decompositions (tasks
+    with their sub-problems already written: tasks.path, no LLM; docs/environments.md gives the format)."""
     seed: int = 0
     train_per_scenario: int = Field(60, ge=1)
     test_per_scenario: int = Field(12, ge=1)
@@ -114,6 +116,8 @@ class BuildSpec(Section):
     def source_given(self) -> BuildSpec:
         if self.source == "table" and not self.tables:
             raise ValueError("source table needs tables (each with a path)")
+        if self.source == "decompositions" and self.tasks is None:
+            raise ValueError("source decompositions needs tasks.path (a JSONL file of tasks and their sub-problems)")
         if self.source == "tasks" and (self.tasks is None or self.llm is None):
             raise ValueError("source tasks needs tasks.path and llm (the model that decomposes them)")
         if self.deploy.method == "llm" and self.llm is None:

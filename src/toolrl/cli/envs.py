@@ -136,7 +136,7 @@ def env_build(
         table.add_column(column)
     for name in ORDER:
         if name in manifest:
-            shown = {k: v for k, v in manifest[name].items() if k not in ("input", "dropped", "llm")}
+            shown = {k: v for k, v in manifest[name].items() if k not in ("input", "output", "dropped", "llm")}
             table.add_row(name, ", ".join(f"{k} {v}" for k, v in shown.items()))
     console.print(table)
     if scenarios := manifest.get("decompose", {}).get("by_scenario"):
