@@ -314,3 +314,14 @@ def test_an_artifact_written_by_hand_is_never_overwritten(tmp_path, caplog):
     assert build(spec, ws)["decompose"]["kept"] == "by hand"  # and stays the user's on the next --all
     run_stage(spec, ws, "decompose")  # asked for by name: the stage writes its own, the user's is set aside
     assert ws.path("1_scenarios.by-hand.jsonl").read_text() == mine and scenarios.read_text() != mine
+
+
+def test_a_number_in_another_unit_is_written_in_full_and_seed_3_loses_no_task(tmp_path):
+    from toolrl.build.runtime import _in_unit
+
+    spec = {"unit": {"units": 1.0, "thousands": 1000.0}}
+    assert _in_unit(spec, "2725000", "units") == "2725000"  # the table's own text, whatever its size
+    assert _in_unit(spec, "2725000", "thousands") == "2725" and _in_unit(spec, "2725500", "thousands") == "2725.5"
+    assert _in_unit(spec, "12345678901", "thousands") == "12345678.901"
+    manifest = build(load_spec(None, {"seed": 3, **SMALL}), Workspace(tmp_path))  # 2.725e+06 dropped 85 tasks
+    assert manifest["deploy"]["tasks_dropped"] == 0 and manifest["deploy"]["tools_dropped"] == 0

@@ -55,10 +55,12 @@ def _answer(spec, kinds, lookup_key, shown):
 
 
 def _in_unit(spec, answer, unit):
-    if not spec["unit"]:
+    """The answer in `unit`: as it is in the table's own unit; else divided, written in full (2725 thousands,
+    2.7255 thousands: never 2.725e+06, which a check of the answer's text fails)."""
+    if not spec["unit"] or spec["unit"][unit] == 1.0:
         return answer
     value = float(answer) / spec["unit"][unit]
-    return f"{value:g}"
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else format(value, ".15g")
 
 
 def call(spec, arguments):
