@@ -189,3 +189,30 @@ def test_a_reply_holding_several_json_values_gives_the_one_asked_for():
         extract_json('{"id": "s1"} and {"id": "s2"}', schema)
     with pytest.raises(ValueError, match="no JSON value"):
         extract_json("no braces {here at all", schema)
+
+
+def test_a_model_that_cannot_follow_the_prompts_stops_the_stage_in_seconds(tmp_path):
+    import pytest
+
+    from toolrl.errors import ConfigError
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"question": f"Which country is Wey{i} in?"}) + "\n" for i in range(20)))
+    asked = []
+
+    def babble(prompt):
+        asked.append(prompt)
+        return "I'm here to help with anything!"
+
+    llm = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "retries": 1, "give_up_after": 3}
+    spec = load_spec(None, {"source": "tasks", "tasks": {"path": str(tasks)}, "llm": llm})
+    with pytest.raises(ConfigError, match=r"^llm: stage decompose stopped: its first 3 items were all rejected"):
+        run_stage(spec, Workspace(tmp_path / "out"), "decompose", ask=babble)
+    assert len(asked) == 3 * 2  # three items, each asked twice: not all twenty
+
+    small = {"path": "smollm2-135m-instruct"}
+    default = load_spec(None, {"source": "tasks", "tasks": {"path": str(tasks)}, "llm": small})
+    with pytest.raises(ConfigError, match=r"^llm\.path: the embedded default model .* is too small"):
+        run_stage(default, Workspace(tmp_path / "default"), "decompose")
+    log = tmp_path / "default" / "llm" / "decompose.jsonl"
+    assert not log.exists() or not log.read_text()  # refused before any model loads or anything is asked

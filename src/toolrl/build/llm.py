@@ -20,6 +20,7 @@ import jsonschema
 
 from toolrl.build.artifacts import Workspace, content_hash
 from toolrl.build.spec import LLMSpec
+from toolrl.errors import ConfigError
 from toolrl.files import read_jsonl
 from toolrl.text import clip, first_line
 
@@ -103,8 +104,16 @@ class StageLLM:
 
     @staticmethod
     def _backend(spec: LLMSpec):
+        from toolrl.models.resolve import DEFAULT_MODEL
         from toolrl.tools.model import chat_backend
 
+        if spec.path is not None and spec.path.strip().lower() == DEFAULT_MODEL:
+            raise ConfigError(
+                f"llm.path: the embedded default model ({DEFAULT_MODEL}, 135M parameters) is too small to write "
+                "the builder's JSON; serve a larger instruction model with an OpenAI-compatible server and set "
+                "llm.base_url and llm.model (docs/environments.md), or give ready-made sub-problems (source: "
+                "decompositions)"
+            )
         return chat_backend(spec, "llm")
 
     def _append(self, record: dict[str, Any]) -> None:
@@ -156,7 +165,14 @@ class StageLLM:
         with self.lock:
             self.stats.rejected += 1
             self.stats.errors.append(f"{item}: {clip(error or '', 200)}")
+            hopeless = not self.stats.accepted and self.stats.rejected >= self.spec.give_up_after
         log.warning("%s: rejected %s after %d attempts: %s", self.stage, item, self.spec.retries + 1, error)
+        if hopeless:
+            raise ConfigError(
+                f"llm: stage {self.stage} stopped: its first {self.stats.rejected} items were all rejected (the last: "
+                f"{clip(error or '', 120)}); the model does not follow the builder's prompts: use a larger one "
+                f"(llm.give_up_after sets how many; every reply is in {self.log_path})"
+            )
         return None
 
     def close(self) -> None:

@@ -51,6 +51,9 @@ class LLMSpec(ModelBackend):
     retries: int = Field(2, ge=0)
     """Asks again after a reply that does not validate (with the reason), then rejects the item and counts it."""
     max_tokens: int = Field(1024, ge=1)
+    give_up_after: int = Field(5, ge=1)
+    """The stage stops with a one-line error when this many items in a row are rejected before any is accepted:
+    a model that cannot follow the builder's prompts fails after a few items, not after every one."""
 
 
 class TasksSource(Section):
