@@ -325,3 +325,45 @@ def test_a_number_in_another_unit_is_written_in_full_and_seed_3_loses_no_task(tm
     assert _in_unit(spec, "12345678901", "thousands") == "12345678.901"
     manifest = build(load_spec(None, {"seed": 3, **SMALL}), Workspace(tmp_path))  # 2.725e+06 dropped 85 tasks
     assert manifest["deploy"]["tasks_dropped"] == 0 and manifest["deploy"]["tools_dropped"] == 0
+
+
+def test_an_interrupted_deploy_and_an_edited_source_file_are_built_again(tmp_path, monkeypatch, caplog):
+    import toolrl.build.deploy as deploy
+
+    spec = small_spec()
+    whole = Workspace(tmp_path / "whole")
+    build(spec, whole)
+    ws = Workspace(tmp_path / "cut")
+    build(spec, ws)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the process stopped after the old tools were removed
+
+    monkeypatch.setattr(deploy, "validate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(spec, ws, "deploy")
+    assert not ws.path(deploy.MANIFEST).exists() and not list(ws.path("deploy/tools").glob("*.py"))
+    monkeypatch.undo()
+    with caplog.at_level("INFO", logger="toolrl.build.pipeline"):
+        build(spec, ws)  # --all: the deploy is not "up to date"
+    assert "stage deploy: up to date, skipped" not in [r.message for r in caplog.records]
+    for path in sorted(whole.path("deploy").rglob("*")):  # byte for byte what an uninterrupted build made
+        if path.is_file() and path.name != "deploy.json":
+            assert (ws.path("deploy") / path.relative_to(whole.path("deploy"))).read_bytes() == path.read_bytes()
+
+    rows = [{"id": "p", "question": "Where was Ann born?", "subproblems": [
+        {"id": "a", "question": "Where was Ann born?", "kind": "person.birthplace", "arguments": {"person": "Ann"},
+         "answer": "Oslo"}]}]  # fmt: skip
+    given = decompositions(tmp_path, rows)
+    mine = Workspace(tmp_path / "given")
+    build(given, mine)
+    rows[0]["subproblems"][0]["answer"] = "Lima"  # the user corrects a fact in the file the spec names
+    decompositions(tmp_path, rows)
+    with caplog.at_level("INFO", logger="toolrl.build.pipeline"):
+        caplog.clear()
+        build(given, mine)
+    skipped = [r.args[0] for r in caplog.records if "up to date" in r.msg]
+    assert "decompose" not in skipped and "deploy" not in skipped  # the stages the fact reaches ran again
+    assert "Lima" in mine.path("1_scenarios.jsonl").read_text()
+    assert any("Lima" in f.read_text() for f in mine.path("deploy").rglob("*") if f.is_file())
+    assert not any("Oslo" in f.read_text() for f in mine.path("deploy").rglob("*") if f.is_file())

@@ -183,6 +183,7 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
     llm = llm_for("deploy") if spec.deploy.method == "llm" else None
     out = ws.path(DEPLOY_DIR)
     (out / "tools").mkdir(parents=True, exist_ok=True)
+    ws.path(MANIFEST).unlink(missing_ok=True)  # first: a deploy killed past here is not taken as up to date
     for old in (out / "tools").glob("*.py"):
         old.unlink()
     (out / "runtime.py").write_text(RUNTIME.read_text(encoding="utf-8"), encoding="utf-8")

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from toolrl.build import decompose, deploy, documents, integrate, scale
@@ -30,28 +31,42 @@ class Stage:
     name: str
     run: Callable[[BuildSpec, Workspace, Callable[[str], Any]], dict[str, Any]]
     reads: tuple[str, ...]
-    """Files of the earlier stages it reads (their content is part of its input's hash)."""
+    """Every file of the earlier stages it reads (their content is part of its input's hash: one left out here
+    would leave the stage "up to date" after what it reads changed)."""
     writes: str
     """Its main artifact."""
 
 
 STAGES: Registry[Stage] = Registry("build stage", "--stage")
+SCENARIOS = decompose.SCENARIOS_FILE
 for _stage in (
     Stage("decompose", decompose.run, (), decompose.SCENARIOS_FILE),
     Stage("documents", documents.run, (decompose.SCENARIOS_FILE, decompose.FACTS_FILE), documents.DOCUMENTS_FILE),
     Stage("integrate", integrate.run, (documents.DOCUMENTS_FILE,), integrate.TOOLS_FILE),
-    Stage("scale", scale.run, (integrate.TOOLS_FILE, integrate.MAPPING_FILE), scale.TASKS_FILE),
-    Stage("deploy", deploy.run, (scale.SCALED_TOOLS_FILE, scale.TASKS_FILE), deploy.MANIFEST),
+    Stage("scale", scale.run, (SCENARIOS, integrate.TOOLS_FILE, integrate.MAPPING_FILE), scale.TASKS_FILE),
+    Stage("deploy", deploy.run, (scale.SCALED_TOOLS_FILE, scale.TASKS_FILE, decompose.FACTS_FILE), deploy.MANIFEST),
 ):
     STAGES.register(_stage.name)(_stage)
 ORDER = [name for name in STAGES]
 
 
+def _file_hash(path) -> str | None:
+    return content_hash(path.read_bytes().decode("utf-8", "replace")) if path.is_file() else None
+
+
+def source_files(spec: BuildSpec) -> list[Path]:
+    """The user's files the first stage reads (tables, a tasks or decompositions file)."""
+    files = [Path(table.path).expanduser() for table in spec.tables]
+    return files + ([Path(spec.tasks.path).expanduser()] if spec.tasks is not None else [])
+
+
 def _input_hash(spec: BuildSpec, ws: Workspace, stage: Stage) -> str:
+    """The spec, the artifacts the stage reads and, for the first stage, the user's files (an edited table
+    makes the build stale)."""
     parts: list[Any] = [spec.model_dump(mode="json")]
-    for name in stage.reads:
-        path = ws.path(name)
-        parts.append(content_hash(path.read_bytes().decode("utf-8", "replace")) if path.is_file() else None)
+    parts += [_file_hash(ws.path(name)) for name in stage.reads]
+    if not stage.reads:
+        parts += [_file_hash(path) for path in source_files(spec)]
     return content_hash(parts)
 
 
@@ -69,8 +84,7 @@ def llm_factory(spec: BuildSpec, ws: Workspace, ask=None) -> Callable[[str], Any
 
 
 def _output_hash(ws: Workspace, stage: Stage) -> str | None:
-    path = ws.path(stage.writes)
-    return content_hash(path.read_bytes().decode("utf-8", "replace")) if path.is_file() else None
+    return _file_hash(ws.path(stage.writes))
 
 
 def by_hand(ws: Workspace, stage: Stage, done: dict[str, Any]) -> bool:
