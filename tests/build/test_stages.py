@@ -367,3 +367,17 @@ def test_an_interrupted_deploy_and_an_edited_source_file_are_built_again(tmp_pat
     assert "Lima" in mine.path("1_scenarios.jsonl").read_text()
     assert any("Lima" in f.read_text() for f in mine.path("deploy").rglob("*") if f.is_file())
     assert not any("Oslo" in f.read_text() for f in mine.path("deploy").rglob("*") if f.is_file())
+
+
+def test_optional_parameters_change_nothing_for_a_tool_named_by_all_its_arguments_or_by_none():
+    from toolrl.build.runtime import _row_key, call
+
+    def spec(rows, properties):
+        return {"parameters": {"properties": properties, "required": []}, "kinds": ["k"], "key": None,
+                "key_shape": None, "field": None, "fields": None, "unit": None, "optional": ["verbose"],
+                "tables": {"k": {_row_key(arguments): answer for arguments, answer in rows}}}  # fmt: skip
+
+    two = spec([({"a": "x", "b": "y"}, "found")], {"a": {}, "b": {}, "verbose": {"type": "boolean"}})
+    assert call(two, {"a": "x", "b": "y"}) == call(two, {"a": "x", "b": "y", "verbose": True}) == "found"
+    none = spec([({}, "today")], {"verbose": {"type": "boolean"}})  # a zero-argument tool
+    assert call(none, {}) == call(none, {"verbose": False}) == "today"

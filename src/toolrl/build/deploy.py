@@ -60,6 +60,7 @@ def tool_spec(tool: ScaledTool, facts: dict[str, list[FactRow]]) -> dict[str, An
         "field": impl.field,
         "fields": impl.fields,
         "unit": impl.unit,
+        "optional": list(impl.optional),
         "tables": tables,
     }
 

@@ -69,8 +69,9 @@ def call(spec, arguments):
     kinds = spec["kinds"]
     if spec["field"]:
         kinds = spec["fields"][arguments[spec["field"]]]
-    if not spec["key"]:
-        return _answer(spec, kinds, _row_key(arguments), arguments)
+    if not spec["key"]:  # the row is named by every argument but the optional ones, which change nothing
+        named = {k: v for k, v in arguments.items() if k not in spec.get("optional", ())}
+        return _answer(spec, kinds, _row_key(named), named)
     unit = arguments.get("unit", "units")
     names = _names(spec, arguments[spec["key"]])
     answers = {name: _in_unit(spec, _answer(spec, kinds, _norm(name), name), unit) for name in names}
