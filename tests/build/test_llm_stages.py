@@ -135,6 +135,8 @@ def test_llm_stages_validate_retry_reject_count_and_resume(tmp_path):
         assert not Path("/tmp/toolrl-escaped-from-sandbox").exists()
         assert deploy["tools_dropped"] == 1 and deploy["dropped"][0]["tool"] == "get_country_capital"
         assert "gave 'wrong'" in deploy["dropped"][0]["reason"] and deploy["tasks_dropped"] == 1
+        lost = [d for d in deploy["dropped"] if "task" in d]  # the task it cost, with the reason, in the summary
+        assert len(lost) == 1 and lost[0]["reason"].startswith("needs tool get_country_capital, dropped: ")
         # a re-run of a stage reuses the replies that validated; only the rejected task is asked again (twice)
         run_stage(spec, ws, "decompose")
         assert len(server.requests) == asked + 2

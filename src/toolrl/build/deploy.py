@@ -215,12 +215,17 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
         deployed.append(Deployed(name=tool.doc.name, file=file, doc=tool.doc))
     names = {d.name for d in deployed}
     kept = [t for t in tasks if all(c["name"] in names for c in t.calls)]
+    why = {d["tool"]: d["reason"] for d in dropped}
+    for task in tasks:  # every task lost is named with the tool it needed and why that tool was dropped
+        lost = next((c["name"] for c in task.calls if c["name"] not in names), None)
+        if lost is not None:
+            dropped.append({"task": task.id, "reason": f"needs tool {lost}, dropped: {clip(why.get(lost, '?'), 160)}"})
     kept = [t.model_copy(update={"tools": [n for n in t.tools if n in names]}) for t in kept]
     ws.write_rows(f"{DEPLOY_DIR}/tools.jsonl", deployed)
     ws.write_rows(f"{DEPLOY_DIR}/tasks.jsonl", kept)
     report = {
         "tools_validated": len(deployed),
-        "tools_dropped": len(dropped),
+        "tools_dropped": sum("tool" in d for d in dropped),
         "dropped": dropped,
         "tasks": len(kept),
         "tasks_dropped": len(tasks) - len(kept),

@@ -191,18 +191,19 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
             tool, change = generalize_types(tool, _rows(tool.impl.kinds, facts), rng)
             changes[change] += change is not None
         tools[name] = tool
-    out_tasks, dropped = [], 0
+    out_tasks, dropped = [], []
     names = sorted(tools)
     for task in tasks:
         calls = []
         for sub in task.subproblems:
             old = mapping.get((task.id, sub.id))
             if old is None:
+                reason = f"sub-problem {sub.id} has no tool: the documents stage made no document for it"
+                dropped.append({"task": task.id, "reason": reason})
                 break
             new, field = moved.get(old, (old, None))
             calls.append(expected_call(tools[new], sub.arguments, field))
         if len(calls) < len(task.subproblems):
-            dropped += 1  # a sub-problem lost its document in stage b
             continue
         needed = list(dict.fromkeys(c["name"] for c in calls))
         task_rng = random.Random(f"{spec.seed}:task:{task.id}")
@@ -224,5 +225,6 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
         "distractors_per_task": knobs.distractors,
         "multi_turn_tasks": sum(1 for t in out_tasks if t.requests),
         "tasks": len(out_tasks),
-        "tasks_dropped": dropped,
+        "tasks_dropped": len(dropped),
+        "dropped": dropped[:50],
     }

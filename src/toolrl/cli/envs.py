@@ -142,9 +142,10 @@ def env_build(
     if scenarios := manifest.get("decompose", {}).get("by_scenario"):
         counts = ", ".join(f"{name} {count}" for name, count in scenarios.items())
         console.print(f"tasks per scenario: {counts}", soft_wrap=True, highlight=False, markup=False)
-    dropped = manifest.get("deploy", {}).get("dropped") or []
-    for item in dropped:
-        console.print(f"dropped {item['tool']}: {item['reason']}")
+    for name in ORDER:  # every tool and task a stage dropped, with its reason
+        for item in manifest.get(name, {}).get("dropped") or []:
+            what = f"tool {item['tool']}" if "tool" in item else f"task {item['task']}"
+            console.print(f"{name}: dropped {what}: {item['reason']}", soft_wrap=True, highlight=False, markup=False)
     if "deploy" in manifest:
         console.print(f"train on it: toolrl train --set env.name=built --set env.options.path={out}")
 
