@@ -132,7 +132,7 @@ def eval_(
             tasks, left = bench.eval_tasks(num_tasks)
             if left:
                 console.print(f"{len(left)} of {len(tasks) + len(left)} tasks have no reference: left out")
-            trajs = bench.evaluation(num_tasks, temperature, tasks=tasks)
+            trajs = bench.evaluation(temperature=temperature, tasks=tasks)
             success = bench.env.rubric.success
             stats, details = summarize(trajs, success), breakdown(trajs, success)
             records = [traj.to_record(bench.tokenizer, success) for traj in trajs]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from toolrl.envs.reference import ReferenceRequest, reference_from_meta
+from toolrl.envs.reference import ReferenceRequest, answered, reference_from_meta
 from toolrl.errors import ConfigError
 from toolrl.parsers import CallSyntax, get_parser
 from toolrl.plugins import import_modules
@@ -203,7 +203,7 @@ class Environment(ABC):
 
     def tools(self) -> list[Tool]:
         """The run's tools, as the prompt shows them and shared by episodes that bind no state of their own.
-        None by default: an environment whose tasks or episodes bring their own tools (`Episode(tools=...)`,
+        No tools by default: an environment whose tasks or episodes bring their own tools (`Episode(tools=...)`,
         `episode.offer`) need not define it."""
         return []
 
@@ -224,8 +224,7 @@ class Environment(ABC):
         subproblems = task.meta.get("subproblems")
         if found is not None or not subproblems or not all("arguments" in s for s in subproblems):
             return found
-        calls = [ToolCall(s["name"], dict(s["arguments"])) for s in subproblems]
-        return [ReferenceRequest.of(calls, f"<answer>{task.answer}</answer>")]
+        return answered(task.answer, *(ToolCall(s["name"], dict(s["arguments"])) for s in subproblems))
 
     def reset(self, task: Task, seed: int | None = None) -> Episode:
         """Start one trajectory on `task`; environments with per-trajectory state override this. `seed`: what

@@ -28,6 +28,9 @@ from typing import Any
 
 from pydantic import Field
 
+from toolrl import seeds
+from toolrl.envs.base import StepResult
+from toolrl.errors import ConfigError
 from toolrl.tools.model import Completion, ModelBackend, chat_backend
 
 STOP = "###STOP###"
@@ -190,10 +193,23 @@ def make_user(kind: str, model: UserModel | None) -> User:
     if kind == "scripted":
         return ScriptedUser()
     if model is None:
-        from toolrl.errors import ConfigError
-
         raise ConfigError("env.options.user_model: a simulated user needs a model (base_url + model, or path)")
     return SimulatedUser(user_model(model))
+
+
+async def hear(
+    user: User, scenario: Scenario, transcript: Transcript, episode_seed: int | None, **step: Any
+) -> StepResult:
+    """An episode's next user message as its step: asked of `user` (message k, k the user's messages so far,
+    drawn from seeds.derive(episode_seed, "user", k)) and written into the transcript; a StepResult with the
+    message, or done with stop reason `user_ended`, with what it cost. `step`: the rest of it (reward, info)."""
+    seed = None if episode_seed is None else seeds.derive(episode_seed, "user", transcript.user_turns)
+    said = await user.respond(scenario, transcript, seed)
+    cost = {"user_tokens": said.tokens, "user_seconds": said.seconds}
+    if said.ended:
+        return StepResult(done=True, stop_reason="user_ended", **cost, **step)
+    transcript.user(said.text)
+    return StepResult(user_message=said.text, **cost, **step)
 
 
 def requests_scenario(requests: Sequence[str], done: int, persona: str = "") -> Scenario:

@@ -86,6 +86,12 @@ def out_of_turns(traj: Trajectory, limits: RolloutLimits) -> bool:
     return traj.num_turns >= limits.max_turns
 
 
+def _count_user(traj: Trajectory, step: StepResult) -> None:
+    """What the user's message of this step cost (a simulated user's tokens and seconds)."""
+    traj.user_tokens += step.user_tokens
+    traj.timings["user_s"] = traj.timings.get("user_s", 0.0) + step.user_seconds
+
+
 def answer_reason(text: str) -> str:
     """Why a turn without tool calls ended the trajectory: a final <answer>, or none."""
     return "answer" if final_answer(text) is not None else "no_tool_call"
@@ -218,8 +224,7 @@ class Rollout:
                 if isinstance(opening, str):  # the user's opening failed: this trajectory alone fails
                     self._user_failed(run.traj, opening)
                 elif opening is not None:
-                    run.traj.timings["user_s"] = opening.user_seconds
-                    run.traj.user_tokens += opening.user_tokens
+                    _count_user(run.traj, opening)
             playing = [run for run in runs if not run.traj.stop_reason]
             if self.schedule == "lockstep":
                 await self._lockstep(playing)
@@ -368,8 +373,7 @@ class Rollout:
         if not isinstance(step, StepResult) or not (step.user_message is None or isinstance(step.user_message, str)):
             raise ConfigError(f"env {self.env.name}: episode.reply must return a StepResult with a str user_message")
         traj.record_step(step.reward, step.info)
-        traj.user_tokens += step.user_tokens
-        traj.timings["user_s"] = traj.timings.get("user_s", 0.0) + step.user_seconds
+        _count_user(traj, step)
         if step.done or step.user_message is None:
             return self._stop(traj, step.stop_reason or answer_reason(turn.text))
         if out_of_turns(traj, self.limits):

@@ -62,6 +62,8 @@ class Workbench:
     engines: dict[str, Engine] = field(default_factory=dict)
     policy: str = MODEL
     """Who plays the turns: the model, or a policy played without one (rollout/scripted.py: reference, idle)."""
+    model_config: Any = None
+    """The policy's transformers config (the model's own; read without weights for a scripted policy)."""
 
     @classmethod
     def load(
@@ -80,8 +82,10 @@ class Workbench:
         tokenizer = load_tokenizer(name)
         env = make_env(config.env, name, config.rollout.parser)
         model = load_model(name, device, config.model.dtype) if policy == MODEL else None
-        chat = chat_format(config, name, tokenizer, model.config if model else load_config(name), env)
+        model_config = model.config if model else load_config(name)
+        chat = chat_format(config, name, tokenizer, model_config, env)
         bench = cls(config, device, tokenizer, model, chat, env, None, None, policy=policy)  # type: ignore[arg-type]
+        bench.model_config = model_config
         bench.check_engine()
         bench.executor, bench.toolset = run_executor(env.tools(), config.tools, log_dir)
         return bench
@@ -114,7 +118,7 @@ class Workbench:
     @property
     def context_length(self) -> int:
         """The policy's context in tokens (its language model's position embeddings)."""
-        config = self.model.config if self.model is not None else load_config(self.config.model.name)
+        config = self.model.config if self.model is not None else self.model_config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return int(getattr(text, "max_position_embeddings", None) or 2**31)
 

@@ -29,7 +29,7 @@ from pydantic import Field
 from toolrl.build.artifacts import BuiltTask, Deployed, Workspace
 from toolrl.envs.base import Environment, EnvOptions, Episode, StepResult, Task, final_answer, register_env
 from toolrl.envs.code.sandbox import SandboxLimits
-from toolrl.envs.reference import ReferenceRequest
+from toolrl.envs.reference import ReferenceRequest, answered
 from toolrl.errors import ConfigError, DataError
 from toolrl.rewards.ftrl import ftrl_criteria
 from toolrl.rewards.rubric import Criterion, Rubric
@@ -133,7 +133,7 @@ def reference_requests(task: Task) -> list[ReferenceRequest]:
             ReferenceRequest.of([call], f"<answer>{'; '.join(a)}</answer>")
             for call, a in zip(calls, answers, strict=True)
         ]
-    return [ReferenceRequest.of(calls, f"<answer>{'; '.join(task.meta['answers'])}</answer>")]
+    return answered("; ".join(task.meta["answers"]), *calls)
 
 
 def injected_faults(trajectory, task: Task) -> float:

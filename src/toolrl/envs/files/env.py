@@ -19,12 +19,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from toolrl import seeds
 from toolrl.envs.base import Environment, Episode, StepResult, Task, register_env, tool_call_example
 from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
 from toolrl.envs.files.tasks import canonical, generate
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits
-from toolrl.envs.users import Transcript, User, UserModel, make_user, requests_scenario
+from toolrl.envs.users import Transcript, User, UserModel, hear, make_user, requests_scenario
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
 from toolrl.tools.function import Tool, tool_from_function
@@ -101,16 +100,12 @@ class FilesEpisode(Episode):
         self.request += 1
         if self.request >= len(meta["requests"]):
             return StepResult(reward=float(solved), done=True, info=info)
-        self.transcript.assistant(text)
-        seed = None if self.seed is None else seeds.derive(self.seed, "user", self.request)
+        self.transcript.assistant(text)  # the user's message k is request k: the transcript holds k so far
         scenario = requests_scenario(meta["requests"], self.request, self.persona)
-        said = await self.user.respond(scenario, self.transcript, seed)
-        cost = {"user_tokens": said.tokens, "user_seconds": said.seconds}
-        if said.ended:
-            return StepResult(reward=float(solved), done=True, info=info, stop_reason="user_ended", **cost)
-        self.transcript.user(said.text)
-        info = {**info, "state": self.state()}
-        return StepResult(reward=float(solved), user_message=said.text, info=info, **cost)
+        step = await hear(self.user, scenario, self.transcript, self.seed, reward=float(solved), info=info)
+        if step.user_message is not None:
+            step.info = {**info, "state": self.state()}
+        return step
 
 
 def complete_task(task: Task, split: str) -> Task:

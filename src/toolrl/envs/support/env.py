@@ -18,12 +18,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from toolrl import seeds
 from toolrl.envs.base import Environment, Episode, StepResult, Task, register_env
 from toolrl.envs.reference import ReferenceRequest
 from toolrl.envs.support.shop import Shop, canonical, draw_case, make_database
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
-from toolrl.envs.users import Scenario, Transcript, User, UserModel, make_user
+from toolrl.envs.users import Scenario, Transcript, User, UserModel, hear, make_user
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.tools.call import ToolCall
 from toolrl.tools.function import Tool
@@ -74,28 +73,18 @@ class SupportEpisode(Episode):
         self.transcript = Transcript()
         self.simulated = messages[-1]["role"] != "user"
 
-    async def _hear(self) -> StepResult:
-        k = self.transcript.user_turns  # message k of the episode draws from its own stream
-        seed = None if self.seed is None else seeds.derive(self.seed, "user", k)
-        said = await self.user.respond(self.scenario, self.transcript, seed)
-        cost = {"user_tokens": said.tokens, "user_seconds": said.seconds}
-        if said.ended:
-            return StepResult(done=True, stop_reason="user_ended", **cost)
-        self.transcript.user(said.text)
-        return StepResult(user_message=said.text, **cost)
-
     async def open(self) -> StepResult | None:
         if not self.simulated:
             self.transcript.user(self.task.question)
             return None
-        opening = await self._hear()
+        opening = await hear(self.user, self.scenario, self.transcript, self.seed)
         if opening.user_message is None:
             raise RuntimeError("the simulated user ended the conversation before saying anything")
         return opening
 
     async def reply(self, text: str) -> StepResult:
         self.transcript.assistant(text)
-        return await self._hear()
+        return await hear(self.user, self.scenario, self.transcript, self.seed)
 
 
 @register_env("support")
