@@ -125,3 +125,19 @@ def test_a_reward_reads_the_value_a_tool_returned_in_an_environment_without_tool
     (traj,) = rollout.run(env.tasks("test"))
     assert traj.rewards["booked"] == 1.0
     assert json.loads(traj.results[0].content)["booking"]["passengers"] == ["Ada"]
+
+
+def test_hostile_tool_values_become_text_not_a_crash():
+    from toolrl.text import from_text, to_text
+
+    deep, long_number = "[" * 100_000 + "]" * 100_000, "7" * 5000  # past the recursion and digit limits
+    assert from_text(deep) == deep and from_text(long_number) == long_number  # kept as the text it was
+    loop: dict = {"name": "me"}
+    loop["self"] = loop  # a value that holds itself
+    assert to_text(loop).startswith("{'name': 'me'")  # its str(), not an exception
+
+    class Opaque:
+        def __str__(self):
+            return "opaque thing"
+
+    assert json.loads(to_text({"thing": Opaque(), "when": {1, 2}})) == {"thing": "opaque thing", "when": [1, 2]}
