@@ -1,10 +1,16 @@
-"""Benchmark: an environment built by `toolrl env build --source synthetic --seed 0 --all` (no model, no network)
-and the default model on it, per scenario, before and after `--steps` GRPO steps of recipes/built.yaml.
+"""Benchmark: the environment builder at the size of a real multi-hop set (`--scaling`), and the default model
+on an environment built by `toolrl env build --source synthetic --seed 0 --all` (no model, no network), per
+scenario, before and after `--steps` GRPO steps of recipes/built.yaml.
 
 Measures, for each scenario (single_hop, parallel_single_hop, multi_hop, parallel_multi_hop), `success` and
 `solve_f1` on the whole test split, greedy and sampled (temperature 1), before and after training; the build's
 `tools_validated` / `tools_dropped`; the reference engine's success (1.0 when tasks and scoring are sound).
 Prints a table and writes bench/results/env_builder.json.
+
+`--scaling`: `source: decompositions` over 40/80/160/310 questions of the hand-made multi-hop set
+(tests/harness/multihop.py: chains, comparisons, fan-outs; one relation named several ways by its annotators),
+each size in a fresh process: seconds per stage, peak memory, tools, merge precision and recall against the
+set's truth, tasks dropped; the growth exponent of the build's time. Writes bench/results/env_builder_scaling.json.
 """
 
 from __future__ import annotations
@@ -47,12 +53,97 @@ def reference_success(bench: Workbench) -> float:
     return summarize(rollout.run(tasks), "correct")["success"]
 
 
+def one_size(size: int, work: Path, argument: str | None = None) -> dict:
+    """Build the first `size` questions of the hand-made set (this process: its peak memory is the build's)."""
+    import json
+    import resource
+    import shutil
+
+    from tests.harness import multihop
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    path = work / "decompositions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in multihop.questions(size, argument=argument)))
+    started = time.perf_counter()
+    spec = load_spec(None, {"source": "decompositions", "tasks": {"path": str(path)}})
+    manifest = build(spec, Workspace(work / "env"))
+    seconds = time.perf_counter() - started
+    tools = [json.loads(line) for line in (work / "env" / "3_tools.jsonl").read_text().splitlines()]
+    stages = ("decompose", "documents", "integrate", "scale", "deploy")
+    return {
+        "questions": size,
+        "subproblems": manifest["documents"]["documents"],
+        "seconds": round(seconds, 2),
+        "stage_seconds": {name: manifest[name]["seconds"] for name in stages},
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "tools": manifest["integrate"]["tools"],
+        "tools_deployed": manifest["deploy"]["tools_validated"],
+        "by_scenario": manifest["decompose"]["by_scenario"],
+        "tasks_dropped": manifest["scale"]["tasks_dropped"] + manifest["deploy"]["tasks_dropped"],
+        **multihop.merge_quality(tools),
+    }
+
+
+WORKLOADS = {"entity names": None, "one argument name": "entity"}
+"""How the calls' arguments are named: by their entity (person, film), or all alike (a set wrapped with one name:
+every document in one signature, the case where integration has the most pairs to weigh)."""
+
+
+def scaling(sizes: list[int], out: str, work: Path) -> None:
+    results = {name: workload(sizes, work, argument) for name, argument in WORKLOADS.items()}
+    write_results(out, {"machine": machine(), "workload": "tests/harness/multihop.py, source decompositions, "
+                        "default spec", **results})  # fmt: skip
+
+
+def workload(sizes: list[int], work: Path, argument: str | None) -> dict:
+    import json
+    import math
+    import subprocess
+    import sys
+
+    rows = []
+    print(f"arguments named: {argument or 'by entity'}")
+    for size in sizes:
+        command = [sys.executable, __file__, "--one", str(size), "--work", str(work / f"scaling-{size}")]
+        command += ["--argument", argument] if argument else []
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        row = rows[-1]
+        print(f"{size} questions: {row['seconds']} s, {row['tools']} tools, precision {row['merge_precision']}, "
+              f"recall {row['merge_recall']}", flush=True)  # fmt: skip
+    head = f"{'questions':>9}{'subprobs':>9}{'total s':>9}{'integr. s':>10}{'peak MiB':>9}{'tools':>7}"
+    print(head + f"{'precision':>10}{'recall':>8}{'dropped':>8}")
+    for r in rows:
+        print(f"{r['questions']:>9}{r['subproblems']:>9}{r['seconds']:>9.1f}{r['stage_seconds']['integrate']:>10.1f}"
+              f"{r['peak_rss_mib']:>9}{r['tools']:>7}{r['merge_precision']:>10.3f}{r['merge_recall']:>8.3f}"
+              f"{r['tasks_dropped']:>8}")  # fmt: skip
+    first, last = rows[0], rows[-1]
+    growth = math.log(last["seconds"] / first["seconds"]) / math.log(last["questions"] / first["questions"])
+    print(f"time grows as questions^{growth:.2f} from {first['questions']} to {last['questions']} questions")
+    return {"sizes": rows, "growth_exponent": round(growth, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--out", default="bench/results/env_builder.json")
+    parser.add_argument("--out", default=None)
     parser.add_argument("--work", default="runs/bench-built")
+    parser.add_argument("--scaling", action="store_true", help="the build's time and merges at 40-310 questions")
+    parser.add_argument("--sizes", default="40,80,160,310,1240")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--argument", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        import json
+
+        print(json.dumps(one_size(args.one, Path(args.work), args.argument)))
+        return
+    if args.scaling:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        scaling(sizes, args.out or "bench/results/env_builder_scaling.json", Path(args.work))
+        return
+    args.out = args.out or "bench/results/env_builder.json"
     work = Path(args.work)
     started = time.perf_counter()
     manifest = build(load_spec(None, {"source": "synthetic", "seed": 0}), Workspace(work / "env"))

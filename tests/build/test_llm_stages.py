@@ -218,3 +218,31 @@ def test_a_model_that_cannot_follow_the_prompts_stops_the_stage_in_seconds(tmp_p
         run_stage(default, Workspace(tmp_path / "default"), "decompose")
     log = tmp_path / "default" / "llm" / "decompose.jsonl"
     assert not log.exists() or not log.read_text()  # refused before any model loads or anything is asked
+
+
+def test_a_decomposition_longer_than_the_limit_is_asked_again_then_rejected_with_the_option_named(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    questions = ["Which countries are Pell and Ost in?", "Which country is Wey in?"]
+    tasks.write_text("".join(json.dumps({"question": q, "answer": ["Albar", "Belm"][: 2 - i]}) + "\n"
+                             for i, q in enumerate(questions)))  # fmt: skip
+    prompts = []
+
+    def model(prompt):
+        prompts.append(prompt)
+        question = next(q for q in CHAINS if f"Task: {q}" in prompt)
+        return json.dumps({"subproblems": CHAINS[question]})
+
+    llm = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "retries": 1}
+    source = {"path": str(tasks), "max_subproblems": 1}
+    spec = load_spec(None, {"source": "tasks", "tasks": source, "llm": llm})
+    report = run_stage(spec, Workspace(tmp_path / "out"), "decompose", ask=model)
+    assert report["tasks"] == 1 and report["rejected"] == 1 and "Use at most 1 sub-problems" in prompts[0]
+    assert "2 sub-problems, more than tasks.max_subproblems (1)" in report["llm"]["errors"][0]
+    assert "Its final answer: Albar, Belm" in prompts[0]  # a list answer, as the model is told it
+
+    spec = load_spec(None, {"source": "tasks", "tasks": {**source, "max_subproblems": 8}, "llm": llm})
+    ws = Workspace(tmp_path / "more")
+    assert run_stage(spec, ws, "decompose", ask=model)["tasks"] == 2
+    built = {t.question: t for t in ws.read_rows("1_scenarios.jsonl", BuiltTask, "decompose")}
+    assert built[questions[0]].answers == ["Albar", "Belm"]  # two sinks, two answers the reply must hold
+    assert built[questions[1]].answers == ["Albar"]  # the task's own answer, not its sub-problem's (Belm)

@@ -184,3 +184,27 @@ def test_in_context_examples_show_the_tasks_tool_on_another_entity(built_dir):
     generic = built_env(built_dir, "env.options.examples=generic")
     task = generic.tasks("test")[0]
     assert task.meta["subproblems"][0]["name"] not in json.dumps(generic.messages(task)[:-1])
+
+
+def test_a_real_shaped_multi_hop_set_is_solved_by_its_reference_and_by_nothing_else(tmp_path, chat):
+    """Decompositions as published sets give them: comparisons whose answer is neither sub-problem's, fan-outs
+    over a list answer (several sinks, every answer required), chains of up to four hops."""
+    from tests.harness import multihop
+
+    rows = multihop.questions(80)
+    path = tmp_path / "decompositions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = build(load_spec(None, {"source": "decompositions", "tasks": {"path": str(path)}}), Workspace(tmp_path))
+    assert manifest["deploy"]["tasks"] == 80
+    env = built_env(tmp_path)
+    tasks = env.tasks("train") + env.tasks("test")
+    by_id = {t.id: t for t in tasks}
+    compared = [r for r in rows if "answer" in r]
+    fans = [r for r in rows if r["subproblems"][0]["kind"] == "band.members"]
+    assert compared and fans
+    assert by_id[compared[0]["id"]].meta["answers"] == [compared[0]["answer"]]
+    assert len(by_id[fans[0]["id"]].meta["answers"]) == len(fans[0]["subproblems"]) - 1
+    trajs = play(env, chat, tasks)
+    assert summarize(trajs, "correct")["success"] == 1.0
+    assert breakdown(trajs, "correct")["solve"]["f1"] == 1.0
+    assert summarize(play(env, chat, tasks, idle=True), "correct")["success"] == 0.0

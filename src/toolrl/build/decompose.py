@@ -28,7 +28,6 @@ DECOMPOSE_SCHEMA = {
         "subproblems": {
             "type": "array",
             "minItems": 1,
-            "maxItems": 8,
             "items": {
                 "type": "object",
                 "required": ["id", "question", "kind", "arguments", "answer"],
@@ -37,7 +36,7 @@ DECOMPOSE_SCHEMA = {
                     "question": {"type": "string", "minLength": 1},
                     "kind": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9_. ]*$"},
                     "arguments": {"type": "object", "minProperties": 1},
-                    "answer": {"type": ["string", "number"]},
+                    "answer": {"type": ["string", "number", "array"], "items": {"type": ["string", "number"]}},
                     "depends_on": {"type": "array", "items": {"type": "string"}},
                 },
             },
@@ -48,7 +47,8 @@ DECOMPOSE_SCHEMA = {
 DECOMPOSE_PROMPT = """Decompose the task below into sub-problems, each answered by one call of a tool.
 A sub-problem that needs the answer of an earlier one lists that one's id in depends_on and uses that answer
 as an argument. Give each sub-problem: id, question, kind (the function it needs, such as country.capital),
-arguments (the call's arguments, a JSON object), answer (the call's result), depends_on.
+arguments (the call's arguments, a JSON object), answer (the call's result; a list when it is several values),
+depends_on. Use at most {limit} sub-problems.
 Reply with only a JSON object: {{"subproblems": [...]}}.
 
 Task: {question}
@@ -92,11 +92,6 @@ def _split(question: str, spec: BuildSpec) -> str:
     return "test" if digest < share else "train"
 
 
-_LISTED = {k: v for k, v in DECOMPOSE_SCHEMA["properties"]["subproblems"].items() if k != "maxItems"}
-GIVEN_SCHEMA = {**DECOMPOSE_SCHEMA, "properties": {"subproblems": _LISTED}}
-"""A given decomposition's shape: the LLM's, without its limit of 8 sub-problems (a prompt's, not the data's)."""
-
-
 def _records(spec: BuildSpec):
     """(row number, record, question) of the tasks file (tasks.path), with one-line errors."""
     from toolrl.files import read_jsonl
@@ -112,22 +107,37 @@ def _records(spec: BuildSpec):
         yield path, number, record, question
 
 
+def _text(answer: Any) -> str:
+    """A sub-problem's answer as its tool returns it: a list of values is one text, comma-separated."""
+    return ", ".join(str(a) for a in answer) if isinstance(answer, list) else str(answer)
+
+
 def _subproblems(items: list[dict[str, Any]]) -> list[SubProblem]:
-    subs = [SubProblem.model_validate({**s, "answer": str(s["answer"])}) for s in items]
+    subs = [SubProblem.model_validate({**s, "answer": _text(s["answer"])}) for s in items]
     check_graph(subs)
     return subs
 
 
-def _task(spec: BuildSpec, number: int, record: dict[str, Any], question: str, subs: list[SubProblem]) -> BuiltTask:
+def final_answers(record: dict[str, Any], subs: list[SubProblem]) -> list[str]:
+    """What the reply must contain: the task's own `answer` when given (a list: every value of it; the answer of a
+    comparison is none of its sub-problems' answers), else the answer of each sub-problem nothing depends on."""
+    given = record.get("answer")
+    if isinstance(given, list) and given:
+        return [str(a) for a in given]
+    if given is not None and str(given).strip():
+        return [str(given)]
     needed = {d for s in subs for d in s.depends_on}
-    answers = [s.answer for s in subs if s.id not in needed]
+    return [s.answer for s in subs if s.id not in needed]
+
+
+def _task(spec: BuildSpec, number: int, record: dict[str, Any], question: str, subs: list[SubProblem]) -> BuiltTask:
     split = record.get("split") if record.get("split") in ("train", "test") else _split(question, spec)
     return BuiltTask(
         id=str(record.get("id") or f"task-{number}"),
         split=split,
         scenario=scenario_of(subs),
         question=question,
-        answers=[str(record["answer"])] if record.get("answer") and len(answers) == 1 else answers,
+        answers=final_answers(record, subs),
         subproblems=subs,
     )
 
@@ -142,15 +152,21 @@ def _facts(tasks: list[BuiltTask]) -> dict[str, list[FactRow]]:
 
 def _from_llm(spec: BuildSpec, ws: Workspace, llm) -> tuple[list[BuiltTask], dict[str, list[FactRow]], dict]:
     tasks, rejected = [], 0
+    assert spec.tasks is not None
+    limit = spec.tasks.max_subproblems
+
+    def valid(value: dict[str, Any]) -> None:
+        if len(value["subproblems"]) > limit:
+            raise ValueError(
+                f"{len(value['subproblems'])} sub-problems, more than tasks.max_subproblems ({limit}): "
+                "decompose into fewer, or raise tasks.max_subproblems in the spec"
+            )
+        _subproblems(value["subproblems"])
+
     for _, number, record, question in _records(spec):
-        hint = f"Its final answer: {record['answer']}" if record.get("answer") else ""
-
-        def valid(value: dict[str, Any]) -> None:
-            _subproblems(value["subproblems"])
-
-        value = llm.ask_json(
-            f"row {number}", DECOMPOSE_PROMPT.format(question=question, answer=hint), DECOMPOSE_SCHEMA, valid
-        )
+        hint = f"Its final answer: {_text(record['answer'])}" if record.get("answer") not in (None, "", []) else ""
+        prompt = DECOMPOSE_PROMPT.format(question=question, answer=hint, limit=limit)
+        value = llm.ask_json(f"row {number}", prompt, DECOMPOSE_SCHEMA, valid)
         if value is None:
             rejected += 1
             continue
@@ -166,7 +182,7 @@ def _from_decompositions(spec: BuildSpec) -> tuple[list[BuiltTask], dict[str, li
     for path, number, record, question in _records(spec):
         where = f"{path}: row {number}"
         try:
-            jsonschema.validate({"subproblems": record.get("subproblems")}, GIVEN_SCHEMA)
+            jsonschema.validate({"subproblems": record.get("subproblems")}, DECOMPOSE_SCHEMA)
             subs = _subproblems(record["subproblems"])
         except jsonschema.ValidationError as exc:
             at = "/".join(str(p) for p in exc.absolute_path) or "subproblems"

@@ -139,24 +139,31 @@ def _probes(tool: ScaledTool) -> list[dict[str, Any]]:
     return probes
 
 
-def validate(tool: ScaledTool, source: str, cases: list[tuple[dict, str]], limits: SandboxLimits) -> str | None:
-    """None when the tool answers every case right and rejects the probes; else the reason it fails."""
+def validate(
+    tool: ScaledTool, source: str, cases: list[tuple[dict, str]], limits: SandboxLimits
+) -> tuple[str | None, dict[int, str]]:
+    """(Why the tool fails as a whole, or None; per case it answers wrong, its index and why). A tool fails as a
+    whole when its code does not run, it accepts a probe, or it answers no case right; one fact wrong (a functional
+    tool with hundreds of fields, two rows whose names differ only in case) costs only the tasks that need it."""
     probes = _probes(tool)
     calls = [c["arguments"] for c, _ in cases] + probes
     try:
         results = run_calls(source, tool.doc.name, calls, limits)
     except ValueError as exc:
-        return str(exc)
-    for (call, answer), result in zip(cases, results, strict=False):
-        want = expected_answer(tool, call, answer)
-        if "ok" not in result:
-            return clip(f"{call['arguments']} raised {result.get('error')!r}; expected {want!r}", 300)
-        if _norm(result["ok"]) != _norm(want):
-            return clip(f"{call['arguments']} gave {result['ok']!r}; expected {want!r}", 300)
+        return str(exc), {}
     for probe, result in zip(probes, results[len(cases) :], strict=True):
         if "error" not in result:
-            return clip(f"{probe} should be an error but gave {result.get('ok')!r}", 300)
-    return None
+            return clip(f"{probe} should be an error but gave {result.get('ok')!r}", 300), {}
+    wrong: dict[int, str] = {}
+    for i, ((call, answer), result) in enumerate(zip(cases, results, strict=False)):
+        want = expected_answer(tool, call, answer)
+        if "ok" not in result:
+            wrong[i] = clip(f"{call['arguments']} raised {result.get('error')!r}; expected {want!r}", 300)
+        elif _norm(result["ok"]) != _norm(want):
+            wrong[i] = clip(f"{call['arguments']} gave {result['ok']!r}; expected {want!r}", 300)
+    if cases and len(wrong) == len(cases):
+        return f"no call answered right, such as: {wrong[0]}", {}
+    return None, wrong
 
 
 def llm_source(tool: ScaledTool, cases: list[tuple[dict, str]], llm) -> str | None:
@@ -170,6 +177,10 @@ def llm_source(tool: ScaledTool, cases: list[tuple[dict, str]], llm) -> str | No
     return llm.ask_json(tool.doc.name, prompt, {}, defines, raw=True)
 
 
+def _case_key(call: dict[str, Any], answer: str) -> str:
+    return json.dumps([call, _norm(answer)], sort_keys=True, ensure_ascii=False)
+
+
 def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
     tools = ws.read_rows(SCALED_TOOLS_FILE, ScaledTool, "scale")
     tasks = ws.read_rows(TASKS_FILE, BuiltTask, "scale")
@@ -177,9 +188,12 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
     limits = SandboxLimits(timeout_s=20.0, max_output_chars=10_000_000, isolation=spec.deploy.isolation)
     Sandbox(limits).close()  # the sandbox is usable here, or one line saying why not, before any work
     cases: dict[str, list[tuple[dict, str]]] = {t.doc.name: [] for t in tools}
+    case_of: dict[str, int] = {}  # a call and its answer -> its index in its tool's cases
     for task in tasks:
         for sub, call in zip(task.subproblems, task.calls, strict=True):
-            if call not in [c for c, _ in cases[call["name"]]]:
+            key = _case_key(call, sub.answer)
+            if key not in case_of:
+                case_of[key] = len(cases[call["name"]])
                 cases[call["name"]].append((call, sub.answer))
     llm = llm_for("deploy") if spec.deploy.method == "llm" else None
     out = ws.path(DEPLOY_DIR)
@@ -189,14 +203,14 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
         old.unlink()
     (out / "runtime.py").write_text(RUNTIME.read_text(encoding="utf-8"), encoding="utf-8")
 
-    def deploy_one(tool: ScaledTool) -> tuple[ScaledTool, str | None, str | None]:
+    def deploy_one(tool: ScaledTool) -> tuple[ScaledTool, str | None, str | None, dict[int, str]]:
         name = tool.doc.name
         if not name.isidentifier() or keyword.iskeyword(name):
-            return tool, None, f"{name!r} is not a Python function name"
+            return tool, None, f"{name!r} is not a Python function name", {}
         source = template_source(tool, facts) if llm is None else llm_source(tool, cases[name], llm)
         if source is None:
-            return tool, None, "the model wrote no acceptable code (see llm/deploy.jsonl)"
-        return tool, source, validate(tool, source, cases[name], limits)
+            return tool, None, "the model wrote no acceptable code (see llm/deploy.jsonl)", {}
+        return tool, source, *validate(tool, source, cases[name], limits)
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -205,7 +219,11 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
         if llm is not None:
             llm.close()
     deployed, dropped = [], []
-    for tool, source, reason in outcomes:
+    wrong: dict[str, str] = {}  # case key -> why the deployed tool does not answer it
+    for tool, source, reason, failed in outcomes:
+        for i, why in failed.items():
+            call, answer = cases[tool.doc.name][i]
+            wrong[_case_key(call, answer)] = why
         if reason is not None:
             dropped.append({"tool": tool.doc.name, "reason": reason})
             log.warning("deploy: dropped %s: %s", tool.doc.name, reason)
@@ -214,18 +232,25 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
         (out / file).write_text(source or "", encoding="utf-8")
         deployed.append(Deployed(name=tool.doc.name, file=file, doc=tool.doc))
     names = {d.name for d in deployed}
-    kept = [t for t in tasks if all(c["name"] in names for c in t.calls)]
     why = {d["tool"]: d["reason"] for d in dropped}
-    for task in tasks:  # every task lost is named with the tool it needed and why that tool was dropped
+    kept = []
+    for task in tasks:  # every task lost is named with the tool or the call it needed and why that failed
+        pairs = list(zip(task.subproblems, task.calls, strict=True))
         lost = next((c["name"] for c in task.calls if c["name"] not in names), None)
+        bad = next((wrong[k] for s, c in pairs if (k := _case_key(c, s.answer)) in wrong), None)
         if lost is not None:
             dropped.append({"task": task.id, "reason": f"needs tool {lost}, dropped: {clip(why.get(lost, '?'), 160)}"})
+        elif bad is not None:
+            dropped.append({"task": task.id, "reason": f"a call it needs is answered wrong: {clip(bad, 200)}"})
+        else:
+            kept.append(task)
     kept = [t.model_copy(update={"tools": [n for n in t.tools if n in names]}) for t in kept]
     ws.write_rows(f"{DEPLOY_DIR}/tools.jsonl", deployed)
     ws.write_rows(f"{DEPLOY_DIR}/tasks.jsonl", kept)
     report = {
         "tools_validated": len(deployed),
         "tools_dropped": sum("tool" in d for d in dropped),
+        "calls_answered_wrong": len(wrong),
         "dropped": dropped,
         "tasks": len(kept),
         "tasks_dropped": len(tasks) - len(kept),

@@ -67,11 +67,14 @@ def _json_type(value: Any) -> str:
 
 
 def programmatic_doc(sub: SubProblem, rng: random.Random, answers_numeric: bool) -> ToolDoc:
-    entity, _, column = sub.kind.partition(".")
-    words = {"e": _identifier(entity), "c": _identifier(column or sub.kind)}
-    text = {"e": entity.replace("_", " "), "c": (column or sub.kind).replace("_", " ")}
+    entity, dot, column = sub.kind.partition(".")
+    if not dot:  # a kind named without its entity ("population"): the entity is what the call names
+        entity, column = next(iter(sub.arguments), "item"), sub.kind
+    words = {"e": _identifier(entity), "c": _identifier(column)}
+    text = {"e": entity.replace("_", " "), "c": column.replace("_", " ")}
+    single = len(sub.arguments) == 1  # the entity the kind is about, whatever the argument is called
     properties = {
-        name: {"type": _json_type(value), "description": f"The name of the {name.replace('_', ' ')}."}
+        name: {"type": _json_type(value), "description": f"The name of the {text['e'] if single else name}."}
         for name, value in sub.arguments.items()
     }
     return ToolDoc(

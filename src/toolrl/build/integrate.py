@@ -1,11 +1,20 @@
-"""Stage c, function integration: documents whose functions overlap merge into one tool, n -> m <= n.
+"""Stage c, function integration: documents that describe the same function merge into one tool, n -> m <= n.
 
-The rule: two groups of documents merge when their parameters are the same (names and types), their texts
-are similar (average cosine similarity of all-MiniLM-L6-v2 embeddings of name and description, at least
-`integrate.threshold`; or, with `method: name`, the overlap of the names' words), and their functions never
-disagree (no arguments answered differently by the kinds they serve). The most similar pair merges first.
+Two documents are the same function when all of these hold:
 
-Writes `3_tools.jsonl` (MergedTool rows) and `3_mapping.jsonl` (each sub-problem's tool).
+1. **The same input**: the same parameters (names and JSON types).
+2. **The same output type**: what the answers of the facts they serve look like (a year, a month, a date, a
+   number, yes/no or text; `value_type`), or, without facts, the document's `returns`.
+3. **The same meaning**: what the function gives, in words (`phrase`: its name less verbs such as get/find/lookup
+   and less what its parameters are; "lookup_year_of_birth_of_person" gives "year of birth"), at least
+   `integrate.threshold` similar: the cosine of all-MiniLM-L6-v2 embeddings (`method: embedding`), or of the
+   phrases' sets of words (`method: name`, no model). Groups merge by average linkage, most similar pair first.
+4. **Facts that never disagree**: no arguments that the kinds they serve answer differently.
+
+"birth year" and "year of birth" merge; "month of birth" (a month) and "year of birth" (a year) do not; nor
+do "birth year" and "death year" (0.64 apart in meaning, under the default 0.8). A document's phrase is embedded
+once and the grouping works on vectors (a sum per group), so the stage grows with the number of documents, not
+with its cube. Writes `3_tools.jsonl` (MergedTool rows) and `3_mapping.jsonl` (each sub-problem's tool).
 """
 
 from __future__ import annotations
@@ -13,7 +22,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
+from itertools import combinations
 from typing import Any
+
+import numpy as np
 
 from toolrl.build.artifacts import DocRow, FactRow, MergedTool, ToolDoc, Workspace
 from toolrl.build.decompose import read_facts
@@ -21,7 +34,63 @@ from toolrl.build.documents import DOCUMENTS_FILE
 
 TOOLS_FILE = "3_tools.jsonl"
 MAPPING_FILE = "3_mapping.jsonl"
-_FILLER = {"get", "find", "lookup", "of", "the", "a", "for", "by"}
+VERBS = {"get", "find", "lookup", "look", "up", "fetch", "retrieve", "query", "search", "return", "returns",
+         "gives", "give", "compute", "calculate", "resolve", "read", "list", "tool", "api"}  # fmt: skip
+CONNECTORS = {"of", "for", "by", "the", "a", "an", "given", "from", "to", "with", "in", "on", "its", "s"}
+GENERIC = {"info", "information", "data", "details", "detail", "value", "result", "record", "entry"}
+MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+          "november", "december", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov",
+          "dec"]  # fmt: skip
+_MONTH = "(" + "|".join(MONTHS) + r")\.?"
+VALUE_TYPES: dict[str, re.Pattern[str]] = {
+    "boolean": re.compile(r"yes|no|true|false"),
+    "year": re.compile(r"(1\d|20)\d\d"),
+    "month": re.compile(_MONTH),
+    "date": re.compile(rf"\d{{4}}-\d\d-\d\d|\d{{1,2}} {_MONTH},? \d{{3,4}}|{_MONTH} \d{{1,2}},? \d{{3,4}}"),
+    "number": re.compile(r"[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?( ?[a-z%]{1,12})?"),
+}
+"""What an answer looks like, tried in this order (a year is also a number: the first that fits)."""
+TYPE_SHARE = 0.8
+"""A kind's answers have a value type when at least this share of them fits it (real data has a few odd ones)."""
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z0-9]+", text.lower()) if w]
+
+
+def _strip(words: list[str]) -> list[str]:
+    while words and words[0] in CONNECTORS:
+        words = words[1:]
+    while words and words[-1] in CONNECTORS:
+        words = words[:-1]
+    return words
+
+
+def phrase(doc: ToolDoc) -> str:
+    """What the function gives, in words: its name less verbs and the words of its parameters' names and
+    descriptions (they say what goes in, not what comes out: "get_person_mother" taking "the name of the person"
+    gives "mother"); the description's words the same way when the name says nothing more specific ("get_info")."""
+    properties = doc.parameters.get("properties", {})
+    inputs = {w for name, p in properties.items() for w in _words(f"{name} {p.get('description', '')}")}
+
+    def meaning(text: str) -> list[str]:
+        return _strip([w for w in _words(text) if w not in VERBS and w not in inputs])
+
+    words = meaning(doc.name.replace("_", " "))
+    if not set(words) - CONNECTORS - GENERIC:
+        words = meaning(doc.description) or words
+    return " ".join(words) or doc.name
+
+
+def value_type(answers: Sequence[str], declared: str = "string") -> str:
+    """The type of a function's output read off its answers (or its `returns` when it has none)."""
+    if not answers:
+        return "number" if declared in ("number", "integer") else "boolean" if declared == "boolean" else "text"
+    texts = [a.strip().lower() for a in answers]
+    for name, pattern in VALUE_TYPES.items():
+        if sum(1 for t in texts if pattern.fullmatch(t)) >= TYPE_SHARE * len(texts):
+            return name
+    return "text"
 
 
 def _signature(doc: ToolDoc) -> str:
@@ -29,67 +98,136 @@ def _signature(doc: ToolDoc) -> str:
     return json.dumps(sorted((name, str(p.get("type"))) for name, p in properties.items()))
 
 
-def _text(doc: ToolDoc) -> str:
-    return f"{doc.name.replace('_', ' ')}: {doc.description}"
-
-
-def _words(doc: ToolDoc) -> set[str]:
-    return set(re.split(r"[^a-z0-9]+", doc.name.lower())) - _FILLER - {""}
-
-
-def similarity_matrix(docs: list[ToolDoc], method: str) -> list[list[float]]:
-    if method == "embedding":
-        from toolrl.envs.search.retriever import Embedder
-
-        vectors = Embedder().encode([_text(d) for d in docs])
-        return (vectors @ vectors.T).tolist()
-    words = [_words(d) for d in docs]
-    return [[len(a & b) / max(len(a | b), 1) for b in words] for a in words]
-
-
 def _key(arguments: dict[str, Any]) -> str:
     return json.dumps({k: str(v).strip().lower() for k, v in arguments.items()}, sort_keys=True)
 
 
-def consistent(kinds: set[str], facts: dict[str, list[FactRow]]) -> bool:
-    """No arguments that the kinds answer differently."""
-    seen: dict[str, str] = {}
-    for kind in kinds:
-        for row in facts.get(kind, []):
-            key, answer = _key(row.arguments), row.answer.strip().lower()
-            if seen.setdefault(key, answer) != answer:
-                return False
-    return True
+def conflicts(facts: dict[str, list[FactRow]]) -> set[frozenset[str]]:
+    """Pairs of kinds that answer some arguments differently (one pass over the facts)."""
+    answers: dict[str, dict[str, set[str]]] = {}
+    for kind, rows in facts.items():
+        for row in rows:
+            answers.setdefault(_key(row.arguments), {}).setdefault(row.answer.strip().lower(), set()).add(kind)
+    pairs: set[frozenset[str]] = set()
+    for by_answer in answers.values():
+        if len(by_answer) > 1:
+            for a, b in combinations(by_answer.values(), 2):
+                pairs |= {frozenset((x, y)) for x in a for y in b if x != y}
+    return pairs
+
+
+_SUFFIX = re.compile(r"(?<=...)(ers|er|ors|or|ed|ing|es|e|s)$")
+
+
+def _stem(word: str) -> str:
+    return _SUFFIX.sub("", word)
+
+
+def lexical_key(text: str) -> tuple[frozenset[str], str]:
+    """What two phrases share when they are one wording apart: their words' stems as a set (`year of birth`,
+    `birth year`; `directed by`, `director`) and the words run together (`birth place`, `birthplace`)."""
+    words = [w for w in _words(text) if w not in CONNECTORS]
+    return frozenset(_stem(w) for w in words), "".join(words)
+
+
+def same_wording(phrases: list[str]) -> list[int]:
+    """For each phrase, the first phrase with the same lexical key (either part): its representative."""
+    first: dict[Any, int] = {}
+    out = []
+    for i, text in enumerate(phrases):
+        stems, joined = lexical_key(text)
+        rep = first.get(stems, first.get(joined, i))
+        first.setdefault(stems, rep)
+        first.setdefault(joined, rep)
+        out.append(rep)
+    return out
+
+
+def vectors(phrases: list[str], method: str) -> np.ndarray:
+    """One unit vector per phrase: its embedding, or its set of words (one-hot over the words seen); phrases one
+    wording apart (`same_wording`) get the same vector (the embedding model is weak on word forms)."""
+    reps = same_wording(phrases)
+    if method == "embedding":
+        from toolrl.envs.search.retriever import Embedder
+
+        distinct = sorted(set(reps))
+        encoded = Embedder().encode([phrases[i] for i in distinct]).numpy().astype(np.float64)
+        row = {rep: k for k, rep in enumerate(distinct)}
+        return encoded[[row[r] for r in reps]]
+    phrases = [phrases[r] for r in reps]
+    vocabulary: dict[str, int] = {}
+    sets = [set(_words(p)) - CONNECTORS for p in phrases]
+    for words in sets:
+        for w in sorted(words):
+            vocabulary.setdefault(w, len(vocabulary))
+    matrix = np.zeros((len(phrases), max(len(vocabulary), 1)))
+    for i, words in enumerate(sets):
+        matrix[i, [vocabulary[w] for w in words]] = 1.0
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
+def average_linkage(vecs: np.ndarray, forbidden: np.ndarray, threshold: float) -> list[list[int]]:
+    """Groups of rows of `vecs` (unit vectors): the most similar pair of groups merges while its average pairwise
+    cosine is >= threshold and `forbidden` (a symmetric boolean matrix, carried to the merged group) allows it.
+    The average of pairwise cosines is the dot product of the groups' sums over the product of their sizes."""
+    n = len(vecs)
+    sums, sizes = vecs.copy(), np.ones(n)
+    blocked = forbidden.copy()
+    alive = np.ones(n, dtype=bool)
+    sim = sums @ sums.T
+    np.fill_diagonal(sim, -np.inf)
+    sim[blocked] = -np.inf
+    members = [[i] for i in range(n)]
+    while n > 1:
+        flat = int(np.argmax(sim))
+        a, b = divmod(flat, len(vecs))
+        if sim[a, b] < threshold:
+            break
+        a, b = min(a, b), max(a, b)
+        sums[a] += sums[b]
+        sizes[a] += sizes[b]
+        members[a] += members[b]
+        blocked[a] |= blocked[b]
+        blocked[:, a] = blocked[a]
+        alive[b] = False
+        row = (sums @ sums[a]) / (sizes * sizes[a])
+        row[~alive] = -np.inf
+        row[blocked[a]] = -np.inf
+        row[a] = -np.inf
+        sim[a], sim[:, a] = row, row
+        sim[b], sim[:, b] = -np.inf, -np.inf
+        n -= 1
+    return [members[i] for i in range(len(vecs)) if alive[i]]
 
 
 def cluster(
     docs: list[ToolDoc], kinds: list[set[str]], facts: dict[str, list[FactRow]], method: str, threshold: float
 ) -> list[list[int]]:
-    """Average-linkage merging of documents of the same signature, most similar pair first; returns groups of
-    indices into `docs`."""
-    groups: dict[str, list[int]] = {}
+    """Groups of indices into `docs` that are one function each (the module's rules)."""
+    types = {kind: value_type([r.answer for r in rows]) for kind, rows in facts.items()}
+    blocks: dict[tuple[str, str], list[int]] = {}
     for i, doc in enumerate(docs):
-        groups.setdefault(_signature(doc), []).append(i)
+        declared = value_type([], doc.returns)
+        served = sorted({types.get(k) or declared for k in kinds[i]}) or [declared]
+        blocks.setdefault((_signature(doc), "|".join(served)), []).append(i)
+    phrases = [phrase(d) for d in docs]
+    distinct = sorted(set(phrases))
+    table = vectors(distinct, method)
+    row_of = {p: i for i, p in enumerate(distinct)}
+    clashes = conflicts(facts)
     result: list[list[int]] = []
-    for members in groups.values():
-        sims = similarity_matrix([docs[i] for i in members], method)
-        clusters = [[j] for j in range(len(members))]
-        served = [set(kinds[members[j]]) for j in range(len(members))]
-        while len(clusters) > 1:
-            best, pair = threshold, None
-            for a in range(len(clusters)):
-                for b in range(a + 1, len(clusters)):
-                    mean = sum(sims[x][y] for x in clusters[a] for y in clusters[b]) / (
-                        len(clusters[a]) * len(clusters[b])
-                    )
-                    if mean >= best and consistent(served[a] | served[b], facts):
-                        best, pair = mean, (a, b)
-            if pair is None:
-                break
-            a, b = pair
-            clusters[a] += clusters.pop(b)
-            served[a] |= served.pop(b)
-        result += [[members[j] for j in c] for c in clusters]
+    for members in blocks.values():
+        vecs = table[[row_of[phrases[i]] for i in members]]
+        forbidden = np.zeros((len(members), len(members)), dtype=bool)
+        serving: dict[str, list[int]] = {}
+        for j, i in enumerate(members):
+            for kind in kinds[i]:
+                serving.setdefault(kind, []).append(j)
+        for p, q in (tuple(pair) for pair in clashes):
+            for x in serving.get(p, []):
+                forbidden[x, serving.get(q, [])] = True
+                forbidden[serving.get(q, []), x] = True
+        result += [[members[j] for j in group] for group in average_linkage(vecs, forbidden, threshold)]
     return result
 
 

@@ -35,17 +35,38 @@ class Stage:
     would leave the stage "up to date" after what it reads changed)."""
     writes: str
     """Its main artifact."""
+    uses: Callable[[BuildSpec], Any]
+    """The part of the spec it reads: a change elsewhere leaves it up to date (its inputs' hashes carry a change
+    upstream to it)."""
+
+
+def _generative(spec: BuildSpec) -> Any:
+    return spec.llm.model_dump(mode="json") if spec.source == "tasks" and spec.llm else None
+
+
+def _decompose_uses(spec: BuildSpec) -> Any:
+    keys = ("source", "seed", "train_per_scenario", "test_per_scenario", "scenarios", "synthetic", "tables", "tasks")
+    return [spec.model_dump(mode="json", include=set(keys)), _generative(spec)]
+
+
+def _deploy_uses(spec: BuildSpec) -> Any:
+    model = spec.llm.model_dump(mode="json") if spec.deploy.method == "llm" and spec.llm else None
+    return [spec.deploy.model_dump(mode="json"), spec.scale.noise, model]
 
 
 STAGES: Registry[Stage] = Registry("build stage", "--stage")
 SCENARIOS = decompose.SCENARIOS_FILE
 for _stage in (
-    Stage("decompose", decompose.run, (), decompose.SCENARIOS_FILE),
-    Stage("documents", documents.run, (decompose.SCENARIOS_FILE, decompose.FACTS_FILE), documents.DOCUMENTS_FILE),
-    Stage("integrate", integrate.run, (documents.DOCUMENTS_FILE,), integrate.TOOLS_FILE),
-    Stage("scale", scale.run, (SCENARIOS, integrate.TOOLS_FILE, integrate.MAPPING_FILE), scale.TASKS_FILE),
-    Stage("deploy", deploy.run, (scale.SCALED_TOOLS_FILE, scale.TASKS_FILE, decompose.FACTS_FILE), deploy.MANIFEST),
-):
+    Stage("decompose", decompose.run, (), decompose.SCENARIOS_FILE, _decompose_uses),
+    Stage("documents", documents.run, (decompose.SCENARIOS_FILE, decompose.FACTS_FILE), documents.DOCUMENTS_FILE,
+          lambda spec: [spec.source, spec.seed, _generative(spec)]),
+    Stage("integrate", integrate.run, (documents.DOCUMENTS_FILE,), integrate.TOOLS_FILE,
+          lambda spec: spec.integrate.model_dump(mode="json")),
+    Stage("scale", scale.run, (SCENARIOS, integrate.TOOLS_FILE, integrate.MAPPING_FILE), scale.TASKS_FILE,
+          lambda spec: [spec.seed, spec.scale.model_dump(mode="json")]),
+    Stage("deploy", deploy.run, (scale.SCALED_TOOLS_FILE, scale.TASKS_FILE, decompose.FACTS_FILE), deploy.MANIFEST,
+          _deploy_uses),
+):  # fmt: skip
     STAGES.register(_stage.name)(_stage)
 ORDER = [name for name in STAGES]
 
@@ -61,9 +82,9 @@ def source_files(spec: BuildSpec) -> list[Path]:
 
 
 def _input_hash(spec: BuildSpec, ws: Workspace, stage: Stage) -> str:
-    """The spec, the artifacts the stage reads and, for the first stage, the user's files (an edited table
-    makes the build stale)."""
-    parts: list[Any] = [spec.model_dump(mode="json")]
+    """The part of the spec the stage uses, the artifacts it reads and, for the first stage, the user's files (an
+    edited table makes the build stale)."""
+    parts: list[Any] = [stage.name, stage.uses(spec)]
     parts += [_file_hash(ws.path(name)) for name in stage.reads]
     if not stage.reads:
         parts += [_file_hash(path) for path in source_files(spec)]
@@ -91,7 +112,7 @@ def by_hand(ws: Workspace, stage: Stage, done: dict[str, Any]) -> bool:
     """The stage's artifact is there and this builder did not write it as it is: written or edited by hand (a
     build made before outputs were recorded counts as the builder's)."""
     output = _output_hash(ws, stage)
-    if output is None:
+    if output is None or "running" in done:  # a stage killed after writing its artifact: the builder's, unfinished
         return False
     return not done or done.get("kept") == "by hand" or ("output" in done and done["output"] != output)
 
@@ -120,6 +141,7 @@ def run_stage(spec: BuildSpec, ws: Workspace, name: str, ask=None) -> dict[str, 
     started = time.perf_counter()
     log.info("stage %s: started", name)
     input_hash = _input_hash(spec, ws, stage)
+    ws.record(name, {"running": input_hash})  # until its report replaces this, its artifact is unfinished
     report = stage.run(spec, ws, llm_factory(spec, ws, ask))
     report = {**report, "input": input_hash, "seconds": round(time.perf_counter() - started, 2)}
     report["output"] = _output_hash(ws, stage)

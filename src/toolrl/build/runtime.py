@@ -55,12 +55,15 @@ def _answer(spec, kinds, lookup_key, shown):
 
 
 def _in_unit(spec, answer, unit):
-    """The answer in `unit`: as it is in the table's own unit; else divided, written in full (2725 thousands,
-    2.7255 thousands: never 2.725e+06, which a check of the answer's text fails)."""
+    """The answer in `unit`: as it is in the table's own unit; else divided exactly (decimal) and written in full
+    (2725 thousands, 2.7255 thousands, 100000000000000000 thousands: never 2.725e+06 or 1e+17, which a check of
+    the answer's text fails)."""
     if not spec["unit"] or spec["unit"][unit] == 1.0:
         return answer
-    value = float(answer) / spec["unit"][unit]
-    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else format(value, ".15g")
+    from decimal import Decimal
+
+    value = (Decimal(str(answer)) / Decimal(repr(spec["unit"][unit]))).normalize()
+    return format(value, "f")
 
 
 def call(spec, arguments):

@@ -226,5 +226,5 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
         "multi_turn_tasks": sum(1 for t in out_tasks if t.requests),
         "tasks": len(out_tasks),
         "tasks_dropped": len(dropped),
-        "dropped": dropped[:50],
+        "dropped": dropped,
     }

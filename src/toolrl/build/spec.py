@@ -57,9 +57,13 @@ class LLMSpec(ModelBackend):
 
 
 class TasksSource(Section):
-    """Task texts (JSONL with `question` and, optionally, `answer`) that the LLM decomposes into sub-problems."""
+    """Task texts (JSONL with `question` and, optionally, `answer`: a value or a list of values) that the LLM
+    decomposes into sub-problems; or, with `source: decompositions`, tasks with their sub-problems given."""
 
     path: str
+    max_subproblems: int = Field(8, ge=1)
+    """The most sub-problems a model's decomposition may have: one with more is asked again with this reason,
+    then rejected and counted (the reason in build.json). Given decompositions have no limit."""
 
 
 class IntegrateSpec(Section):

@@ -142,10 +142,17 @@ def env_build(
     if scenarios := manifest.get("decompose", {}).get("by_scenario"):
         counts = ", ".join(f"{name} {count}" for name, count in scenarios.items())
         console.print(f"tasks per scenario: {counts}", soft_wrap=True, highlight=False, markup=False)
-    for name in ORDER:  # every tool and task a stage dropped, with its reason
-        for item in manifest.get(name, {}).get("dropped") or []:
+    for name in ORDER:  # every tool and task a stage dropped, with its reason (the first 20 here)
+        report = manifest.get(name, {})
+        listed = report.get("dropped") or []
+        for item in listed[:20]:
             what = f"tool {item['tool']}" if "tool" in item else f"task {item['task']}"
             console.print(f"{name}: dropped {what}: {item['reason']}", soft_wrap=True, highlight=False, markup=False)
+        more = report.get("tasks_dropped", 0) + report.get("tools_dropped", 0) - min(len(listed), 20)
+        if more > 0:
+            where = out / ("deploy/deploy.json" if name == "deploy" else "build.json")
+            console.print(f"{name}: {more} more dropped, each with its reason, in {where}", soft_wrap=True,
+                          highlight=False, markup=False)  # fmt: skip
     if "deploy" in manifest:
         console.print(f"train on it: toolrl train --set env.name=built --set env.options.path={out}")
 
