@@ -100,16 +100,17 @@ class ChatFormat:
     def observation_ids(self, contents: Sequence[str], model_ended_turn: bool) -> list[int]:
         """Tokens fed after a model turn with tool calls: the end of its turn if it did not emit one, the tool
         messages in the template's tool role, and the header of the next assistant turn."""
-        return self._continuation_ids(self.tool_messages(contents), model_ended_turn)
+        return self.continuation_ids(self.tool_messages(contents), model_ended_turn)
 
     def user_ids(self, content: str, model_ended_turn: bool) -> list[int]:
         """Tokens fed after a model turn the user answers: the end of its turn if it did not emit one, the user
         message in the template's user role, and the header of the next assistant turn."""
-        return self._continuation_ids([{"role": "user", "content": content}], model_ended_turn)
+        return self.continuation_ids([{"role": "user", "content": content}], model_ended_turn)
 
-    def _continuation_ids(self, messages: Sequence[dict[str, str]], model_ended_turn: bool) -> list[int]:
-        """What the template renders after an assistant turn for `messages`, up to the next assistant turn's
-        header, found by rendering the turn as a sentinel and tokenizing only what follows it."""
+    def continuation_ids(self, messages: Sequence[dict[str, str]], model_ended_turn: bool) -> list[int]:
+        """What the template renders after an assistant turn for `messages` (tool results framed by tool_messages,
+        user turns), up to the next assistant turn's header, found by rendering the turn as a sentinel and
+        tokenizing only what follows it."""
         conversation = [
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": _ASSISTANT_SENTINEL},

@@ -74,7 +74,7 @@ class VisionChatFormat(ChatFormat):
         if not flat:
             return self.observation_ids(texts, model_ended_turn), [], failed
         messages = self.tool_messages_with_images(texts, [len(per_result) for per_result in processed])
-        ids = self._continuation_ids(messages, model_ended_turn)
+        ids = self.continuation_ids(messages, model_ended_turn)
         return self.images.expand(ids, flat, offset), flat, failed
 
     def prompt_with_images(

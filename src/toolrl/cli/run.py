@@ -251,3 +251,60 @@ def _param_delta(run_path: Path, before: str | None, after: str | None) -> None:
     (run_path / "param_delta.json").write_text(json.dumps({"from": before, "to": after, "layers": table}, indent=1))
     plot = write_heatmap(table, run_path / "param_delta.png", "relative weight change")
     console.print(f"wrote {run_path / 'param_delta.json'} and {plot}")
+
+
+@app.command()
+def serve(
+    run_dir: Annotated[
+        Path | None, typer.Argument(help="A run directory (its last checkpoint) or a checkpoint; default: model.name.")
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML config (model, rollout), without RUN_DIR.")] = None,
+    set_: SetOption = None,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free one).")] = 8000,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="Most tokens per reply (default rollout.max_new_tokens).")
+    ] = None,
+) -> None:
+    """Serve the policy (a trained checkpoint, or the configured model: the default model out of the box) on an
+    OpenAI-compatible endpoint, as the gateway does during training: /v1/chat/completions with tools,
+    /v1/completions, /v1/models. Prints the base URL and the key (TOOLRL_SERVE_KEY sets it)."""
+    import os
+
+    from toolrl.chat import ChatFormat
+    from toolrl.config import resolve_config
+    from toolrl.gateway import Gateway
+    from toolrl.models import load_model, load_tokenizer, pick_device
+    from toolrl.parsers import get_parser
+    from toolrl.rollout import get_engine_factory
+
+    _quiet_libraries()
+    with console.status("loading the model"):
+        if run_dir is not None:
+            from toolrl.runs.export import load_checkpoint
+
+            cfg, model, served = load_checkpoint(run_dir, pick_device("auto"))
+            device = next(model.parameters()).device
+        else:
+            cfg = resolve_config(config, set_)
+            device = pick_device(cfg.device)
+            served = cfg.model.name
+            model = load_model(cfg.model.name, device, cfg.model.dtype)
+        model.eval()
+        tokenizer = load_tokenizer(cfg.model.name)
+        chat = ChatFormat(tokenizer)
+        engine = get_engine_factory("hf")(model=model, chat=chat, device=device, seed=cfg.seed, config=cfg)
+    syntax = get_parser(cfg.rollout.parser or "hermes")
+    context = int(getattr(model.config, "max_position_embeddings", None) or 2**31)
+    gateway = Gateway(engine, chat, syntax, str(served), key=os.environ.get("TOOLRL_SERVE_KEY") or None,
+                      max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens, context_length=context,
+                      port=port).start()  # fmt: skip
+    console.print(f"serving {served} (calls parsed as {syntax.name})", highlight=False)
+    console.print(f"OPENAI_BASE_URL={gateway.base_url()}", highlight=False, soft_wrap=True)
+    console.print(f"OPENAI_API_KEY={gateway.key}", highlight=False, soft_wrap=True)
+    try:
+        gateway.wait()
+    except KeyboardInterrupt:
+        console.print("stopped")
+    finally:
+        gateway.stop()
+        engine.close()

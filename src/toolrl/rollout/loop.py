@@ -38,7 +38,8 @@ from toolrl.tools.observation import clip_observation
 log = logging.getLogger(__name__)
 
 STOP_REASONS = (
-    "answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done", "user_ended", "user_failed"
+    "answer", "no_tool_call", "max_turns", "length", "tool_error", "env_done", "user_ended", "user_failed",
+    "agent_done", "agent_failed",
 )  # fmt: skip
 
 

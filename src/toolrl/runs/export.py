@@ -32,19 +32,28 @@ def find_checkpoint(path: Path) -> tuple[RunDir, Path]:
     return RunDir.existing(path.parent.parent), path
 
 
-def export_checkpoint(path: Path, out: Path) -> Path:
-    """Load the run's base model, put the checkpoint's trained weights in it and save it to `out`."""
-    from toolrl.models import load_model, load_tokenizer
+def load_checkpoint(path: Path, device: torch.device | None = None):
+    """(the run's config, its base model with the checkpoint's trained weights in it, LoRA merged; the
+    checkpoint's folder). The run's config is read, its code not imported."""
+    from toolrl.models import load_model
 
     run, checkpoint = find_checkpoint(path)
-    config = read_checked(run.path / "config.yaml")  # its code is not imported
-    model = load_model(config.model.name, torch.device("cpu"), config.model.dtype)
+    config = read_checked(run.path / "config.yaml")
+    model = load_model(config.model.name, device or torch.device("cpu"), config.model.dtype)
     if config.train.lora.r:
         model = apply_lora(model, config.train.lora, vision=config.train.train_vision)
     if sharded.is_sharded(checkpoint):
         sharded.load(checkpoint, model, None)
     else:
         load_trainable(checkpoint / TRAINABLE, model, None)
+    return config, model, checkpoint
+
+
+def export_checkpoint(path: Path, out: Path) -> Path:
+    """Load the run's base model, put the checkpoint's trained weights in it and save it to `out`."""
+    from toolrl.models import load_tokenizer
+
+    config, model, checkpoint = load_checkpoint(path)
     save_model(model, load_tokenizer(config.model.name), out)
     log.info("exported %s to %s", checkpoint, out)
     return out

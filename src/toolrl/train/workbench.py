@@ -64,6 +64,8 @@ class Workbench:
     """Who plays the turns: the model, or a policy played without one (rollout/scripted.py: reference, idle)."""
     model_config: Any = None
     """The policy's transformers config (the model's own; read without weights for a scripted policy)."""
+    gateways: dict[int, Any] = field(default_factory=dict)
+    """An agent environment's gateway per engine (toolrl/gateway), started on first use."""
 
     @classmethod
     def load(
@@ -103,6 +105,8 @@ class Workbench:
 
     def close(self) -> None:
         """End the engines, the tools' sessions and worker threads."""
+        for gateway in self.gateways.values():
+            gateway.stop()
         for engine in self.distinct_engines():
             engine.close()
         self.executor.close()
@@ -158,7 +162,25 @@ class Workbench:
         )
         engine = self.engine(purpose, seed)
         parser = self.env.syntax  # rollout.parser, else the environment's own, else hermes (make_env)
+        if getattr(self.env, "drives_itself", False):  # an agent environment: its agents ask the gateway
+            from toolrl.rollout.agent import AgentRollout
+
+            return AgentRollout(self.env, self.gateway(engine, params), self.executor, self.chat)
         return Rollout(self.env, engine, self.chat, parser, self.executor, limits, r.schedule)
+
+    def gateway(self, engine: Engine, sampling: SamplingParams):
+        """The gateway serving `engine` (started on first use), sampling as this rollout asks by default."""
+        from toolrl.gateway import Gateway
+
+        if id(engine) not in self.gateways:
+            r = self.config.rollout
+            self.gateways[id(engine)] = Gateway(
+                engine, self.chat, self.env.syntax, self.config.model.name, max_new_tokens=r.max_new_tokens,
+                context_length=self.context_length, max_calls_per_turn=r.max_calls_per_turn,
+            ).start()  # fmt: skip
+        gateway = self.gateways[id(engine)]
+        gateway.sampling = sampling
+        return gateway
 
     def evaluate(self, num_tasks: int | None = None, temperature: float | None = None) -> dict[str, float]:
         """Means over the test split (see evaluation for the trajectories themselves)."""

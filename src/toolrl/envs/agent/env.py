@@ -1,0 +1,156 @@
+"""The `agent` environment: your agent program, run per sample against the gateway, scored by your reward.
+
+```yaml
+env:
+  name: agent
+  train_file: tasks.jsonl            # {"id", "question", "answer", "meta"} per line, as every environment
+  test_file: tasks-test.jsonl
+  options:
+    agent: my_agents:answer          # async def answer(task, base_url, api_key) -> result (or a plain def)
+    # command: [python, my_agent.py] # or a program: OPENAI_BASE_URL, OPENAI_API_KEY and TOOLRL_TASK (JSON) set;
+    #                                  its result is the last line it prints (JSON if it parses)
+    reward: my_agents:score          # score(task, result, calls) -> float; calls: what the model called, with results
+    timeout_s: 120
+```
+
+The agent talks to the policy through the OpenAI API only (any client: the `openai` SDK, the OpenAI Agents SDK,
+LangGraph); the gateway records its turns token-exactly (toolrl/gateway). An agent that raises, exits non-zero
+or outlives `timeout_s` fails its sample (reward 0, counted in env_faults), never the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import signal
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from toolrl.envs.base import Environment, EnvOptions, Task, register_env
+from toolrl.envs.tasks import TaskSplits
+from toolrl.errors import ConfigError
+from toolrl.rewards.rubric import Criterion, Rubric
+from toolrl.text import clip, first_line
+
+
+class AgentOptions(EnvOptions):
+    agent: str | None = None
+    """`package.module:function`: async def f(task, base_url, api_key) -> result (or a plain function)."""
+    command: list[str] | None = None
+    """A program run per sample with OPENAI_BASE_URL, OPENAI_API_KEY and TOOLRL_TASK set; its result is the last
+    line of its output (JSON when it parses)."""
+    reward: str
+    """`package.module:function`: f(task, result, calls) -> float, calls as [{"name", "arguments", "result"}]."""
+    timeout_s: float = Field(120.0, gt=0)
+    concurrency: int = Field(64, ge=1)
+    """Agents running at once (their requests are batched by the engine)."""
+
+    @model_validator(mode="after")
+    def one_agent(self) -> AgentOptions:
+        if (self.agent is None) == (self.command is None):
+            raise ValueError("give exactly one of agent (package.module:function) and command (a program)")
+        return self
+
+
+def import_target(where: str, target: str) -> Any:
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise ConfigError(f"{where}: {clip(target, 80)!r} must look like package.module:function")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{where}: cannot import {clip(target, 80)!r} ({first_line(exc)})") from None
+    if not callable(value):
+        raise ConfigError(f"{where}: {clip(target, 80)!r} is not a function")
+    return value
+
+
+@dataclass
+class AgentOutcome:
+    """What one agent run gave: its result, the calls the model made (with the results the agent sent back), or
+    why it failed."""
+
+    result: Any = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class AgentReward:
+    """The user's reward on a sample's outcome (0 for a failed agent); `stats` are the gateway's counts for the
+    step's metrics (reward/segments, reward/segments_not_trained, reward/requests, reward/continued_requests,
+    reward/agent_failures)."""
+
+    def __init__(self, score):
+        self.score = score
+        self.stats: Counter[str] = Counter()
+
+    def __call__(self, trajectory, task: Task) -> float:
+        outcome = trajectory.episode
+        if not isinstance(outcome, AgentOutcome) or outcome.error is not None:
+            return 0.0
+        return float(self.score(task, outcome.result, outcome.calls))
+
+
+@register_env("agent")
+class AgentEnv(Environment):
+    """Runs your agent per sample; the rollout is rollout/agent.py's (the agent drives, not the loop)."""
+
+    Options = AgentOptions
+    drives_itself = True
+    """Its samples are agent runs through the gateway (AgentRollout), not the generate-parse-invoke loop."""
+
+    def __init__(self, config, options: AgentOptions):
+        super().__init__(config, options)
+        self.options: AgentOptions = options
+        self.agent = import_target("env.options.agent", options.agent) if options.agent else None
+        score = import_target("env.options.reward", options.reward)
+        self.counts = AgentReward(score)
+        self.rubric = Rubric([Criterion("reward", self.counts, 1.0)], success="reward")
+        self.splits = TaskSplits(config)
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.splits(split)
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        return [{"role": "user", "content": task.question}]
+
+    async def run_agent(self, task: Task, base_url: str, api_key: str) -> Any:
+        """The agent's result for `task` (raises what the agent raised; TimeoutError past timeout_s)."""
+        if self.agent is not None:
+            if inspect.iscoroutinefunction(self.agent):
+                return await asyncio.wait_for(self.agent(task, base_url, api_key), self.options.timeout_s)
+            return await asyncio.wait_for(
+                asyncio.to_thread(self.agent, task, base_url, api_key), self.options.timeout_s
+            )
+        return await self._run_command(task, base_url, api_key)
+
+    async def _run_command(self, task: Task, base_url: str, api_key: str) -> Any:
+        assert self.options.command is not None
+        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
+               "TOOLRL_TASK": json.dumps({"id": task.id, "question": task.question, "meta": task.meta})}  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            *self.options.command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), self.options.timeout_s)
+        except TimeoutError:
+            os.killpg(process.pid, signal.SIGKILL)  # the agent and whatever it started
+            await process.wait()
+            raise
+        if process.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise RuntimeError(f"the agent exited with {process.returncode}: {clip(tail[0], 200)}")
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        last = lines[-1] if lines else ""
+        try:
+            return json.loads(last)
+        except ValueError:
+            return last

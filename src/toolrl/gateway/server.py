@@ -1,0 +1,355 @@
+"""The gateway: an OpenAI-compatible HTTP server in front of the policy, so agent programs written for any
+OpenAI client run unchanged while their turns are recorded token-exactly for training.
+
+`/v1/chat/completions` (tools, tool_choice, n, stream), `/v1/completions` and `/v1/models`, served by the run's
+engine (the one rollouts use: it batches the concurrent requests of every agent), its chat format and its
+call syntax (`rollout.parser`): tool calls the model writes come back as OpenAI `tool_calls`; a malformed one
+comes back as the text the model wrote, and is counted. Every request needs the gateway's key (`Authorization:
+Bearer KEY`); it listens on 127.0.0.1. `/s/SAMPLE/v1/...` (the base URL `open_sample` gives one agent run) ties
+requests to one sample, whose segments capture.py records; plain `/v1/...` serves without recording
+(`toolrl serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from pydantic import ValidationError
+
+from toolrl.chat.format import ChatFormat
+from toolrl.envs.base import Task
+from toolrl.gateway.capture import (
+    Sample,
+    Segment,
+    branch,
+    continuation_ids,
+    find_segment,
+    normal,
+    template_messages,
+    tools_key,
+)
+from toolrl.gateway.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    GatewayError,
+    chat_response,
+    stream_chunks,
+    tool_calls_json,
+)
+from toolrl.parsers.base import CallSyntax
+from toolrl.rollout.engine import Engine
+from toolrl.rollout.sampling import SamplingParams
+from toolrl.rollout.trajectory import Trajectory
+from toolrl.text import first_line
+from toolrl.tools.call import ToolResult
+
+log = logging.getLogger(__name__)
+
+UNBOUND = Task("unbound", "", "", {})
+MAX_BODY_BYTES = 32 << 20
+"""The task of a request made outside any sample (served, not recorded)."""
+
+
+class Gateway:
+    """The policy behind an OpenAI-compatible endpoint. `start()` serves it from a thread of its own, whose event
+    loop runs the engine; `open_sample(task)` gives an agent run its base URL; `close_sample` its segments."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        chat: ChatFormat,
+        syntax: CallSyntax,
+        model_name: str = "policy",
+        *,
+        key: str | None = None,
+        max_new_tokens: int = 512,
+        context_length: int = 2**31,
+        sampling: SamplingParams | None = None,
+        max_calls_per_turn: int = 16,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        self.engine, self.chat, self.syntax, self.model_name = engine, chat, syntax, model_name
+        self.key = key or secrets.token_urlsafe(24)
+        self.max_new_tokens, self.context_length = max_new_tokens, context_length
+        self.sampling = sampling or SamplingParams()
+        self.max_calls_per_turn = max_calls_per_turn
+        self.host, self.port = host, port
+        self.samples: dict[str, Sample] = {}
+        self.stats: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    # ---- samples ------------------------------------------------------------------------------------------
+
+    def open_sample(self, task: Task) -> Sample:
+        sample = Sample(uuid.uuid4().hex, task)
+        with self.lock:
+            self.samples[sample.id] = sample
+        return sample
+
+    def close_sample(self, sample_id: str) -> Sample:
+        """The sample's record; its sequences are released in the engine and later requests to it refused."""
+        with self.lock:
+            sample = self.samples.pop(sample_id)
+        self._release([s.seq for s in sample.segments])
+        return sample
+
+    def base_url(self, sample: Sample | str | None = None) -> str:
+        sid = sample.id if isinstance(sample, Sample) else sample
+        return f"http://{self.host}:{self.port}" + (f"/s/{sid}" if sid else "") + "/v1"
+
+    def _release(self, seqs: list[object]) -> None:
+        if self.loop is None or not seqs:
+            return
+        self.loop.call_soon_threadsafe(lambda: [self.engine.release(seq) for seq in seqs])
+
+    # ---- requests -----------------------------------------------------------------------------------------
+
+    def _params(self, req, n_index: int = 0, prompt_len: int = 0) -> SamplingParams:
+        wanted = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
+        budget = min(wanted, self.max_new_tokens, self.context_length - prompt_len)
+        if budget < 1:
+            raise GatewayError(
+                f"the prompt is {prompt_len:,} tokens, the model's context {self.context_length:,}: nothing can be "
+                "generated; send a shorter conversation",
+                param="messages",
+            )
+        s = self.sampling
+        seed = None if req.seed is None else req.seed + n_index
+        temperature = s.temperature if req.temperature is None else req.temperature
+        return SamplingParams(temperature, s.top_p if req.top_p is None else req.top_p, s.top_k, budget, seed)
+
+    def _segment(self, sample: Sample | None, req: ChatRequest, schemas: list[dict]) -> Segment:
+        """The segment this request continues (only its new messages tokenized), or a new one."""
+        key = tools_key(schemas)
+        if sample is not None and (segment := find_segment(sample, req.messages, key)) is not None:
+            added = req.messages[len(segment.messages) :]
+            ids = continuation_ids(self.chat, added, segment.ended)
+            self._results(segment, added)
+            if any(m["role"] == "user" for m in added):
+                segment.traj.add_user_message(ids, "\n".join(str(m.get("content") or "") for m in added))
+            else:
+                segment.traj.add_observation(ids)
+            segment.messages += [normal(m) for m in added]
+            sample.continued += 1
+            return segment
+        messages = template_messages(req.messages, self.syntax)
+        prompt = self.chat.prompt_ids(messages, schemas, self.syntax.instructions)
+        segment = Segment(Trajectory.start(sample.task if sample else UNBOUND, prompt), [], key)
+        segment.messages = [normal(m) for m in req.messages]
+        if sample is not None:
+            sample.segments.append(segment)
+        return segment
+
+    @staticmethod
+    def _results(segment: Segment, added: list[dict[str, Any]]) -> None:
+        """Tool messages answering calls of this segment: recorded as the calls' results (for rewards)."""
+        for m in added:
+            call = segment.calls.get(m.get("tool_call_id")) if m.get("role") == "tool" else None
+            if call is not None:
+                segment.traj.results.append(ToolResult(call, str(m.get("content") or "")))
+
+    def _turn(self, segment: Segment, sampled, schemas: list[dict], prefix: str) -> dict[str, Any]:
+        """Record a sampled turn in its segment; the OpenAI message and finish reason for it."""
+        traj = segment.traj
+        text = self.chat.tokenizer.decode(sampled.ids, skip_special_tokens=True)
+        traj.add_model_turn(sampled.ids, sampled.logprobs, text)
+        segment.ended = sampled.ended
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = "stop" if sampled.ended else "length"
+        if schemas:
+            known = {t["function"]["name"]: list(t["function"].get("parameters", {}).get("properties", {}))
+                     for t in schemas}  # fmt: skip
+            parsed = self.syntax(text, known).within(self.max_calls_per_turn)
+            traj.num_format_errors += parsed.not_run
+            self.stats["format_errors"] += parsed.not_run
+            if parsed.calls:
+                calls = tool_calls_json(parsed.calls, prefix)
+                segment.calls.update({c["id"]: call for c, call in zip(calls, parsed.calls, strict=True)})
+                traj.num_tool_calls += len(calls)
+                message["tool_calls"] = calls
+                if not parsed.errors:  # every call well formed: the text is the calls
+                    message["content"] = None
+                    finish = "tool_calls"
+        segment.messages.append(normal(message))
+        return {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+
+    async def chat_completion(self, req: ChatRequest, sample: Sample | None) -> dict[str, Any]:
+        schemas = req.schemas()
+        first = self._segment(sample, req, schemas)
+        segments = [first] + [branch(first) for _ in range(req.n - 1)]
+        if sample is not None:
+            sample.requests += 1
+            sample.segments += segments[1:]
+        prompt_len = len(first.traj.token_ids)
+        params = [self._params(req, i, prompt_len) for i in range(req.n)]
+        sampled = await asyncio.gather(
+            *(self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(segments, params, strict=True))
+        )
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        choices = []
+        for i, (segment, result) in enumerate(zip(segments, sampled, strict=True)):
+            choice = self._turn(segment, result, schemas, f"{rid[-8:]}_{i}")
+            choices.append({**choice, "index": i})
+        if sample is None:
+            self._release([s.seq for s in segments])
+        completion = sum(len(r.ids) for r in sampled)
+        return chat_response(rid, req.model or self.model_name, choices, prompt_len, completion)
+
+    async def completion(self, req: CompletionRequest, sample: Sample | None) -> dict[str, Any]:
+        ids = self.chat.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        segments = [Segment(Trajectory.start(sample.task if sample else UNBOUND, ids), [], "raw")
+                    for _ in range(req.n)]  # fmt: skip
+        params = [self._params(req, i, len(ids)) for i in range(req.n)]
+        sampled = await asyncio.gather(
+            *(self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(segments, params, strict=True))
+        )
+        choices = []
+        for i, (segment, result) in enumerate(zip(segments, sampled, strict=True)):
+            text = self.chat.tokenizer.decode(result.ids, skip_special_tokens=True)
+            segment.traj.add_model_turn(result.ids, result.logprobs, text)
+            choices.append({"index": i, "text": text, "logprobs": None,
+                            "finish_reason": "stop" if result.ended else "length"})  # fmt: skip
+        if sample is not None:
+            sample.requests += 1
+            sample.segments += segments
+        else:
+            self._release([s.seq for s in segments])
+        completion = sum(len(r.ids) for r in sampled)
+        usage = {"prompt_tokens": len(ids), "completion_tokens": completion, "total_tokens": len(ids) + completion}
+        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+                "model": req.model or self.model_name, "choices": choices, "usage": usage}  # fmt: skip
+
+    # ---- HTTP ---------------------------------------------------------------------------------------------
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
+
+        def authorised(request: Request) -> bool:
+            given = request.headers.get("authorization", "")
+            return hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode())
+
+        def failed(error: GatewayError) -> JSONResponse:
+            self.stats["refused"] += 1
+            return JSONResponse(error.body(), status_code=error.status)
+
+        async def handle(request: Request, model, run) -> Any:
+            if not authorised(request):
+                return failed(GatewayError("a valid API key is required (Authorization: Bearer KEY)", 401,
+                                           kind="authentication_error"))  # fmt: skip
+            sid = request.path_params.get("sample")
+            with self.lock:
+                sample = self.samples.get(sid) if sid else None
+            if sid and sample is None:
+                return failed(GatewayError(f"no open sample {sid[:40]!r}: its agent run has ended", 404))
+            if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+                return failed(GatewayError(f"the body is over {MAX_BODY_BYTES >> 20} MiB", 413))
+            try:
+                body = await request.json()
+                req = model.model_validate(body)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(p) for p in error["loc"]) or "(body)"
+                return failed(GatewayError(f"{where}: {error['msg']}", param=where))
+            except ValueError:
+                return failed(GatewayError("the body is not JSON"))
+            if unknown := req.unsupported():
+                return failed(GatewayError(f"{unknown[0]}: not supported by this gateway", param=unknown[0]))
+            self.stats["requests"] += 1
+            self.stats["unbound" if sample is None else "bound"] += 1
+            try:
+                response = await run(req, sample)
+            except GatewayError as exc:
+                return failed(exc)
+            except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
+                log.exception("gateway: a request failed")
+                self.stats["errors"] += 1
+                return failed(GatewayError(f"the gateway failed: {first_line(exc)}", 500, kind="server_error"))
+            if req.stream:
+                chunks = (
+                    stream_chunks(response) if "message" in response["choices"][0] else _completion_chunks(response)
+                )
+                return StreamingResponse(iter(chunks), media_type="text/event-stream")
+            return JSONResponse(response)
+
+        async def chat(request: Request):
+            return await handle(request, ChatRequest, self.chat_completion)
+
+        async def complete(request: Request):
+            return await handle(request, CompletionRequest, self.completion)
+
+        async def models(request: Request):
+            if not authorised(request):
+                return failed(GatewayError("a valid API key is required (Authorization: Bearer KEY)", 401,
+                                           kind="authentication_error"))  # fmt: skip
+            card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "toolrl"}
+            return JSONResponse({"object": "list", "data": [card]})
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            self.loop = asyncio.get_running_loop()  # the engine's loop: every generate runs on it
+            yield
+
+        routes = []
+        for prefix in ("", "/s/{sample}"):
+            routes += [
+                Route(f"{prefix}/v1/chat/completions", chat, methods=["POST"]),
+                Route(f"{prefix}/v1/completions", complete, methods=["POST"]),
+                Route(f"{prefix}/v1/models", models, methods=["GET"]),
+            ]
+        return Starlette(routes=routes, lifespan=lifespan)
+
+    def start(self, timeout: float = 30.0) -> Gateway:
+        """Serve from a thread of its own; returns once it listens (self.port is then the port it got)."""
+        import uvicorn
+
+        config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", lifespan="on")
+        self._server = server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=server.run, name="toolrl-gateway", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the gateway did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        self.port = server.servers[0].sockets[0].getsockname()[1]
+        log.info("gateway: serving %s at %s", self.model_name, self.base_url())
+        return self
+
+    def wait(self) -> None:
+        """Block while it serves (until stop(), or its server ends)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=0.5)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def run_coroutine(self, coro, timeout: float | None = None):
+        """Run `coro` on the gateway's loop (where the engine lives) from another thread."""
+        assert self.loop is not None, "start() the gateway first"
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+def _completion_chunks(response: dict[str, Any]) -> list[str]:
+    import json
+
+    chunk = {**response, "object": "text_completion"}
+    return [f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n", "data: [DONE]\n\n"]

@@ -1,0 +1,114 @@
+"""An agent you already have (tests/fixtures/agents.py, written with the `openai` SDK) trained as it is: the
+`agent` environment runs it per sample against the gateway, from a config and the command line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fixtures.agents import CALCULATOR
+from toolrl.config import load_config
+from toolrl.train import Workbench
+
+ROOT = Path(__file__).parents[2]
+
+
+def tasks_file(tmp_path, n=4):
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def agent_config(tmp_path, tiny_model_dir, agent="calculator_agent", *more):
+    path = tasks_file(tmp_path)
+    return load_config(overrides=[
+        "env.name=agent", f"env.train_file={path}", f"env.test_file={path}",
+        f"env.options.agent=tests.fixtures.agents:{agent}", "env.options.reward=tests.fixtures.agents:score",
+        f"model.name={tiny_model_dir}", "device=cpu", "rollout.max_new_tokens=24", *more,
+    ])  # fmt: skip
+
+
+def test_an_agent_is_run_per_sample_and_its_failures_fail_its_sample_only(tmp_path, tiny_model_dir):
+    bench = Workbench.load(agent_config(tmp_path, tiny_model_dir))
+    try:
+        trajs = bench.evaluation(num_tasks=4, temperature=1.0)
+        assert len(trajs) == 4 and all(t.stop_reason == "agent_done" for t in trajs)
+        assert all(sum(t.loss_mask) > 0 and t.num_turns >= 1 for t in trajs)  # the model's turns, to train on
+        for t in trajs:  # the turns as sampled: every trained token has its sampling log-prob
+            assert len(t.trained_logprobs) == sum(t.loss_mask) and all(lp <= 0 for lp in t.trained_logprobs)
+        stats = bench.env.counts.stats
+        assert stats["requests"] >= 4 and stats["segments"] == 4 + stats["segments_not_trained"]
+
+        bench.env.agent = __import__("tests.fixtures.agents", fromlist=["x"]).crashing_agent
+        failed = bench.evaluation(num_tasks=2)
+        assert [t.stop_reason for t in failed] == ["agent_failed"] * 2
+        assert all(t.reward == 0 and "the agent's own bug" in t.env_fault for t in failed)
+
+        bench.env.agent = __import__("tests.fixtures.agents", fromlist=["x"]).hanging_agent
+        bench.env.options.timeout_s = 0.5
+        hung = bench.evaluation(num_tasks=2)
+        assert all("timeout_s (0.5 s)" in t.env_fault for t in hung) and stats["agent_failures"] == 4
+
+        bench.env.agent = __import__("tests.fixtures.agents", fromlist=["x"]).summarising_agent
+        bench.env.options.timeout_s = 60
+        before = stats["segments_not_trained"]
+        two = bench.evaluation(num_tasks=2)
+        assert all(t.infos[-1]["segments"] == 2 for t in two) and stats["segments_not_trained"] == before + 2
+    finally:
+        bench.close()
+
+
+def test_an_agent_trains_two_steps_from_the_command_line(tmp_path, tiny_model_dir):
+    path = tasks_file(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "toolrl", "train",
+               "--set", "env.name=agent", "--set", f"env.train_file={path}", "--set", f"env.test_file={path}",
+               "--set", "env.options.agent=tests.fixtures.agents:calculator_agent",
+               "--set", "env.options.reward=tests.fixtures.agents:score",
+               "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=2",
+               "--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--set", "rollout.max_new_tokens=16",
+               "--set", "eval.at_start=false", "--set", "eval.at_end=false",
+               "--set", f"output_dir={tmp_path / 'runs'}", "--set", "run_name=run"]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "step" in s and "eval" not in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all("reward/reward" in s and s.get("reward/requests", 0) >= 4 for s in steps), steps[-1]
+
+
+def test_toolrl_serve_serves_a_trained_run_to_an_unpatched_openai_client(tmp_path, tiny_model_dir):
+    from openai import OpenAI
+
+    path = tasks_file(tmp_path, 2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOOLRL_SERVE_KEY": "k" * 32}
+    train = [sys.executable, "-m", "toolrl", "train", "--set", "env.name=calculator",
+             "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=1",
+             "--set", "train.prompts_per_step=1", "--set", "train.group_size=2", "--set", "rollout.max_new_tokens=8",
+             "--set", "eval.at_start=false", "--set", "eval.at_end=false", "--set", "train.save_every=1",
+             "--set", f"output_dir={tmp_path / 'runs'}", "--set", "run_name=run"]  # fmt: skip
+    done = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    command = [sys.executable, "-m", "toolrl", "serve", str(tmp_path / "runs" / "run"), "--port", "0",
+               "--max-new-tokens", "12"]  # fmt: skip
+    server = subprocess.Popen(command, cwd=tmp_path, env={**env, "COLUMNS": "300"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        lines = []
+        while not any(line.startswith("OPENAI_API_KEY=") for line in lines):
+            line = server.stdout.readline()
+            assert line, server.stderr.read()[-3000:]
+            lines.append(line.strip())
+        base = next(line.split("=", 1)[1] for line in lines if line.startswith("OPENAI_BASE_URL="))
+        assert base.startswith("http://127.0.0.1:") and base.endswith("/v1") and f"OPENAI_API_KEY={'k' * 32}" in lines
+        assert any("serving" in line and "step" in line for line in lines), lines  # the checkpoint, by its folder
+        client = OpenAI(base_url=base, api_key="k" * 32)
+        reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "2 + 2?"}],
+                                               tools=[CALCULATOR], max_tokens=8)  # fmt: skip
+        assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls") and reply.usage.completion_tokens
+        assert [m.id for m in client.models.list().data] and path.exists()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,171 @@
+"""The gateway over the policy, through HTTP as an agent reaches it: the OpenAI shapes (tools, n, stream,
+completions, models), its key, tool calls parsed in the run's syntax, and token-exact capture of each sample."""
+
+import json
+
+import httpx
+import pytest
+
+from toolrl.envs.base import Task
+from toolrl.gateway import Gateway
+from toolrl.parsers import get_parser
+from toolrl.rollout.engine import Engine, Sampled
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather of a city.", "parameters": CITY}}
+
+
+class Scripted(Engine):
+    """Replies with the given texts in turn, as ids the tokenizer would not give back for them (each character
+    its own token: decode -> encode merges them), with made-up log-probs."""
+
+    def __init__(self, chat, replies, merge=False):
+        self.chat, self.replies, self.merge, self.seen = chat, list(replies), merge, []
+
+    async def generate(self, seq, tokens, params):
+        self.seen.append(list(tokens))
+        text = self.replies.pop(0)
+        ids = self.chat.encode(text) if self.merge else [i for ch in text for i in self.chat.encode(ch)]
+        return Sampled(ids + [self.chat.end_of_turn_id], [-0.5] * (len(ids) + 1), True)
+
+
+@pytest.fixture
+def gateway_for(chat):
+    made = []
+
+    def make(replies, **kwargs):
+        gateway = Gateway(Scripted(chat, replies), chat, get_parser("hermes"), "tiny", **kwargs).start()
+        made.append(gateway)
+        return gateway
+
+    yield make
+    for gateway in made:
+        gateway.stop()
+
+
+def post(gateway, path, body, base=None, key=None):
+    headers = {"Authorization": f"Bearer {key or gateway.key}"}
+    return httpx.post(f"{base or gateway.base_url()}{path}", json=body, headers=headers, timeout=30)
+
+
+def test_a_reply_with_a_call_comes_back_as_openai_tool_calls_and_a_malformed_one_as_written(gateway_for):
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    broken = '<tool_call>\n{"name": "weather", "arguments": {"city": \n</tool_call>'
+    gateway = gateway_for([call, broken, "It is sunny."])
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    reply = post(gateway, "/chat/completions", {"model": "tiny", "messages": messages, "tools": [WEATHER]}).json()
+    (choice,) = reply["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (tool_call,) = choice["message"]["tool_calls"]
+    assert tool_call["type"] == "function" and tool_call["function"]["name"] == "weather"
+    assert json.loads(tool_call["function"]["arguments"]) == {"city": "Oslo"}
+    assert reply["usage"]["completion_tokens"] > 0 and reply["object"] == "chat.completion"
+
+    bad = post(gateway, "/chat/completions", {"messages": messages, "tools": [WEATHER]}).json()["choices"][0]
+    assert bad["message"]["content"] == broken and "tool_calls" not in bad["message"]  # as the model wrote it
+    assert bad["finish_reason"] == "stop" and gateway.stats["format_errors"] == 1  # and counted
+    plain = post(gateway, "/chat/completions", {"messages": messages}).json()["choices"][0]
+    assert plain["message"] == {"role": "assistant", "content": "It is sunny."}
+
+
+def test_the_key_is_required_and_bad_requests_are_one_line_naming_the_field(gateway_for):
+    gateway = gateway_for(["hi"])
+    messages = [{"role": "user", "content": "hi"}]
+    assert post(gateway, "/chat/completions", {"messages": messages}, key="wrong").status_code == 401
+    assert httpx.get(f"{gateway.base_url()}/models").status_code == 401
+    models = httpx.get(f"{gateway.base_url()}/models", headers={"Authorization": f"Bearer {gateway.key}"}).json()
+    assert models["data"][0]["id"] == "tiny"
+    error = post(gateway, "/chat/completions", {"messages": []})
+    assert error.status_code == 400 and error.json()["error"]["param"] == "messages"
+    error = post(gateway, "/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}).json()["error"]
+    assert "messages: Value error, messages[0].role must be" in error["message"]
+    error = post(gateway, "/chat/completions", {"messages": messages, "stop": ["\n"]}).json()["error"]
+    assert error["param"] == "stop" and "end-of-turn token" in error["message"]
+    error = post(gateway, "/chat/completions", {"messages": messages, "functions": []}).json()["error"]
+    assert error["message"] == "functions: not supported by this gateway"
+    gone = post(gateway, "/chat/completions", {"messages": messages}, base=gateway.base_url("nosuchsample"))
+    assert gone.status_code == 404
+    assert gateway.host == "127.0.0.1" and len(gateway.key) >= 32
+
+
+def test_n_choices_streaming_and_completions(gateway_for):
+    gateway = gateway_for(["one", "two", "three", "four"])
+    messages = [{"role": "user", "content": "count"}]
+    reply = post(gateway, "/chat/completions", {"messages": messages, "n": 2}).json()
+    assert sorted(c["message"]["content"] for c in reply["choices"]) == ["one", "two"]
+    with httpx.stream("POST", f"{gateway.base_url()}/chat/completions", json={"messages": messages, "stream": True},
+                      headers={"Authorization": f"Bearer {gateway.key}"}) as stream:  # fmt: skip
+        events = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "three" and chunks[0]["object"] == "chat.completion.chunk"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    done = post(gateway, "/completions", {"prompt": "Once upon", "max_tokens": 8}).json()
+    assert done["choices"][0]["text"] == "four" and done["object"] == "text_completion"
+
+
+def test_a_sample_records_its_turns_token_exactly_and_a_request_that_does_not_extend_starts_a_segment(
+    gateway_for, chat
+):
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    gateway = gateway_for([call, "Sunny, 21 C.", "A summary."])
+    sample = gateway.open_sample(Task("t1", "Weather in Oslo?", "Sunny", {}))
+    base = gateway.base_url(sample)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"}]
+    first = post(gateway, "/chat/completions", {"messages": messages, "tools": [WEATHER]}, base=base).json()
+    assistant = first["choices"][0]["message"]
+    messages += [assistant, {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"],
+                             "content": "sunny, 21 C"}]  # fmt: skip
+    second = post(gateway, "/chat/completions", {"messages": messages, "tools": [WEATHER]}, base=base).json()
+    assert second["choices"][0]["message"]["content"] == "Sunny, 21 C."
+    summary = [{"role": "user", "content": "Summarise: sunny in Oslo."}]  # a new history: a segment of its own
+    post(gateway, "/chat/completions", {"messages": summary}, base=base)
+    done = gateway.close_sample(sample.id)
+    assert done.requests == 3 and done.continued == 1 and len(done.segments) == 2
+    traj = done.segments[0].traj
+    engine = gateway.engine
+    sampled = [s for s, m in zip(traj.spans, range(99), strict=False) if s[0] == "model"]
+    assert len(sampled) == 2 and traj.num_tool_calls == 1
+    assert traj.results[0].call.name == "weather" and traj.results[0].content == "sunny, 21 C"
+    # the second request's context is the first's, the sampled ids as they were, then only the tool message
+    assert engine.seen[1][: len(engine.seen[0])] == engine.seen[0]
+    a, b = traj.model_spans()[0]
+    assert engine.seen[1][a:b] == traj.token_ids[a:b] and traj.loss_mask[a:b] == [1] * (b - a)
+    assert sum(traj.loss_mask) == sum(b - a for a, b in traj.model_spans())
+    assert all(lp == -0.5 for lp in traj.trained_logprobs)
+    # the naive way, the whole conversation rendered and tokenized again, drifts from what was sampled
+    from toolrl.gateway.capture import template_messages
+
+    history = template_messages([*messages, second["choices"][0]["message"]], get_parser("hermes"))
+    naive = chat.prompt_ids(history[:-1], [WEATHER], get_parser("hermes").instructions)
+    drift = sum(x != y for x, y in zip(naive, traj.token_ids, strict=False)) + abs(len(naive) - len(traj.token_ids))
+    assert drift > 0
+    assert post(gateway, "/chat/completions", {"messages": summary}, base=base).status_code == 404  # closed
+
+
+def test_hostile_requests_are_refused_in_one_line_and_the_gateway_goes_on(gateway_for):
+    gateway = gateway_for(["still here"], context_length=64)
+    user = {"role": "user", "content": "hi"}
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/shadow"}}]}
+    error = post(gateway, "/chat/completions", {"messages": [image]}).json()["error"]
+    assert "only text parts are supported" in error["message"]  # an image is refused, not dropped unseen
+    function = {"name": "f", "arguments": "[1, 2"}
+    bad_call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "x", "type": "function", "function": function}],
+    }
+    error = post(gateway, "/chat/completions", {"messages": [user, bad_call]}).json()["error"]
+    assert "tool_calls[0].function.arguments must be a JSON object" in error["message"]
+    long = post(gateway, "/chat/completions", {"messages": [{"role": "user", "content": "word " * 200}]})
+    assert long.status_code == 400 and "the model's context 64" in long.json()["error"]["message"]
+    headers = {"Authorization": f"Bearer {gateway.key}", "Content-Type": "application/json"}
+    huge = httpx.post(
+        f"{gateway.base_url()}/chat/completions", content=b"{" + b" " * (33 << 20) + b"}", headers=headers
+    )
+    assert huge.status_code == 413
+    assert post(gateway, "/chat/completions", {"messages": [user], "n": 100}).status_code == 400
+    assert post(gateway, "/chat/completions", {"messages": [user]}).json()["choices"][0]["message"]["content"] == (
+        "still here"
+    )
