@@ -26,8 +26,11 @@ APT_INSTALL = [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	{ apt-get install -y -qq $(1) >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(1) >/dev/null 2>&1; }; }
 
+# openenv-core is the OpenEnv environments' client and server; its declared dependencies include gradio (its web
+# page) that neither needs: the test extra holds what they import (fastapi, fastmcp).
 install-test: install
 	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q --no-deps openenv-core
 	@command -v bwrap >/dev/null || { $(call APT_INSTALL,bubblewrap); } || \
 		echo "note: bubblewrap could not be installed; the code sandbox will use unshare"
 	@command -v chromium >/dev/null || { $(call APT_INSTALL,chromium); } || \

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.agents import CALCULATOR
 from toolrl.config import load_config
 from toolrl.train import Workbench
@@ -60,12 +62,14 @@ def test_an_agent_is_run_per_sample_and_its_failures_fail_its_sample_only(tmp_pa
         bench.close()
 
 
-def test_an_agent_trains_two_steps_from_the_command_line(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("agent", ["calculator_agent", "agents_sdk_agent", "langgraph_agent"])
+def test_an_agent_trains_two_steps_from_the_command_line(tmp_path, tiny_model_dir, agent):
+    """The openai SDK, the OpenAI Agents SDK and LangGraph agents of tests/fixtures/agents.py, unchanged."""
     path = tasks_file(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "toolrl", "train",
                "--set", "env.name=agent", "--set", f"env.train_file={path}", "--set", f"env.test_file={path}",
-               "--set", "env.options.agent=tests.fixtures.agents:calculator_agent",
+               "--set", f"env.options.agent=tests.fixtures.agents:{agent}",
                "--set", "env.options.reward=tests.fixtures.agents:score",
                "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=2",
                "--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--set", "rollout.max_new_tokens=16",

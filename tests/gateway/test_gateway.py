@@ -169,3 +169,27 @@ def test_hostile_requests_are_refused_in_one_line_and_the_gateway_goes_on(gatewa
     assert post(gateway, "/chat/completions", {"messages": [user]}).json()["choices"][0]["message"]["content"] == (
         "still here"
     )
+
+
+@pytest.mark.parametrize("agent", ["calculator_agent", "agents_sdk_agent", "langgraph_agent"])
+def test_unpatched_clients_run_their_tool_loop_through_one_captured_segment(gateway_for, agent):
+    """The openai SDK, the OpenAI Agents SDK and LangGraph (ChatOpenAI + bind_tools) each get a call, run their
+    tool, send the result back in their own way: one segment, continued, the tool's result recorded."""
+    import asyncio
+
+    from tests.fixtures import agents
+
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
+    gateway = gateway_for([call, "The answer is 4."])
+    task = Task("t", "What is 2 + 2?", "4", {})
+    sample = gateway.open_sample(task)
+    result = asyncio.run(getattr(agents, agent)(task, gateway.base_url(sample), gateway.key))
+    done = gateway.close_sample(sample.id)
+    assert "4" in result
+    assert done.requests == 2 and done.continued == 1 and len(done.segments) == 1, (agent, done)
+    traj = done.segments[0].traj
+    assert traj.num_turns == 2 and traj.num_tool_calls == 1
+    assert [(r.call.name, r.call.arguments, r.content) for r in traj.results] == [
+        ("calculator", {"expression": "2 + 2"}, "4")
+    ]
+    assert agents.score(task, result, [{"name": "calculator", "result": "4"}]) == 1.0

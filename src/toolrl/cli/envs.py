@@ -1,4 +1,4 @@
-"""`toolrl env list|new|build`, `toolrl retriever build|serve`."""
+"""`toolrl env list|new|check|serve-openenv|build`, `toolrl retriever build|serve`."""
 
 from __future__ import annotations
 
@@ -110,6 +110,37 @@ def env_check(
         line = f"env {cfg.env.name} is wrong: {'; '.join(failed)}{hint}"
         console.print(line, soft_wrap=True, highlight=False, markup=False)  # one line, whatever the width
         raise typer.Exit(1)
+
+
+@env_app.command("serve-openenv")
+def env_serve_openenv(
+    config: ConfigArg = None,
+    set_: SetOption = None,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8000,
+    sessions: Annotated[int, typer.Option(help="Episodes served at once (WebSocket sessions).")] = 64,
+) -> None:
+    """Serve the configured environment as an OpenEnv server (reset/step/state over HTTP and WebSocket), for any
+    OpenEnv client: reset(seed, split, task_id), step({"message": reply}); the rubric's reward at the end."""
+    import uvicorn
+
+    from toolrl.cli.app import _quiet_libraries
+    from toolrl.config import resolve_config
+    from toolrl.envs import make_env
+    from toolrl.envs.openenv.server import make_app
+    from toolrl.tools.toolset import run_executor
+
+    cfg = resolve_config(config, set_)
+    _quiet_libraries()
+    env = make_env(cfg.env, cfg.model.name, cfg.rollout.parser)
+    executor, toolset = run_executor(env.tools(), cfg.tools, None)
+    console.print(f"serving env {cfg.env.name} as OpenEnv at http://127.0.0.1:{port}", highlight=False)
+    try:
+        uvicorn.run(make_app(env, executor, cfg.rollout.max_turns, sessions), host="127.0.0.1", port=port,
+                    log_level="warning")  # fmt: skip
+    finally:
+        executor.close()
+        if toolset is not None:
+            toolset.close()
 
 
 @env_app.command("build")

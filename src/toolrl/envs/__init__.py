@@ -4,7 +4,18 @@ for, so that naming one (a config, a tool's worker process importing the calcula
 from toolrl.envs.base import ENVIRONMENTS, Environment, EnvOptions, Episode, StepResult, Task, make_env, register_env
 from toolrl.envs.reference import ReferenceRequest
 
-BUILTIN_ENVIRONMENTS = ("agent", "built", "calculator", "code", "files", "images", "nl2sql", "search", "support")
+BUILTIN_ENVIRONMENTS = (
+    "agent",
+    "built",
+    "calculator",
+    "code",
+    "files",
+    "images",
+    "nl2sql",
+    "openenv",
+    "search",
+    "support",
+)
 
 for _name in BUILTIN_ENVIRONMENTS:
     ENVIRONMENTS.declare(_name, f"toolrl.envs.{_name}")
