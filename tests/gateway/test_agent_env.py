@@ -116,3 +116,21 @@ def test_toolrl_serve_serves_a_trained_run_to_an_unpatched_openai_client(tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_an_agent_program_runs_with_the_gateway_in_its_environment(tmp_path, tiny_model_dir):
+    program = str(ROOT / "tests" / "fixtures" / "agent_program.py")
+    config = agent_config(tmp_path, tiny_model_dir, "calculator_agent")
+    config = load_config(overrides=[f"{k}={v}" for k, v in {
+        "env.name": "agent", "env.train_file": config.env.train_file, "env.test_file": config.env.test_file,
+        "env.options.command": f"[{sys.executable}, {program}]", "env.options.reward": "tests.fixtures.agents:score",
+        "model.name": tiny_model_dir, "device": "cpu", "rollout.max_new_tokens": 8}.items()])  # fmt: skip
+    bench = Workbench.load(config)
+    try:
+        trajs = bench.evaluation(num_tasks=2)
+        assert [t.stop_reason for t in trajs] == ["agent_done"] * 2 and all(t.num_turns == 1 for t in trajs)
+        bench.env.options.command = [sys.executable, program, "fail"]
+        failed = bench.evaluation(num_tasks=1)
+        assert failed[0].env_fault == "the agent exited with 3: the program could not parse its input"
+    finally:
+        bench.close()
