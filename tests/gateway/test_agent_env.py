@@ -41,7 +41,7 @@ def test_an_agent_is_run_per_sample_and_its_failures_fail_its_sample_only(tmp_pa
         for t in trajs:  # the turns as sampled: every trained token has its sampling log-prob
             assert len(t.trained_logprobs) == sum(t.loss_mask) and all(lp <= 0 for lp in t.trained_logprobs)
         stats = bench.env.counts.stats
-        assert stats["requests"] >= 4 and stats["segments"] == 4 + stats["segments_not_trained"]
+        assert stats["requests"] >= 4 and stats["segments"] == 4 + stats["extra_segments"]
 
         bench.env.agent = __import__("tests.fixtures.agents", fromlist=["x"]).crashing_agent
         failed = bench.evaluation(num_tasks=2)
@@ -55,9 +55,10 @@ def test_an_agent_is_run_per_sample_and_its_failures_fail_its_sample_only(tmp_pa
 
         bench.env.agent = __import__("tests.fixtures.agents", fromlist=["x"]).summarising_agent
         bench.env.options.timeout_s = 60
-        before = stats["segments_not_trained"]
+        before = stats["extra_segments"]
         two = bench.evaluation(num_tasks=2)
-        assert all(t.infos[-1]["segments"] == 2 for t in two) and stats["segments_not_trained"] == before + 2
+        assert all(t.infos[-1]["segments"] == 2 for t in two) and stats["extra_segments"] == before + 2
+        assert all(len(t.extra) == 1 and sum(t.extra[0].loss_mask) > 0 for t in two)  # the draft, kept beside
     finally:
         bench.close()
 

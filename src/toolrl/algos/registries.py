@@ -14,7 +14,9 @@ Entry = Callable[..., Any]
 torch; this module does not."""
 
 ADVANTAGES: Registry[Entry] = Registry("advantage estimator", "train.advantage")
-"""Capabilities: needs_values (it reads value estimates and returns value targets)."""
+"""Capabilities: needs_values (it reads value estimates and returns value targets); sequence_level (one advantage per
+trajectory, the same on each of its tokens: what another sequence of the same sample, such as an agent's
+sub-agent, can share)."""
 register_advantage = ADVANTAGES.register
 
 POLICY_LOSSES: Registry[Entry] = Registry("policy loss", "train.loss")
@@ -29,8 +31,8 @@ _BUILTIN: list[tuple[Registry[Any], str, list[str], dict[str, dict[str, Any]]]] 
     (
         ADVANTAGES,
         "toolrl.algos.advantages",
-        ["grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo"],
-        {"gae": {"needs_values": True}},
+        ["reinforce_pp", "gigpo"],
+        {"gae": {"needs_values": True}, **{n: {"sequence_level": True} for n in ("grpo", "dr_grpo", "rloo")}},
     ),
     (POLICY_LOSSES, "toolrl.algos.losses", ["ppo_clip", "gspo", "vanilla_pg"], {}),
     (AGGREGATIONS, "toolrl.algos.losses", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"], {}),

@@ -2,9 +2,10 @@
 gateway; the turns the gateway recorded are the sample's trajectory.
 
 A sample whose agent made several unrelated requests (a sub-agent, a retry with a summarised history) has
-several segments; the one with the most sampled tokens is trained, the others are counted
-(`segments_not_trained` in the step's metrics). An agent that fails (raises, exits non-zero, outlives
-env.options.timeout_s) fails its sample: reward 0, its reason in the trajectory's env_fault.
+several segments: the one with the most sampled tokens is the sample's trajectory, the others ride along in its
+`extra` and share its reward (trained with its advantage by a sequence-level estimator: grpo, dr_grpo, rloo).
+An agent that fails (raises, exits non-zero, outlives env.options.timeout_s) fails its sample: reward 0, its
+reason in the trajectory's env_fault.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class AgentRollout:
     def _trajectory(self, sample: Sample, outcome: AgentOutcome) -> Trajectory:
         segments = sample.trajectories()
         self.stats["segments"] += len(segments)
-        self.stats["segments_not_trained"] += max(len(segments) - 1, 0)
+        self.stats["extra_segments"] += max(len(segments) - 1, 0)
         self.stats["requests"] += sample.requests
         self.stats["continued_requests"] += sample.continued
         if segments:
@@ -81,6 +82,7 @@ class AgentRollout:
             answered = {id(r.call): r.content for r in segment.traj.results}
             outcome.calls += [{"name": c.name, "arguments": c.arguments, "result": answered.get(id(c))}
                               for c in segment.calls.values()]  # fmt: skip
+        traj.extra = [t for t in segments if t is not traj]
         traj.episode = outcome
         traj.timings["agent_s"] = outcome.seconds
         traj.infos.append({"segments": len(segments), "requests": sample.requests})
@@ -88,6 +90,8 @@ class AgentRollout:
             self.stats["agent_failures"] += 1
             log.warning("env agent: task %s failed: %s", sample.task.id, outcome.error)
             traj.env_fault, traj.stop_reason = outcome.error, "agent_failed"
+            for other in traj.extra:  # the sample failed: every sequence of it did
+                other.env_fault = outcome.error
         else:
             traj.stop_reason = "agent_done"
         return traj

@@ -67,6 +67,9 @@ class Trajectory:
     """Seconds spent waiting for generation (generate_s) and for tool calls (tools_s)."""
     seed: int | None = None
     """Its own sampling seed (see SamplingParams.seed), or None for the engine's generator."""
+    extra: list[Trajectory] = field(default_factory=list, repr=False)
+    """Other sequences of the same sample (an agent's sub-agent or retry, recorded by the gateway): trained with
+    this trajectory's advantage by estimators that give one per trajectory (sequence_level), else counted."""
     images: list[Any] = field(default_factory=list)
     """The images in token_ids (models.vision.VisionImage: patches, grid, position of its pads), in order:
     what a vision-language policy was given with the ids, and what training gives it again."""

@@ -38,7 +38,16 @@ from toolrl.runs.journal import Journal
 from toolrl.runs.rundir import RunDir
 from toolrl.train.collect import Collector, TaskOrder
 from toolrl.train.evaluate import summarize
-from toolrl.train.update import LossFunctions, Scorer, advantage_inputs, backward, select, step_batch
+from toolrl.train.update import (
+    LossFunctions,
+    Scorer,
+    advantage_inputs,
+    backward,
+    extend_advantages,
+    select,
+    step_batch,
+    with_extras,
+)
 from toolrl.train.workbench import Workbench
 
 log = logging.getLogger(__name__)
@@ -151,7 +160,7 @@ class Trainer:
         trajs = part.trajs
         waited = time.perf_counter() - started
         update = self.update(trajs)
-        generated = sum(sum(traj.loss_mask) for traj in trajs)
+        generated = sum(sum(t.loss_mask) for traj in trajs for t in (traj, *traj.extra))
         metrics = {
             "step": step,
             **summarize(trajs, self.bench.env.rubric.success),
@@ -176,11 +185,13 @@ class Trainer:
         enter the loss, the loss over micro-batches, the optimizer and the schedule."""
         t, device, state = self.config.train, self.bench.device, self.state
         started = time.perf_counter()
-        refs, values = self.scorer.before_update(state.model, state.value_head, trajs, t.kl.coef > 0)
+        everything, owners = with_extras(trajs, ADVANTAGES.capability(t.advantage, "sequence_level"))
+        refs, values = self.scorer.before_update(state.model, state.value_head, everything, t.kl.coef > 0)
         scored = time.perf_counter()
-        batch = step_batch(trajs, refs, values, t, self.kl, device)
-        inputs = advantage_inputs(batch, t, device, state.value_head is not None, self.estimator_options)
+        batch = step_batch(everything, refs, values, t, self.kl, device, owners)
+        inputs = advantage_inputs(batch.head(), t, device, state.value_head is not None, self.estimator_options)
         est = distributed.step_advantages(self.dist, self.estimate, inputs) if self.dist.on else self.estimate(inputs)
+        est = extend_advantages(est, batch.counts[: len(trajs)], owners, batch.counts[len(trajs) :])
         only_policy = (t.kl.coef == 0 or t.kl.mode == "reward") and not t.entropy_coef and state.value_head is None
         chosen = select(batch, est, t, only_policy)
         chosen.totals = distributed.global_totals(self.dist, chosen.totals)
@@ -216,8 +227,10 @@ class Trainer:
             "clip_frac": clipped / chosen.totals.tokens,
             "lr": lr,
             "trained_trajectories": len(chosen.work),
-            "kept_fraction": sum(chosen.keep) / max(len(trajs), 1),
-            "fault_masked": sum(not v for v in batch.valid),
+            "extra_sequences": len(owners),
+            "extra_sequences_left_out": sum(len(traj.extra) for traj in trajs) - len(owners),
+            "kept_fraction": sum(chosen.keep[: len(trajs)]) / max(len(trajs), 1),
+            "fault_masked": sum(not v for v in batch.valid[: len(trajs)]),
             "advantage_abs": float(est.advantages.abs().mean()) if len(est.advantages) else 0.0,
             **mismatch.metrics(),
         }

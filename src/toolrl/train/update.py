@@ -64,9 +64,48 @@ class StepBatch:
     """False for a trajectory that a tool's infrastructure fault or its environment's (a user that failed) cut
     short (with train.infra_faults: mask)."""
     token_rewards: torch.Tensor | None = None
+    owners: list[int] = field(default_factory=list)
+    """For each trajectory after the step's own (the extra sequences of a sample, Trajectory.extra), the index of
+    the trajectory whose sample it belongs to."""
+
+    @property
+    def primary(self) -> int:
+        """The step's own trajectories (the groups): the first ones."""
+        return len(self.trajs) - len(self.owners)
+
+    def head(self) -> StepBatch:
+        """The step's own trajectories alone: what an advantage estimator reads (its groups are positional)."""
+        n = self.primary
+        rewards = None if self.token_rewards is None else self.token_rewards[: sum(self.counts[:n])]
+        return StepBatch(self.trajs[:n], self.counts[:n], self.old[:n], self.refs[:n], self.values[:n],
+                         self.turns[:n], self.valid[:n], rewards)  # fmt: skip
 
 
-def step_batch(trajs, refs, values, t, kl, device) -> StepBatch:
+def with_extras(trajs: list[Trajectory], sequence_level: bool) -> tuple[list[Trajectory], list[int]]:
+    """The step's trajectories followed by their samples' extra sequences, with each extra's owner; none when the
+    estimator gives per-token advantages (an extra has no advantage of its own to take)."""
+    if not sequence_level:
+        return trajs, []
+    extras = [(i, extra) for i, traj in enumerate(trajs) for extra in traj.extra]
+    return trajs + [extra for _, extra in extras], [i for i, _ in extras]
+
+
+def extend_advantages(est: Advantages, counts: list[int], owners: list[int], extra_counts: list[int]) -> Advantages:
+    """A sequence-level estimator's advantages with each extra sequence given its owner's (one value per
+    trajectory); an owner without trained tokens gives 0."""
+    if not owners:
+        return est
+    starts = [0]
+    for count in counts:
+        starts.append(starts[-1] + count)
+    parts = [est.advantages]
+    for owner, count in zip(owners, extra_counts, strict=True):
+        value = est.advantages[starts[owner]] if counts[owner] else est.advantages.new_zeros(())
+        parts.append(value.expand(count))
+    return Advantages(torch.cat(parts), est.returns)
+
+
+def step_batch(trajs, refs, values, t, kl, device, owners: list[int] | None = None) -> StepBatch:
     """Per-token rewards: the KL penalty when it is applied as a reward, and each turn's reward at its last
     token with train.turn_rewards: tokens."""
     old = [torch.tensor(traj.trained_logprobs, device=device) for traj in trajs]
@@ -81,7 +120,7 @@ def step_batch(trajs, refs, values, t, kl, device) -> StepBatch:
         token_rewards = placed if token_rewards is None else token_rewards + placed
     valid = [not (t.infra_faults == "mask" and (traj.num_tool_faults or traj.env_fault)) for traj in trajs]
     counts = [sum(traj.loss_mask) for traj in trajs]
-    return StepBatch(trajs, counts, old, refs, values, turns, valid, token_rewards)
+    return StepBatch(trajs, counts, old, refs, values, turns, valid, token_rewards, list(owners or []))
 
 
 def advantage_inputs(batch: StepBatch, t, device, with_values: bool, options: Any = None) -> AdvantageInputs:
@@ -145,9 +184,11 @@ def select(batch: StepBatch, est: Advantages, t, only_policy: bool) -> Selection
     advantages = est.advantages.split(batch.counts)
     returns = est.returns.split(batch.counts) if est.returns is not None else [None] * len(batch.trajs)
     keep = [n > 0 and v for n, v in zip(batch.counts, batch.valid, strict=True)]
-    if t.dynamic_sampling:
-        rewards = torch.tensor([traj.reward for traj in batch.trajs])
-        informative = informative_groups(rewards, t.group_size, torch.tensor(batch.valid)).tolist()
+    if t.dynamic_sampling:  # groups are the step's own trajectories; an extra sequence goes with its owner's
+        n = batch.primary
+        rewards = torch.tensor([traj.reward for traj in batch.trajs[:n]])
+        informative = informative_groups(rewards, t.group_size, torch.tensor(batch.valid[:n])).tolist()
+        informative += [informative[owner] for owner in batch.owners]
         keep = [k and i for k, i in zip(keep, informative, strict=True)]
     if t.mask_truncated:  # cut by a token limit: its last turn is unfinished, leave it out of the loss
         keep = [k and not traj.truncated for k, traj in zip(keep, batch.trajs, strict=True)]

@@ -84,7 +84,7 @@ class AgentOutcome:
 
 class AgentReward:
     """The user's reward on a sample's outcome (0 for a failed agent); `stats` are the gateway's counts for the
-    step's metrics (reward/segments, reward/segments_not_trained, reward/requests, reward/continued_requests,
+    step's metrics (reward/segments, reward/extra_segments, reward/requests, reward/continued_requests,
     reward/agent_failures)."""
 
     def __init__(self, score):
