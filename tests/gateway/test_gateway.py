@@ -24,6 +24,7 @@ class Scripted(Engine):
 
     async def generate(self, seq, tokens, params):
         self.seen.append(list(tokens))
+        self.budgets = [*getattr(self, "budgets", []), params.max_new_tokens]
         text = self.replies.pop(0)
         ids = self.chat.encode(text) if self.merge else [i for ch in text for i in self.chat.encode(ch)]
         return Sampled(ids + [self.chat.end_of_turn_id], [-0.5] * (len(ids) + 1), True)
@@ -193,3 +194,22 @@ def test_unpatched_clients_run_their_tool_loop_through_one_captured_segment(gate
         ("calculator", {"expression": "2 + 2"}, "4")
     ]
     assert agents.score(task, result, [{"name": "calculator", "result": "4"}]) == 1.0
+
+
+def test_a_conversation_stops_growing_at_max_response_tokens(gateway_for):
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    gateway = gateway_for([call, call, call], max_response_tokens=120)
+    sample = gateway.open_sample(Task("t", "q", "a", {}))
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    for _ in range(3):
+        response = post(gateway, "/chat/completions", {"messages": messages, "tools": [WEATHER]},
+                        base=gateway.base_url(sample))  # fmt: skip
+        if response.status_code != 200:
+            break
+        message = response.json()["choices"][0]["message"]
+        messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "x" * 40}]
+    assert response.status_code == 400
+    assert "rollout.max_response_tokens is 120: start a new one" in response.json()["error"]["message"]
+    engine, prompt = gateway.engine, len(gateway.engine.seen[0])
+    assert len(engine.seen) >= 2  # each turn was asked for no more than what was left of the 120
+    assert all(budget <= 120 - (len(fed) - prompt) for fed, budget in zip(engine.seen, engine.budgets, strict=True))

@@ -72,6 +72,7 @@ class Gateway:
         *,
         key: str | None = None,
         max_new_tokens: int = 512,
+        max_response_tokens: int = 2**31,
         context_length: int = 2**31,
         sampling: SamplingParams | None = None,
         max_calls_per_turn: int = 16,
@@ -81,6 +82,8 @@ class Gateway:
         self.engine, self.chat, self.syntax, self.model_name = engine, chat, syntax, model_name
         self.key = key or secrets.token_urlsafe(24)
         self.max_new_tokens, self.context_length = max_new_tokens, context_length
+        self.max_response_tokens = max_response_tokens
+        """Per segment after its prompt (sampled, tool and user tokens): a runaway agent's sequence stops here."""
         self.sampling = sampling or SamplingParams()
         self.max_calls_per_turn = max_calls_per_turn
         self.host, self.port = host, port
@@ -117,7 +120,7 @@ class Gateway:
 
     # ---- requests -----------------------------------------------------------------------------------------
 
-    def _params(self, req, n_index: int = 0, prompt_len: int = 0) -> SamplingParams:
+    def _params(self, req, n_index: int = 0, prompt_len: int = 0, response_len: int = 0) -> SamplingParams:
         wanted = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
         budget = min(wanted, self.max_new_tokens, self.context_length - prompt_len)
         if budget < 1:
@@ -126,6 +129,14 @@ class Gateway:
                 "generated; send a shorter conversation",
                 param="messages",
             )
+        room = self.max_response_tokens - response_len
+        if room < 1:
+            raise GatewayError(
+                f"this conversation has {response_len:,} tokens after its first prompt, "
+                f"rollout.max_response_tokens is {self.max_response_tokens:,}: start a new one",
+                param="messages",
+            )
+        budget = min(budget, room)
         s = self.sampling
         seed = None if req.seed is None else req.seed + n_index
         temperature = s.temperature if req.temperature is None else req.temperature
@@ -194,7 +205,7 @@ class Gateway:
             sample.requests += 1
             sample.segments += segments[1:]
         prompt_len = len(first.traj.token_ids)
-        params = [self._params(req, i, prompt_len) for i in range(req.n)]
+        params = [self._params(req, i, prompt_len, first.traj.response_length) for i in range(req.n)]
         sampled = await asyncio.gather(
             *(self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(segments, params, strict=True))
         )

@@ -176,7 +176,8 @@ class Workbench:
             r = self.config.rollout
             self.gateways[id(engine)] = Gateway(
                 engine, self.chat, self.env.syntax, self.config.model.name, max_new_tokens=r.max_new_tokens,
-                context_length=self.context_length, max_calls_per_turn=r.max_calls_per_turn,
+                max_response_tokens=r.max_response_tokens, context_length=self.context_length,
+                max_calls_per_turn=r.max_calls_per_turn,
             ).start()  # fmt: skip
         gateway = self.gateways[id(engine)]
         gateway.sampling = sampling
