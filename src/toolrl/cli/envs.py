@@ -69,9 +69,10 @@ def env_check(
     cfg = resolve_config(config, set_)
     _quiet_libraries()
     scores = []
-    for policy in ("reference", "idle"):
-        bench = Workbench.load(cfg, policy=policy)
-        try:
+    bench = Workbench.load(cfg, policy="reference")  # loaded once, for both policies
+    try:
+        for policy in ("reference", "idle"):
+            bench.play_as(policy)
             tasks, left = bench.eval_tasks(num_tasks, split)
             if not tasks:
                 raise ToolRLError(
@@ -88,8 +89,8 @@ def env_check(
                 PolicyScore(policy, len(tasks), len(left), s, stats["reward"], stats["tool_calls"],
                             stats["format_errors"], solve, limits)
             )  # fmt: skip
-        finally:
-            bench.close()
+    finally:
+        bench.close()
     solves = any(s.solve_f1 is not None for s in scores)
     columns = ["policy", "tasks", "left out", "success", *(["Solve-F1"] if solves else []), "reward", "tool calls"]
     table = Table(title=f"env check: {cfg.env.name}, {split} split")

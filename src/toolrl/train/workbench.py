@@ -92,6 +92,18 @@ class Workbench:
         bench.executor, bench.toolset = run_executor(env.tools(), config.tools, log_dir)
         return bench
 
+    def play_as(self, policy: str) -> None:
+        """From now on `policy` plays (a scripted one, as load(policy=) gives): the engines made for the last
+        one are closed; the environment, its tools and the tokenizer stay loaded."""
+        if self.model is None and policy == MODEL:
+            raise ConfigError("this workbench was loaded without the model's weights; load it with policy=model")
+        if policy != MODEL:
+            POLICIES.lookup(policy)  # an unknown name is a one-line error naming the known ones
+        for engine in self.distinct_engines():
+            engine.close()
+        self.engines.clear()
+        self.policy = policy
+
     def check_engine(self) -> None:
         """The engine can serve this policy: a vision-language model needs one that takes images."""
         if self.policy != MODEL:
