@@ -8,9 +8,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from toolrl.errors import ConfigError
-from toolrl.text import first_line
+from toolrl.text import clip, first_line
 
 
 def import_modules(modules: Sequence[str], key: str) -> None:
@@ -26,3 +27,15 @@ def import_modules(modules: Sequence[str], key: str) -> None:
                 f"{key}: cannot import {module!r} ({type(exc).__name__}: {first_line(exc)}); "
                 "is it installed or on PYTHONPATH?"
             ) from None
+
+
+def import_object(where: str, target: str) -> Any:
+    """The object a config names as `package.module:name` (a tool's function, an agent, a reward); a name that
+    does not look so or does not import is one line naming `where`."""
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise ConfigError(f"{where}: {clip(target, 80)!r} must look like package.module:function")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{where}: cannot import {clip(target, 80)!r} ({first_line(exc)})") from None

@@ -31,7 +31,6 @@ text beyond that import. Each kind of entry is built by a function registered in
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import re
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from toolrl.errors import ConfigError, ToolError
 from toolrl.files import load_structured
+from toolrl.plugins import import_object
 from toolrl.registry import Registry
 from toolrl.text import clip, first_line
 from toolrl.tools.function import Tool, tool_from_function
@@ -159,16 +159,6 @@ ENTRY_KINDS: Registry[Builder] = Registry("entry kind", "mcpServers")
 entry_kind = ENTRY_KINDS.register
 
 
-def _import(where: str, target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"{where}: {target!r} must look like package.module:function")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{where}: cannot import {target!r} ({exc})") from None
-
-
 def _renamed(server: str, tools: list[Tool]) -> list[Tool]:
     return [dataclasses.replace(t, name=f"{server}.{t.name}") for t in tools]
 
@@ -198,7 +188,7 @@ def _mcp_http(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
 @entry_kind("python")
 def _python(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
     where = f"mcpServers.{name}.python"
-    obj = _import(where, entry.python)
+    obj = import_object(where, entry.python)
     if inspect.isclass(obj):
         instance = obj()
         methods = [m for n, m in inspect.getmembers(instance, inspect.ismethod) if not n.startswith("_")]
@@ -240,7 +230,7 @@ def _agent(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
     from toolrl.tools.agent import agent_tool
 
     where = f"mcpServers.{name}.agent"
-    return _renamed(name, [agent_tool(_import(where, entry.agent), toolset.toolbox, where)])
+    return _renamed(name, [agent_tool(import_object(where, entry.agent), toolset.toolbox, where)])
 
 
 def default_log_dir() -> Path:

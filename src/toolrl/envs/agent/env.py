@@ -21,7 +21,6 @@ or outlives `timeout_s` fails its sample (reward 0, counted in env_faults), neve
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import os
@@ -35,8 +34,9 @@ from pydantic import Field, model_validator
 from toolrl.envs.base import Environment, EnvOptions, Task, register_env
 from toolrl.envs.tasks import TaskSplits
 from toolrl.errors import ConfigError
+from toolrl.plugins import import_object
 from toolrl.rewards.rubric import Criterion, Rubric
-from toolrl.text import clip, first_line
+from toolrl.text import clip
 
 
 class AgentOptions(EnvOptions):
@@ -59,13 +59,8 @@ class AgentOptions(EnvOptions):
 
 
 def import_target(where: str, target: str) -> Any:
-    module, _, name = target.partition(":")
-    if not module or not name:
-        raise ConfigError(f"{where}: {clip(target, 80)!r} must look like package.module:function")
-    try:
-        value = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{where}: cannot import {clip(target, 80)!r} ({first_line(exc)})") from None
+    """A function the config names (plugins.import_object), refused when it is not one."""
+    value = import_object(where, target)
     if not callable(value):
         raise ConfigError(f"{where}: {clip(target, 80)!r} is not a function")
     return value
