@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz faults before-after sandbox-probe env-builder test-vllm ui-screenshots
+.PHONY: install install-test demo test lint format fuzz faults before-after sandbox-probe env-builder test-vllm test-verifiers ui-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,3 +87,14 @@ test-vllm:
 	$(VLLM_VENV)/bin/toolrl model fetch
 	VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_OMP_THREADS_BIND=0-1 \
 		$(VLLM_VENV)/bin/pytest -q -s tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_server.py tests/train/test_vllm_train.py
+
+# verifiers in a venv of its own (it pins openai and mcp versions toolrl's do not meet; torch is not needed there,
+# the constraint keeps anything that asks for it on the CPU build): the verifiers environment's tests with the real
+# package (tests/envs/test_verifiers.py; `make test` runs its bridge tests against a stand-in).
+VERIFIERS_VENV ?= .venv-verifiers
+VERIFIERS_PACKAGE ?= verifiers==0.3.1
+test-verifiers: install-test
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	echo "torch==2.13.0" > $(VERIFIERS_VENV)/constraints.txt
+	$(VERIFIERS_VENV)/bin/pip install -q -c $(VERIFIERS_VENV)/constraints.txt "$(VERIFIERS_PACKAGE)"
+	TOOLRL_VERIFIERS_PYTHON=$(abspath $(VERIFIERS_VENV))/bin/python $(BIN)/pytest -q tests/envs/test_verifiers.py

@@ -15,6 +15,7 @@ BUILTIN_ENVIRONMENTS = (
     "openenv",
     "search",
     "support",
+    "verifiers",
 )
 
 for _name in BUILTIN_ENVIRONMENTS:

@@ -232,6 +232,10 @@ class Environment(ABC):
         Gymnasium; an override without a `seed` parameter is called without one."""
         return Episode(task, self.messages(task))
 
+    def close(self) -> None:  # noqa: B027 - most environments hold nothing for the run
+        """Free what the environment holds for the run (a server or bridge process it started); the workbench
+        calls it once, at its close."""
+
 
 @functools.cache
 def _takes_seed(reset: Callable[..., Episode]) -> bool:

@@ -124,6 +124,7 @@ class Workbench:
         self.executor.close()
         if self.toolset is not None:
             self.toolset.close()
+        self.env.close()
 
     @property
     def engine_name(self) -> str:
