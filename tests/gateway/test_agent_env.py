@@ -114,6 +114,13 @@ def test_toolrl_serve_serves_a_trained_run_to_an_unpatched_openai_client(tmp_pat
                                                tools=[CALCULATOR], max_tokens=8)  # fmt: skip
         assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls") and reply.usage.completion_tokens
         assert [m.id for m in client.models.list().data] and path.exists()
+        # A turn without tools streams as it is sampled: the text arrives in several deltas, not in one at the end.
+        ask = {"model": "any", "messages": [{"role": "user", "content": "Count."}], "max_tokens": 12}
+        stream = client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert 2 <= len(deltas) <= chunks[-1].usage.completion_tokens <= 12  # each delta: a token or more
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -106,6 +106,40 @@ def test_n_choices_streaming_and_completions(gateway_for):
     assert done["choices"][0]["text"] == "four" and done["object"] == "text_completion"
 
 
+def test_a_streamed_turn_that_may_call_tools_comes_parsed_and_a_plain_one_as_it_is_sampled(gateway_for, chat):
+    """With tools a turn is streamed once parsed (its calls as tool_calls deltas, never the call's markup as
+    text); without, each step's tokens are a delta (here one character per token: one delta each), and a
+    character split across tokens waits for its last one."""
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+    class Stepwise(Scripted):  # tells its tokens one by one, as the hf engine does after each step
+        async def generate_stream(self, seq, tokens, params, on_tokens):
+            sampled = await self.generate(seq, tokens, params)
+            for token in sampled.ids:
+                on_tokens([token])
+            return sampled
+
+    gateway = gateway_for([call, "Sunny 🌞, 21 °C."])
+    gateway.engine = Stepwise(chat, gateway.engine.replies)
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+
+    def stream(body):
+        with httpx.stream("POST", f"{gateway.base_url()}/chat/completions", json={**body, "stream": True},
+                          headers={"Authorization": f"Bearer {gateway.key}"}) as response:  # fmt: skip
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return [json.loads(e)["choices"][0] for e in events[:-1] if json.loads(e)["choices"]]
+
+    with_tools = stream({"messages": messages, "tools": [WEATHER]})
+    assert not any(c["delta"].get("content") for c in with_tools)
+    (calls,) = [c["delta"]["tool_calls"] for c in with_tools if "tool_calls" in c["delta"]]
+    assert calls[0]["function"]["name"] == "weather" and with_tools[-1]["finish_reason"] == "tool_calls"
+    plain = stream({"messages": messages})
+    deltas = [c["delta"]["content"] for c in plain if c["delta"].get("content")]
+    assert "".join(deltas) == "Sunny 🌞, 21 °C." and len(deltas) == len("Sunny 🌞, 21 °C.")
+    assert plain[-1]["finish_reason"] == "stop" and gateway.stats["token_streams"] == 1
+
+
 def test_a_sample_records_its_turns_token_exactly_and_a_request_that_does_not_extend_starts_a_segment(
     gateway_for, chat
 ):

@@ -120,25 +120,44 @@ def chat_response(rid: str, model: str, choices: list[dict[str, Any]], prompt: i
     }
 
 
-def stream_chunks(response: dict[str, Any]) -> list[str]:
-    """A finished reply as server-sent events: per choice the role, its text, its calls, then the finish; then
-    the usage and [DONE]. (The engine samples a turn at once: the stream is the reply, not token by token.)"""
+class Chunks:
+    """Server-sent events of one chat completion, shaped as the `openai` SDK reads a stream."""
 
-    def event(choices: list[dict[str, Any]], **extra: Any) -> str:
-        chunk = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
-                 "model": response["model"], "choices": choices, **extra}  # fmt: skip
+    def __init__(self, rid: str, model: str, created: int | None = None):
+        self.rid, self.model, self.created = rid, model, created if created is not None else int(time.time())
+
+    def event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = {"id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                 "choices": choices, **extra}  # fmt: skip
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
+    def delta(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        return self.event([{"index": index, "delta": delta, "finish_reason": finish_reason}])
+
+    def opening(self, index: int) -> str:
+        return self.delta(index, {"role": "assistant", "content": ""})
+
+    def ending(self, choice: dict[str, Any], sent: str = "") -> list[str]:
+        """A choice's last events: what of its text `sent` does not hold yet, its calls, its finish reason."""
+        i, message = choice["index"], choice["message"]
+        events = []
+        content = message.get("content") or ""
+        if content.startswith(sent) and len(content) > len(sent):
+            events.append(self.delta(i, {"content": content[len(sent) :]}))
+        for k, call in enumerate(message.get("tool_calls") or []):
+            events.append(self.delta(i, {"tool_calls": [{"index": k, **call}]}))
+        events.append(self.delta(i, {}, choice["finish_reason"]))
+        return events
+
+    def closing(self, usage: dict[str, Any]) -> list[str]:
+        return [self.event([], usage=usage), "data: [DONE]\n\n"]
+
+
+def stream_chunks(response: dict[str, Any]) -> list[str]:
+    """A finished reply as server-sent events: per choice the role, its text, its calls, then the finish; then
+    the usage and [DONE] (a turn that may call tools: its calls are known once the turn is parsed)."""
+    chunks = Chunks(response["id"], response["model"], response["created"])
     events = []
     for choice in response["choices"]:
-        i, message = choice["index"], choice["message"]
-        events.append(event([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
-        if message.get("content"):
-            events.append(event([{"index": i, "delta": {"content": message["content"]}, "finish_reason": None}]))
-        for k, call in enumerate(message.get("tool_calls") or []):
-            delta = {"tool_calls": [{"index": k, **call}]}
-            events.append(event([{"index": i, "delta": delta, "finish_reason": None}]))
-        events.append(event([{"index": i, "delta": {}, "finish_reason": choice["finish_reason"]}]))
-    events.append(event([], usage=response["usage"]))
-    events.append("data: [DONE]\n\n")
-    return events
+        events += [chunks.opening(choice["index"]), *chunks.ending(choice)]
+    return events + chunks.closing(response["usage"])

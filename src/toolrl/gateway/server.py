@@ -1,26 +1,30 @@
 """The gateway: an OpenAI-compatible HTTP server in front of the policy, so agent programs written for any
 OpenAI client run unchanged while their turns are recorded token-exactly for training.
 
-`/v1/chat/completions` (tools, tool_choice, n, stream), `/v1/completions` and `/v1/models`, served by the run's
-engine (the one rollouts use: it batches the concurrent requests of every agent), its chat format and its
-call syntax (`rollout.parser`): tool calls the model writes come back as OpenAI `tool_calls`; a malformed one
-comes back as the text the model wrote, and is counted. Every request needs the gateway's key (`Authorization:
-Bearer KEY`); it listens on 127.0.0.1. `/s/SAMPLE/v1/...` (the base URL `open_sample` gives one agent run) ties
-requests to one sample, whose segments capture.py records; plain `/v1/...` serves without recording
-(`toolrl serve`).
+`/v1/chat/completions` (tools, tool_choice, n, stream: token by token without tools), `/v1/completions` and
+`/v1/models`, served by the run's engine (the one rollouts use: it batches the concurrent requests of every
+agent), its chat format and its call syntax (`rollout.parser`): tool calls the model writes come back as OpenAI
+`tool_calls`; a malformed one comes back as the text the model wrote, and is counted. Every request needs the
+gateway's key (`Authorization: Bearer KEY`); it listens on 127.0.0.1. `/s/SAMPLE/v1/...` (the base URL
+`open_sample` gives one agent run) ties requests to one sample, whose segments capture.py records; plain
+`/v1/...` serves without recording (`toolrl serve`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
+import json
 import logging
 import secrets
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +43,7 @@ from toolrl.gateway.capture import (
 )
 from toolrl.gateway.protocol import (
     ChatRequest,
+    Chunks,
     CompletionRequest,
     GatewayError,
     chat_response,
@@ -55,8 +60,20 @@ from toolrl.tools.call import ToolResult
 log = logging.getLogger(__name__)
 
 UNBOUND = Task("unbound", "", "", {})
-MAX_BODY_BYTES = 32 << 20
 """The task of a request made outside any sample (served, not recorded)."""
+MAX_BODY_BYTES = 32 << 20
+
+
+@dataclass
+class ChatWork:
+    """A chat request made ready to sample: its segments (one per choice) and their sampling."""
+
+    req: ChatRequest
+    sample: Sample | None
+    segments: list[Segment]
+    params: list[SamplingParams]
+    schemas: list[dict[str, Any]]
+    rid: str
 
 
 class Gateway:
@@ -197,7 +214,9 @@ class Gateway:
         segment.messages.append(normal(message))
         return {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
 
-    async def chat_completion(self, req: ChatRequest, sample: Sample | None) -> dict[str, Any]:
+    def _prepare_chat(self, req: ChatRequest, sample: Sample | None) -> ChatWork:
+        """The segments a chat request continues or starts and how each choice samples (refusals raise here,
+        before any reply is sent)."""
         schemas = req.schemas()
         first = self._segment(sample, req, schemas)
         segments = [first] + [branch(first) for _ in range(req.n - 1)]
@@ -206,18 +225,64 @@ class Gateway:
             sample.segments += segments[1:]
         prompt_len = len(first.traj.token_ids)
         params = [self._params(req, i, prompt_len, first.traj.response_length) for i in range(req.n)]
-        sampled = await asyncio.gather(
-            *(self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(segments, params, strict=True))
-        )
-        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        return ChatWork(req, sample, segments, params, schemas, f"chatcmpl-{uuid.uuid4().hex[:24]}")
+
+    async def chat_completion(self, req: ChatRequest, sample: Sample | None) -> dict[str, Any]:
+        return await self._run_chat(self._prepare_chat(req, sample))
+
+    async def _run_chat(self, work: ChatWork, on_tokens: Callable[[int, list[int]], None] | None = None) -> dict:
+        """Sample every choice (telling `on_tokens(choice, ids)` the ids as they come), record the turns."""
+        pairs = list(zip(work.segments, work.params, strict=True))
+        if on_tokens is None:
+            runs = [self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in pairs]
+        else:
+            runs = [self.engine.generate_stream(s.seq, s.traj.token_ids, p, functools.partial(on_tokens, i))
+                    for i, (s, p) in enumerate(pairs)]  # fmt: skip
+        prompt_len = len(work.segments[0].traj.token_ids)
+        sampled = await asyncio.gather(*runs)
         choices = []
-        for i, (segment, result) in enumerate(zip(segments, sampled, strict=True)):
-            choice = self._turn(segment, result, schemas, f"{rid[-8:]}_{i}")
+        for i, (segment, result) in enumerate(zip(work.segments, sampled, strict=True)):
+            choice = self._turn(segment, result, work.schemas, f"{work.rid[-8:]}_{i}")
             choices.append({**choice, "index": i})
-        if sample is None:
-            self._release([s.seq for s in segments])
+        if work.sample is None:
+            self._release([s.seq for s in work.segments])
         completion = sum(len(r.ids) for r in sampled)
-        return chat_response(rid, req.model or self.model_name, choices, prompt_len, completion)
+        return chat_response(work.rid, work.req.model or self.model_name, choices, prompt_len, completion)
+
+    async def _token_stream(self, work: ChatWork) -> AsyncIterator[str]:
+        """A turn without tools streamed as it is sampled: each choice's text grows by the characters its new
+        tokens complete (a character split across tokens waits for its last one); the finish and usage follow
+        the recorded turn. (A turn that may call tools comes whole: stream_chunks.)"""
+        queue: asyncio.Queue = asyncio.Queue()
+        job = asyncio.ensure_future(self._run_chat(work, lambda i, ids: queue.put_nowait((i, ids))))
+        job.add_done_callback(lambda _: queue.put_nowait(None))
+        chunks = Chunks(work.rid, work.req.model or self.model_name)
+        ids: list[list[int]] = [[] for _ in work.segments]
+        sent = [""] * len(work.segments)
+        for i in range(len(work.segments)):
+            yield chunks.opening(i)
+        while (item := await queue.get()) is not None:
+            i, new = item
+            ids[i] += new
+            text = self.chat.tokenizer.decode(ids[i], skip_special_tokens=True)
+            if text.endswith("\ufffd") or len(text) <= len(sent[i]) or not text.startswith(sent[i]):
+                continue
+            yield chunks.delta(i, {"content": text[len(sent[i]) :]})
+            sent[i] = text
+        try:
+            response = job.result()
+        except Exception as exc:  # after the headers: the error is the stream's last event
+            log.exception("gateway: a streamed request failed")
+            self.stats["errors"] += 1
+            error = exc if isinstance(exc, GatewayError) else GatewayError(f"the gateway failed: {first_line(exc)}")
+            yield f"data: {json.dumps(error.body())}\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        for choice in response["choices"]:
+            for event in chunks.ending(choice, sent[choice["index"]]):
+                yield event
+        for event in chunks.closing(response["usage"]):
+            yield event
 
     async def completion(self, req: CompletionRequest, sample: Sample | None) -> dict[str, Any]:
         ids = self.chat.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
@@ -283,6 +348,13 @@ class Gateway:
                 return failed(GatewayError(f"{unknown[0]}: not supported by this gateway", param=unknown[0]))
             self.stats["requests"] += 1
             self.stats["unbound" if sample is None else "bound"] += 1
+            if req.stream and isinstance(req, ChatRequest) and not req.schemas():
+                try:
+                    work = self._prepare_chat(req, sample)
+                except GatewayError as exc:
+                    return failed(exc)
+                self.stats["token_streams"] += 1
+                return StreamingResponse(self._token_stream(work), media_type="text/event-stream")
             try:
                 response = await run(req, sample)
             except GatewayError as exc:
@@ -360,7 +432,5 @@ class Gateway:
 
 
 def _completion_chunks(response: dict[str, Any]) -> list[str]:
-    import json
-
     chunk = {**response, "object": "text_completion"}
     return [f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n", "data: [DONE]\n\n"]

@@ -45,6 +45,16 @@ class Engine(ABC):
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         """Sample up to params.max_new_tokens tokens after `tokens`, the sequence's whole context so far."""
 
+    async def generate_stream(
+        self, seq: Hashable, tokens: list[int], params: SamplingParams, on_tokens: Callable[[list[int]], None]
+    ) -> Sampled:
+        """`generate`, telling `on_tokens` (on the calling event loop) each run of new ids as it is sampled. This
+        default samples the turn at once and tells it once, at the end; an engine that samples step by step
+        overrides it (the hf engine: after each decoding step)."""
+        sampled = await self.generate(seq, tokens, params)
+        on_tokens(list(sampled.ids))
+        return sampled
+
     def begin(self, seq: Hashable, task: Task) -> None:  # noqa: B027 - optional: engines that play any task
         """A sequence for `task` begins (before its first `generate`): a policy played without a model (the
         reference, rollout/scripted.py) keys its turns by task and turn."""

@@ -16,8 +16,9 @@ The model runs in one worker thread so the event loop keeps serving tool calls w
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ from toolrl.rollout.cascade import SharedPrefix, attention_implementation, suppo
 from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
+
+log = logging.getLogger(__name__)
 
 MIN_SHARED_PREFIX = 16
 """Shorter common prefixes are simply prefilled per sequence."""
@@ -60,6 +63,18 @@ class _Request:
     future: asyncio.Future
     out: Sampled = field(default_factory=lambda: Sampled([], [], False))
     done: bool = False
+    on_tokens: Callable[[list[int]], None] | None = None
+    told: int = 0
+    """How many of out.ids on_tokens has been told."""
+
+    def tell(self) -> None:
+        if self.on_tokens is not None and len(self.out.ids) > self.told:
+            new, self.told = self.out.ids[self.told :], len(self.out.ids)
+            try:
+                self.on_tokens(list(new))
+            except Exception:  # a listener's fault stops its stream, never the engine's other sequences
+                log.exception("hf engine: a token listener failed; it hears no more")
+                self.on_tokens = None
 
 
 class HFEngine(Engine):
@@ -101,13 +116,21 @@ class HFEngine(Engine):
     # ---- the async surface -------------------------------------------------------------------------------
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
+        return await self._submit(seq, tokens, params, None)
+
+    async def generate_stream(
+        self, seq: Hashable, tokens: list[int], params: SamplingParams, on_tokens: Callable[[list[int]], None]
+    ) -> Sampled:
+        return await self._submit(seq, tokens, params, on_tokens)
+
+    async def _submit(self, seq, tokens, params, on_tokens) -> Sampled:
         if seq in self.requests:
             raise RuntimeError(f"sequence {seq!r} already has a request in flight")
         loop = asyncio.get_running_loop()
         if self._driver is not None and not self._driver.done() and self._driver.get_loop() is not loop:
             raise RuntimeError("HFEngine serves one event loop at a time; this one is busy on another")
         future = loop.create_future()
-        self.requests[seq] = _Request(seq, list(tokens), params, future)
+        self.requests[seq] = _Request(seq, list(tokens), params, future, on_tokens=on_tokens)
         if self._driver is None or self._driver.done():
             self._driver = loop.create_task(self._drive())
         return await future
@@ -169,6 +192,7 @@ class HFEngine(Engine):
                         request.future.set_exception(exc)
                 raise
             for request in batch:
+                request.tell()  # a streaming request hears this step's tokens now, on the event loop
                 if request.done:
                     del self.requests[request.seq]
                     request.future.set_result(request.out)
