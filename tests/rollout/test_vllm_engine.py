@@ -29,9 +29,12 @@ def test_vllm_greedy_turns_match_the_hf_engine():
     try:
         out = asyncio.run(engine.generate("a", prompt, params))
         second = asyncio.run(engine.generate("b", prompt, params))  # a second event loop, same engine
+        told: list[list[int]] = []
+        streamed = asyncio.run(engine.generate_stream("c", prompt, params, told.append))  # the gateway's stream
     finally:
         engine.close()
-    assert out.ids == expected.ids == second.ids
+    assert out.ids == expected.ids == second.ids == streamed.ids
+    assert [i for ids in told for i in ids] == streamed.ids and len(told) > 1  # step by step, in order
     # Greedy: vLLM's raw log-probs are the untempered softmax, as the HF engine records for greedy rows.
     assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expected.logprobs), atol=2e-3)
 

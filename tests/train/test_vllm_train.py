@@ -41,3 +41,32 @@ def test_three_steps_with_the_vllm_engine_keep_the_engine_on_the_trainer_s_weigh
         assert torch.allclose(torch.tensor(engine.score(ids)), expected, atol=2e-3)
     finally:
         bench.close()
+
+
+def test_an_agent_trains_through_the_gateway_over_the_vllm_engine(tmp_path):
+    """The gateway serves whichever engine the run uses: an openai-SDK agent's turns are sampled by vLLM, recorded
+    with vLLM's log-probs, and train; the engine stays on the trainer's weights."""
+    import json
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(4)))  # fmt: skip
+    config = load_config(
+        overrides=[
+            "rollout.engine=vllm", "device=cpu", "env.name=agent", f"env.train_file={path}", f"env.test_file={path}",
+            "env.options.agent=tests.fixtures.agents:calculator_agent",
+            "env.options.reward=tests.fixtures.agents:score",
+            "train.steps=2", "train.prompts_per_step=2", "train.group_size=2", "rollout.max_new_tokens=32",
+            "eval.at_start=false", "eval.at_end=false", f"output_dir={tmp_path}", "run_name=vllm-agent",
+        ]
+    )  # fmt: skip
+    bench = Workbench.load(config)
+    try:
+        metrics = []
+        Trainer(bench).train(metrics.append)
+        steps = [m for m in metrics if "reward/requests" in m]
+        assert [m["step"] for m in steps] == [1, 2] and all(m["reward/requests"] > 0 for m in steps)
+        trained = [m for m in metrics if "mismatch/abs_logprob_diff" in m]
+        assert trained and all(m["mismatch/abs_logprob_diff"] < 5e-3 for m in trained)
+    finally:
+        bench.close()

@@ -15,6 +15,7 @@ difference is logged each step as `mismatch/*`.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import shutil
 from collections.abc import Hashable, Sequence
@@ -64,14 +65,20 @@ class VLLMEngine(Engine):
             seed=request_seed(params, position),
         )
 
-    async def _generate(self, tokens: list[int], params: SamplingParams) -> Sampled:
+    async def _generate(self, tokens: list[int], params: SamplingParams, tell=None) -> Sampled:
+        """Runs on the engine's loop; `tell(new_ids)`, when given, is called as outputs arrive (its own loop's
+        thread-safe caller: see generate_stream)."""
         from vllm.inputs import TokensPrompt
 
-        final = None
+        final, told = None, 0
         request_id = f"toolrl-{next(self._ids)}"
         prompt, sampling = TokensPrompt(prompt_token_ids=tokens), self.sampling(params, len(tokens))
         async for output in self.llm.generate(prompt, sampling, request_id):
             final = output
+            if tell is not None and len(output.outputs[0].token_ids) > told:  # cumulative outputs, per step
+                ids = list(output.outputs[0].token_ids)
+                tell(ids[told:])
+                told = len(ids)
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True)]
@@ -79,6 +86,14 @@ class VLLMEngine(Engine):
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         return await self._loop.run(self._generate(list(tokens), params))
+
+    async def generate_stream(self, seq, tokens, params, on_tokens) -> Sampled:
+        caller = asyncio.get_running_loop()  # on_tokens runs there, in order, before the result arrives
+
+        def tell(ids: list[int]) -> None:
+            caller.call_soon_threadsafe(on_tokens, ids)
+
+        return await self._loop.run(self._generate(list(tokens), params, tell))
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """The trainer's weights into the running engine (checkpoint names, as a HF state dict has them). They go
