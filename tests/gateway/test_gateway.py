@@ -247,3 +247,24 @@ def test_a_conversation_stops_growing_at_max_response_tokens(gateway_for):
     engine, prompt = gateway.engine, len(gateway.engine.seen[0])
     assert len(engine.seen) >= 2  # each turn was asked for no more than what was left of the 120
     assert all(budget <= 120 - (len(fed) - prompt) for fed, budget in zip(engine.seen, engine.budgets, strict=True))
+
+
+def test_toolrls_own_openai_engine_samples_token_exactly_from_a_gateway(gateway_for, chat):
+    """A served model is a teacher a run can play (sft.source: teacher): the OpenAI engine sends token ids with
+    vLLM's extensions, and gets back exactly the ids and log-probs the gateway's engine sampled."""
+    import asyncio
+
+    from toolrl.rollout import OpenAIEngine, SamplingParams
+
+    gateway = gateway_for(["Sunny 🌞."])
+    engine = OpenAIEngine(
+        gateway.base_url(), "tiny", chat.tokenizer, chat.stop_ids, {"Authorization": f"Bearer {gateway.key}"}
+    )
+    try:
+        out = asyncio.run(engine.generate("s", chat.encode("Weather?"), SamplingParams(max_new_tokens=20)))
+    finally:
+        engine.close()
+    expected = [i for ch in "Sunny 🌞." for i in chat.encode(ch)] + [chat.end_of_turn_id]  # the Scripted ids
+    assert out.ids == expected and out.logprobs == [-0.5] * len(expected) and out.ended and engine.token_exact
+    wrong = post(gateway, "/completions", {"prompt": "x", "stop_token_ids": [12345]})
+    assert wrong.status_code == 400 and "stop_token_ids" in wrong.json()["error"]["message"]

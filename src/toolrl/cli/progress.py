@@ -100,6 +100,12 @@ class StepReporter:
         elif self.mode == "json":
             print(json.dumps({k: v for k, v in m.items() if isinstance(v, int | float | str | None)}), flush=True)
 
+    def note(self, text: str) -> None:
+        """A line of progress that is not a step (the warm start's): printed, and in the log file."""
+        if self.mode == "bar":
+            self.console.print(text, highlight=False, markup=False)
+        self._emit_text(text)
+
     def _emit_text(self, text: str) -> None:
         if self.mode == "lines":
             print(text, flush=True)

@@ -37,6 +37,24 @@ def train(
 ) -> None:
     """Train a model with RL (GRPO by default) on an environment's tasks. Progress: a bar on a terminal, one
     line per step otherwise (also in RUN/progress.log)."""
+    _train(config, set_, resume, quiet, as_json, trust_run)
+
+
+@app.command()
+def sft(
+    config: ConfigArg = None,
+    set_: SetOption = None,
+    quiet: QuietOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Supervised warm start: fine-tune on trajectories from the `sft` section's source (the environment's
+    reference policy, a teacher endpoint, a JSONL of conversations, or the policy's own successes), in the RL
+    format. A run like `toolrl train` (evaluations, RUN/final) with the warm start alone; its lines are in
+    RUN/sft.jsonl. Train from it with model.name: RUN/final, or set train.warm_start in an RL run."""
+    _train(config, [*(set_ or []), "train.warm_start=true", "train.steps=0"], None, quiet, as_json, False)
+
+
+def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) -> None:
     from toolrl import distributed
     from toolrl.cli.progress import StepReporter, pick_mode
     from toolrl.config import resolve_config
@@ -78,6 +96,7 @@ def train(
     with StepReporter(mode, cfg.train.steps, console, log_file) as report:
         try:
             trainer = Trainer(bench, run)
+            trainer.on_note = report.note
             if resume is not None:
                 report.start(trainer.resume(resume))
             summary = trainer.train(report)

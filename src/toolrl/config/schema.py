@@ -181,6 +181,48 @@ class LoRAConfig(Section):
     target_modules: list[str] | str = "all-linear"
 
 
+class TeacherConfig(Section):
+    """A teacher behind an OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp server, a hosted API)."""
+
+    base_url: str | list[str]
+    model: str = ""
+    """The model name the endpoint serves (default: model.name)."""
+    api_key_env: str | None = None
+    """The environment variable holding its key (never the key itself in a config)."""
+    timeout_s: float = Field(600.0, gt=0)
+    max_concurrency: int = Field(16, ge=1)
+
+
+class SFTConfig(Section):
+    """The supervised warm start (`toolrl sft`, or `train.warm_start` before RL): fine-tune on trajectories in
+    the RL format (token ids, the model's turns in the loss), from one source."""
+
+    source: str = "reference"
+    """reference (the environment's reference policy plays the train split), teacher (a model behind an
+    OpenAI-compatible endpoint plays it: sft.teacher), file (a JSONL of conversations in the OpenAI messages
+    format: sft.file), self (rejection sampling: the policy's own successful samples, sft.rounds times)."""
+    file: str | None = None
+    """source file: one {"messages": [...], "tools": [...]} per line (tools optional: the environment's)."""
+    teacher: TeacherConfig | None = None
+    num_tasks: int | None = Field(None, ge=1)
+    """Train-split tasks played per round (all by default)."""
+    samples_per_task: int = Field(1, ge=1)
+    """Trajectories sampled per task (source self, teacher): the more, the likelier a success."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature of the player (teacher, self)."""
+    keep: Literal["success", "all"] = "success"
+    """Which trajectories to learn from: the successful ones (the rubric's success criterion, else reward > 0)
+    or every one (a file's conversations are always all kept)."""
+    rounds: int = Field(1, ge=1)
+    """Play, keep, fine-tune, again (rejection sampling: each round samples from the policy just tuned)."""
+    epochs: int = Field(2, ge=1)
+    """Passes over each round's kept trajectories."""
+    batch_size: int = Field(8, ge=1)
+    """Trajectories per optimizer step (micro-batched by train.micro_batch_tokens)."""
+    lr: float = Field(1e-5, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+
+
 class TrainConfig(Section):
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(4, ge=1)
@@ -260,6 +302,9 @@ class TrainConfig(Section):
     warning says so). A record of the default run is ~5 KB."""
     report_to: list[Literal["tensorboard", "wandb"]] = []
     """Loggers besides metrics.jsonl: tensorboard (runs/NAME/tensorboard), wandb (offline mode, no network)."""
+    warm_start: bool = False
+    """Fine-tune with the `sft` section before the first RL step (the evaluation at start measures the model
+    before it); `toolrl sft` is a run of the warm start alone."""
 
 
 class EvalConfig(Section):
@@ -286,6 +331,7 @@ class RunConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     tools: ToolsConfig = ToolsConfig()
     train: TrainConfig = TrainConfig()
+    sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
     _resolved: bool = PrivateAttr(False)
     _plugin_typed: tuple[Any, dict[str, Any]] | None = PrivateAttr(None)

@@ -99,6 +99,12 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | list[int] = Field(min_length=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    """The sampled token's log-prob comes back (top alternatives are not given)."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's extension: each token as `token_id:N`, exact."""
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
 
 
 def tool_calls_json(calls: list[ToolCall], prefix: str) -> list[dict[str, Any]]:

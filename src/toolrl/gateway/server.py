@@ -13,9 +13,7 @@ gateway's key (`Authorization: Bearer KEY`); it listens on 127.0.0.1. `/s/SAMPLE
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import hmac
 import json
 import logging
 import secrets
@@ -26,8 +24,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import ValidationError
 
 from toolrl.chat.format import ChatFormat
 from toolrl.envs.base import Task
@@ -47,7 +43,6 @@ from toolrl.gateway.protocol import (
     CompletionRequest,
     GatewayError,
     chat_response,
-    stream_chunks,
     tool_calls_json,
 )
 from toolrl.parsers.base import CallSyntax
@@ -61,7 +56,6 @@ log = logging.getLogger(__name__)
 
 UNBOUND = Task("unbound", "", "", {})
 """The task of a request made outside any sample (served, not recorded)."""
-MAX_BODY_BYTES = 32 << 20
 
 
 @dataclass
@@ -214,7 +208,7 @@ class Gateway:
         segment.messages.append(normal(message))
         return {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
 
-    def _prepare_chat(self, req: ChatRequest, sample: Sample | None) -> ChatWork:
+    def prepare_chat(self, req: ChatRequest, sample: Sample | None) -> ChatWork:
         """The segments a chat request continues or starts and how each choice samples (refusals raise here,
         before any reply is sent)."""
         schemas = req.schemas()
@@ -228,7 +222,7 @@ class Gateway:
         return ChatWork(req, sample, segments, params, schemas, f"chatcmpl-{uuid.uuid4().hex[:24]}")
 
     async def chat_completion(self, req: ChatRequest, sample: Sample | None) -> dict[str, Any]:
-        return await self._run_chat(self._prepare_chat(req, sample))
+        return await self._run_chat(self.prepare_chat(req, sample))
 
     async def _run_chat(self, work: ChatWork, on_tokens: Callable[[int, list[int]], None] | None = None) -> dict:
         """Sample every choice (telling `on_tokens(choice, ids)` the ids as they come), record the turns."""
@@ -249,7 +243,7 @@ class Gateway:
         completion = sum(len(r.ids) for r in sampled)
         return chat_response(work.rid, work.req.model or self.model_name, choices, prompt_len, completion)
 
-    async def _token_stream(self, work: ChatWork) -> AsyncIterator[str]:
+    async def token_stream(self, work: ChatWork) -> AsyncIterator[str]:
         """A turn without tools streamed as it is sampled: each choice's text grows by the characters its new
         tokens complete (a character split across tokens waits for its last one); the finish and usage follow
         the recorded turn. (A turn that may call tools comes whole: stream_chunks.)"""
@@ -286,6 +280,9 @@ class Gateway:
 
     async def completion(self, req: CompletionRequest, sample: Sample | None) -> dict[str, Any]:
         ids = self.chat.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        if req.stop_token_ids and not set(req.stop_token_ids) <= set(self.chat.stop_ids):
+            raise GatewayError("stop_token_ids: only the policy's own end-of-turn ids "
+                               f"{sorted(self.chat.stop_ids)} end a turn here", param="stop_token_ids")  # fmt: skip
         segments = [Segment(Trajectory.start(sample.task if sample else UNBOUND, ids), [], "raw")
                     for _ in range(req.n)]  # fmt: skip
         params = [self._params(req, i, len(ids)) for i in range(req.n)]
@@ -294,9 +291,9 @@ class Gateway:
         )
         choices = []
         for i, (segment, result) in enumerate(zip(segments, sampled, strict=True)):
-            text = self.chat.tokenizer.decode(result.ids, skip_special_tokens=True)
+            text = self.chat.tokenizer.decode(result.ids, skip_special_tokens=req.skip_special_tokens)
             segment.traj.add_model_turn(result.ids, result.logprobs, text)
-            choices.append({"index": i, "text": text, "logprobs": None,
+            choices.append({"index": i, "text": text, "logprobs": self._token_logprobs(req, result),
                             "finish_reason": "stop" if result.ended else "length"})  # fmt: skip
         if sample is not None:
             sample.requests += 1
@@ -308,94 +305,24 @@ class Gateway:
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
                 "model": req.model or self.model_name, "choices": choices, "usage": usage}  # fmt: skip
 
+    def _token_logprobs(self, req: CompletionRequest, result) -> dict[str, Any] | None:
+        """The sampled tokens' log-probs when asked (`logprobs`), each token as `token_id:N` with vLLM's
+        `return_tokens_as_token_ids` (toolrl's own OpenAI engine asks so: a run can learn from a served one)."""
+        if req.logprobs is None:
+            return None
+        if req.return_tokens_as_token_ids:
+            tokens = [f"token_id:{i}" for i in result.ids]
+        else:
+            tokens = [self.chat.tokenizer.decode([i]) for i in result.ids]
+        return {"tokens": tokens, "token_logprobs": list(result.logprobs)}
+
     # ---- HTTP ---------------------------------------------------------------------------------------------
 
     def app(self):
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse, StreamingResponse
-        from starlette.routing import Route
+        """The HTTP routes (routes.py) over this gateway."""
+        from toolrl.gateway.routes import make_app
 
-        def authorised(request: Request) -> bool:
-            given = request.headers.get("authorization", "")
-            return hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode())
-
-        def failed(error: GatewayError) -> JSONResponse:
-            self.stats["refused"] += 1
-            return JSONResponse(error.body(), status_code=error.status)
-
-        async def handle(request: Request, model, run) -> Any:
-            if not authorised(request):
-                return failed(GatewayError("a valid API key is required (Authorization: Bearer KEY)", 401,
-                                           kind="authentication_error"))  # fmt: skip
-            sid = request.path_params.get("sample")
-            with self.lock:
-                sample = self.samples.get(sid) if sid else None
-            if sid and sample is None:
-                return failed(GatewayError(f"no open sample {sid[:40]!r}: its agent run has ended", 404))
-            if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-                return failed(GatewayError(f"the body is over {MAX_BODY_BYTES >> 20} MiB", 413))
-            try:
-                body = await request.json()
-                req = model.model_validate(body)
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                where = ".".join(str(p) for p in error["loc"]) or "(body)"
-                return failed(GatewayError(f"{where}: {error['msg']}", param=where))
-            except ValueError:
-                return failed(GatewayError("the body is not JSON"))
-            if unknown := req.unsupported():
-                return failed(GatewayError(f"{unknown[0]}: not supported by this gateway", param=unknown[0]))
-            self.stats["requests"] += 1
-            self.stats["unbound" if sample is None else "bound"] += 1
-            if req.stream and isinstance(req, ChatRequest) and not req.schemas():
-                try:
-                    work = self._prepare_chat(req, sample)
-                except GatewayError as exc:
-                    return failed(exc)
-                self.stats["token_streams"] += 1
-                return StreamingResponse(self._token_stream(work), media_type="text/event-stream")
-            try:
-                response = await run(req, sample)
-            except GatewayError as exc:
-                return failed(exc)
-            except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
-                log.exception("gateway: a request failed")
-                self.stats["errors"] += 1
-                return failed(GatewayError(f"the gateway failed: {first_line(exc)}", 500, kind="server_error"))
-            if req.stream:
-                chunks = (
-                    stream_chunks(response) if "message" in response["choices"][0] else _completion_chunks(response)
-                )
-                return StreamingResponse(iter(chunks), media_type="text/event-stream")
-            return JSONResponse(response)
-
-        async def chat(request: Request):
-            return await handle(request, ChatRequest, self.chat_completion)
-
-        async def complete(request: Request):
-            return await handle(request, CompletionRequest, self.completion)
-
-        async def models(request: Request):
-            if not authorised(request):
-                return failed(GatewayError("a valid API key is required (Authorization: Bearer KEY)", 401,
-                                           kind="authentication_error"))  # fmt: skip
-            card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "toolrl"}
-            return JSONResponse({"object": "list", "data": [card]})
-
-        @contextlib.asynccontextmanager
-        async def lifespan(app):
-            self.loop = asyncio.get_running_loop()  # the engine's loop: every generate runs on it
-            yield
-
-        routes = []
-        for prefix in ("", "/s/{sample}"):
-            routes += [
-                Route(f"{prefix}/v1/chat/completions", chat, methods=["POST"]),
-                Route(f"{prefix}/v1/completions", complete, methods=["POST"]),
-                Route(f"{prefix}/v1/models", models, methods=["GET"]),
-            ]
-        return Starlette(routes=routes, lifespan=lifespan)
+        return make_app(self)
 
     def start(self, timeout: float = 30.0) -> Gateway:
         """Serve from a thread of its own; returns once it listens (self.port is then the port it got)."""
@@ -429,8 +356,3 @@ class Gateway:
         """Run `coro` on the gateway's loop (where the engine lives) from another thread."""
         assert self.loop is not None, "start() the gateway first"
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-
-def _completion_chunks(response: dict[str, Any]) -> list[str]:
-    chunk = {**response, "object": "text_completion"}
-    return [f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n", "data: [DONE]\n\n"]

@@ -64,8 +64,7 @@ class _Request:
     out: Sampled = field(default_factory=lambda: Sampled([], [], False))
     done: bool = False
     on_tokens: Callable[[list[int]], None] | None = None
-    told: int = 0
-    """How many of out.ids on_tokens has been told."""
+    told: int = 0  # how many of out.ids on_tokens has heard
 
     def tell(self) -> None:
         if self.on_tokens is not None and len(self.out.ids) > self.told:
@@ -116,14 +115,9 @@ class HFEngine(Engine):
     # ---- the async surface -------------------------------------------------------------------------------
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
-        return await self._submit(seq, tokens, params, None)
+        return await self.generate_stream(seq, tokens, params, None)
 
-    async def generate_stream(
-        self, seq: Hashable, tokens: list[int], params: SamplingParams, on_tokens: Callable[[list[int]], None]
-    ) -> Sampled:
-        return await self._submit(seq, tokens, params, on_tokens)
-
-    async def _submit(self, seq, tokens, params, on_tokens) -> Sampled:
+    async def generate_stream(self, seq, tokens, params, on_tokens: Callable[[list[int]], None] | None) -> Sampled:
         if seq in self.requests:
             raise RuntimeError(f"sequence {seq!r} already has a request in flight")
         loop = asyncio.get_running_loop()

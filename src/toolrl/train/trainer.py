@@ -13,6 +13,7 @@ never tested by name).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 import warnings
@@ -117,6 +118,14 @@ class Trainer:
         )
         self.scorer = Scorer(self.reference, self.config.rollout.sampling.temperature, t.micro_batch_tokens, self.dist)
         self.journal = Journal(run, self.dist, self.config, bench.tokenizer, bench.env.rubric.success)
+        self.on_note: Callable[[str], None] = lambda text: log.info("%s", text)
+        """Where the warm start's progress lines go (the CLI's reporter prints them and writes progress.log)."""
+        self.warm_start = None
+        if t.warm_start:
+            from toolrl.train.sft import WarmStart
+
+            seed = seeds.derive(self.config.seed, "sft")
+            self.warm_start = WarmStart(bench, self.config.sft, t.micro_batch_tokens, seed)
 
     @property
     def model(self):
@@ -254,6 +263,8 @@ class Trainer:
         try:
             if config.eval.at_start and state.step == 0:
                 summary["eval_start"] = self.evaluate("start", 0)
+            if self.warm_start is not None and state.step == 0:
+                summary |= self.run_warm_start()
             for step in range(state.step + 1, t.steps + 1):
                 metrics = self.step(step)
                 state.step = step
@@ -279,8 +290,31 @@ class Trainer:
         self.journal.status(state="stopped" if "stopped" in summary else "finished", step=state.step)
         return summary
 
+    def run_warm_start(self) -> dict[str, Any]:
+        """The supervised warm start (train/sft.py) on the policy, before the first RL step; its lines go to
+        RUN/sft.jsonl and, as progress, to on_note."""
+        assert self.warm_start is not None
+        if self.dist.on:
+            raise ConfigError("train.warm_start: the warm start runs in one process; run toolrl sft first, then "
+                              "torchrun the RL run from its model (model.name: RUN/final)")  # fmt: skip
+
+        def record(line: dict[str, Any]) -> None:
+            if self.run is not None:
+                with open(self.run.path / "sft.jsonl", "a", encoding="utf-8") as out:
+                    out.write(json.dumps(line) + "\n")
+            self.on_note(sft_line(line))
+
+        def sync() -> None:  # the engines sample from the tuned weights (a copy or vLLM gets them)
+            self.generator_version = -1
+            self.refresh_generator(0)
+
+        self.journal.status(state="running", step=0, phase="sft")
+        summary = self.warm_start.run(self.model, sync, record)
+        self.journal.status(phase="rl")
+        return summary
+
     def _finish(self, summary: dict[str, Any]) -> None:
-        if self.config.eval.at_end and self.config.train.steps:
+        if self.config.eval.at_end and (self.config.train.steps or self.warm_start is not None):
             summary["eval_end"] = self.evaluate_and_keep_best(self.config.train.steps)
         self.save_checkpoint()  # under torchrun a collective: every rank writes its shards
         if self.run:
@@ -336,3 +370,14 @@ class Trainer:
 
 GRPOTrainer = Trainer
 """The name of earlier versions: the trainer runs GRPO by default."""
+
+
+def sft_line(line: dict[str, Any]) -> str:
+    """A warm-start record as one progress line."""
+    if "sft_step" in line:
+        return (f"sft round {line['sft_round']} step {line['sft_step']}/{line['sft_steps']} epoch {line['epoch']}  "
+                f"loss {line['loss']:.4f}  tokens {line['tokens']}  {line['step_s']:.1f} s")  # fmt: skip
+    left = f", {line['left_out_tasks']} tasks it cannot play" if line.get("left_out_tasks") else ""
+    bad = f", {line['unreadable']} records unreadable" if line.get("unreadable") else ""
+    return (f"sft round {line['sft_round']}: {line['source']} played {line['played']}, kept {line['kept']}"
+            f"{left}{bad} ({line['play_s']:.1f} s)")  # fmt: skip
