@@ -226,6 +226,17 @@ class Environment(ABC):
             return found
         return answered(task.answer, *(ToolCall(s["name"], dict(s["arguments"])) for s in subproblems))
 
+    def check_success(self, trajectory, task: Task) -> str | None:
+        """A rule-based second opinion on a successful trajectory, independent of the rubric: why it would be
+        rejected (one line), or None. Reward hacking shows up as successes this rejects (suspect_successes).
+        By default: the task's reference calls tools, and the trajectory never called one of them with an ok
+        result (the answer stated without the calls the task needs). Override it with a stricter check."""
+        reference = self.reference(task)
+        needed = {call.name for request in reference or () for round_ in request.rounds for call in round_}
+        used = {r.call.name for r in trajectory.results if r.call is not None and r.outcome == "ok"}
+        missing = sorted(needed - used)
+        return f"answered without calling {', '.join(missing)}" if missing else None
+
     def reset(self, task: Task, seed: int | None = None) -> Episode:
         """Start one trajectory on `task`; environments with per-trajectory state override this. `seed`: what
         the episode may draw from (seeds.episode of the trajectory's seed; None when it has none), as in

@@ -96,3 +96,13 @@ class Rubric:
 def process_reward(trajectory, task) -> float:
     """The sum of the per-turn rewards the environment gave (see `StepResult.reward`)."""
     return float(sum(trajectory.turn_rewards))
+
+
+def mark_suspects(env, trajs: Sequence[Any]) -> None:
+    """After scoring: each success (the rubric's success criterion at 1) gets the environment's rule-based
+    second opinion (Environment.check_success) as `trajectory.suspect`."""
+    success = env.rubric.success
+    for traj in trajs:
+        traj.suspect = None
+        if success is not None and traj.env_fault is None and traj.rewards.get(success, 0.0) >= 1.0:
+            traj.suspect = env.check_success(traj, traj.task)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from toolrl.envs.agent.env import AgentEnv, AgentOutcome
 from toolrl.envs.base import Task
 from toolrl.gateway import Gateway, Sample
+from toolrl.rewards.rubric import mark_suspects
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.text import first_line
 
@@ -63,6 +64,7 @@ class AgentRollout:
         done = await asyncio.gather(*(one(task) for task in tasks))
         trajs = [self._trajectory(sample, outcome) for sample, outcome in done]
         await self.env.rubric.score_all(trajs)
+        mark_suspects(self.env, trajs)
         for traj in trajs:
             traj.episode = None
         return trajs

@@ -26,6 +26,7 @@ from toolrl.chat.format import ChatFormat
 from toolrl.envs.base import Environment, Episode, StepResult, Task, final_answer, start_episode
 from toolrl.errors import ConfigError, DataError
 from toolrl.parsers.base import Parser, ParseResult
+from toolrl.rewards.rubric import mark_suspects
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
@@ -233,6 +234,7 @@ class Rollout:
                 await asyncio.gather(*(self._run_one(run) for run in playing))
             trajs = [run.traj for run in runs]
             await self.env.rubric.score_all(trajs)  # before close: criteria may read the episode's final state
+            mark_suspects(self.env, trajs)
         finally:
             for seq in seqs:
                 self.engine.release(seq)

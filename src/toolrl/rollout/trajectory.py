@@ -59,6 +59,9 @@ class Trajectory:
     """Tokens a simulated user's model read and wrote for this trajectory."""
     env_fault: str | None = None
     """Why the environment failed this trajectory (its user could not answer), not the policy: one line."""
+    suspect: str | None = None
+    """A success a rule-based check of the task rejects, and why (Environment.check_success): reward hacking
+    shows up as a rising share of these (the suspect_successes metric)."""
     stop_reason: str = ""
     truncated: bool = False
     reward: float = 0.0
@@ -155,6 +158,7 @@ class Trajectory:
             "tool_errors": self.num_tool_errors,
             "tool_faults": self.num_tool_faults,
             "env_fault": self.env_fault,
+            "suspect": self.suspect,
             "user_tokens": self.user_tokens,
             "format_errors": self.num_format_errors,
             "turns": self.num_turns,

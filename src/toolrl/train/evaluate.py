@@ -31,6 +31,8 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
     }
     if success is not None:
         stats = {"success": sum(t.rewards.get(success, 0.0) for t in trajs) / n, **stats}
+        successes = sum(t.rewards.get(success, 0.0) >= 1.0 for t in trajs)
+        stats["suspect_successes"] = sum(t.suspect is not None for t in trajs) / max(successes, 1)
     for name in trajs[0].rewards if trajs else []:
         stats[f"reward/{name}"] = sum(t.rewards[name] for t in trajs) / n
     reasons = Counter(t.stop_reason for t in trajs)
