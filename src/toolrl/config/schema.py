@@ -223,6 +223,17 @@ class SFTConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0)
 
 
+class CurriculumConfig(Section):
+    mode: Literal["shuffle", "pass_rate"] = "shuffle"
+    """shuffle: every train task once per epoch, in a seeded order; pass_rate: each task drawn with weight
+    4p(1-p) of its recent pass rate p (groups that all succeed or all fail carry no GRPO signal), at least
+    `floor`; a task never tried weighs 1."""
+    window: int = Field(8, ge=1)
+    """Outcomes remembered per task (its last samples)."""
+    floor: float = Field(0.05, gt=0, le=1)
+    """The least weight a task keeps, so that a solved or hopeless one comes back now and then."""
+
+
 class TrainConfig(Section):
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(4, ge=1)
@@ -302,6 +313,7 @@ class TrainConfig(Section):
     warning says so). A record of the default run is ~5 KB."""
     report_to: list[Literal["tensorboard", "wandb"]] = []
     """Loggers besides metrics.jsonl: tensorboard (runs/NAME/tensorboard), wandb (offline mode, no network)."""
+    curriculum: CurriculumConfig = CurriculumConfig()
     warm_start: bool = False
     """Fine-tune with the `sft` section before the first RL step (the evaluation at start measures the model
     before it); `toolrl sft` is a run of the warm start alone."""

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrl import seeds
+from toolrl import distributed, seeds
 from toolrl.distributed import Dist
 from toolrl.envs import Task
 from toolrl.rollout import Rollout, Trajectory
@@ -19,17 +19,28 @@ from toolrl.rollout import Rollout, Trajectory
 
 @dataclass
 class TaskOrder:
-    """The train split drawn without replacement in a seeded shuffle (seeds.task_order), reshuffled each epoch."""
+    """The train split drawn without replacement in a seeded shuffle (seeds.task_order), reshuffled each epoch;
+    with a pass-rate curriculum (`train.curriculum`), drawn by each task's recent pass rate instead."""
 
     tasks: list[Task]
     run_seed: int
     order: list[int] = field(default_factory=list)
     rng: random.Random = field(init=False)
+    curriculum: Any = None
+    """A CurriculumConfig; None or mode shuffle: the seeded shuffle."""
+    history: dict[str, list[int]] = field(default_factory=dict)
+    """Task id -> its last `curriculum.window` outcomes (1: a success), oldest first."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(seeds.task_order(self.run_seed))
 
+    @property
+    def by_pass_rate(self) -> bool:
+        return self.curriculum is not None and self.curriculum.mode == "pass_rate"
+
     def next(self, n: int) -> list[Task]:
+        if self.by_pass_rate:
+            return self._weighted(n)
         chosen = []
         for _ in range(n):
             if not self.order:
@@ -38,14 +49,55 @@ class TaskOrder:
             chosen.append(self.tasks[self.order.pop()])
         return chosen
 
+    def _weighted(self, n: int) -> list[Task]:
+        """n tasks, distinct while the split lasts, each drawn with its weight (curriculum_weight)."""
+        chosen: list[Task] = []
+        pool: list[int] = []
+        for _ in range(n):
+            if not pool:
+                pool = list(range(len(self.tasks)))
+            weights = [self.weight(self.tasks[i]) for i in pool]
+            chosen.append(self.tasks[pool.pop(self.rng.choices(range(len(pool)), weights=weights)[0])])
+        return chosen
+
+    def weight(self, task: Task) -> float:
+        """4 p (1 - p) for a recent pass rate p (1 at one half, where a group's rewards differ most), at least
+        curriculum.floor (a solved or hopeless task comes back now and then); a task never tried: 1."""
+        outcomes = self.history.get(task.id)
+        if not outcomes:
+            return 1.0
+        p = sum(outcomes) / len(outcomes)
+        return max(4 * p * (1 - p), self.curriculum.floor)
+
+    def record(self, outcomes: list[tuple[str, int]]) -> None:
+        """A step's outcomes, (task id, 1 for a success), into each task's window."""
+        if not self.by_pass_rate:
+            return
+        for task_id, ok in outcomes:
+            window = self.history.setdefault(task_id, [])
+            window.append(int(ok))
+            del window[: -self.curriculum.window]
+
+    def pass_rates(self) -> dict[str, dict[str, float]]:
+        """Per task tried: its recent pass rate, attempts remembered and weight (RUN/pass_rates.json)."""
+        by_id = {t.id: t for t in self.tasks}
+        return {tid: {"pass_rate": round(sum(h) / len(h), 4), "attempts": len(h),
+                      "weight": round(self.weight(by_id[tid]), 4) if tid in by_id else 0.0}
+                for tid, h in self.history.items() if h}  # fmt: skip
+
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the rest of the epoch's order and the generator's state."""
-        return {"order": list(self.order), "rng": self.rng.getstate()}
+        """What a checkpoint keeps: the rest of the epoch's order, the generator's state, the pass-rate windows."""
+        return {
+            "order": list(self.order),
+            "rng": self.rng.getstate(),
+            "history": {k: list(v) for k, v in self.history.items()},
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.order = list(state["order"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+        self.history = {str(k): [int(x) for x in v] for k, v in (state.get("history") or {}).items()}
 
 
 @dataclass
@@ -101,6 +153,10 @@ class Collector:
         if part is None:
             self.refresh()
             part = self.roll_out(step)
+        if self.order.by_pass_rate:  # before the next draw: a resumed run draws as the uninterrupted one did
+            success = self.rollout.env.rubric.success
+            mine = [(t.task.id, int(_succeeded(t, success))) for t in part.trajs]
+            self.order.record([o for rank in distributed.gather(self.dist, mine) for o in rank])
         if self.pool is not None and step < last_step:
             self.refresh()
             mark = self.order.state()
@@ -119,3 +175,10 @@ class Collector:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _succeeded(traj: Trajectory, success: str | None) -> bool:
+    """A success for the curriculum: the rubric's success criterion at 1, else a positive reward."""
+    if traj.env_fault is not None:
+        return False
+    return traj.rewards.get(success, 0.0) >= 1.0 if success is not None else traj.reward > 0

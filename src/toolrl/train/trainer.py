@@ -112,7 +112,7 @@ class Trainer:
         train_tasks = list(bench.env.tasks("train"))
         self.rollout.refuse_long_prompts(train_tasks, bench.context_length)
         self.generator_version = 0  # optimizer steps in the generator's weights
-        order = TaskOrder(train_tasks, self.config.seed)
+        order = TaskOrder(train_tasks, self.config.seed, curriculum=t.curriculum)
         self.collector = Collector(
             self.rollout, order, t, self.config.seed, self.dist, self.refresh_generator, lambda: self.generator_version
         )
@@ -185,6 +185,12 @@ class Trainer:
         if self.collector.pool is not None:
             metrics["offpolicy/staleness"] = step - 1 - part.version  # optimizer steps since its weights
             metrics["offpolicy/rollout_wait_s"] = waited
+        order = self.collector.order
+        if order.by_pass_rate:
+            rates = order.pass_rates()
+            metrics |= curriculum_metrics(rates)
+            if self.run is not None:
+                atomic_json(self.run.path / "pass_rates.json", {"step": step, "tasks": rates})
         metrics = distributed.reduce_metrics(self.dist, metrics)
         self.journal.step(step, metrics, trajs, update.values)
         return metrics
@@ -381,3 +387,19 @@ def sft_line(line: dict[str, Any]) -> str:
     bad = f", {line['unreadable']} records unreadable" if line.get("unreadable") else ""
     return (f"sft round {line['sft_round']}: {line['source']} played {line['played']}, kept {line['kept']}"
             f"{left}{bad} ({line['play_s']:.1f} s)")  # fmt: skip
+
+
+def curriculum_metrics(rates: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The pass-rate curriculum at a glance: tasks tried, and the shares of them solved (recent pass rate 1),
+    unsolved (0) and in between (the ones with signal)."""
+    n = max(len(rates), 1)
+    solved = sum(r["pass_rate"] == 1.0 for r in rates.values())
+    unsolved = sum(r["pass_rate"] == 0.0 for r in rates.values())
+    return {"curriculum_tasks_tried": len(rates), "curriculum/solved": solved / n, "curriculum/unsolved": unsolved / n,
+            "curriculum/learnable": (len(rates) - solved - unsolved) / n}  # fmt: skip
+
+
+def atomic_json(path: Path, value: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)

@@ -97,6 +97,27 @@ def last_step(path: Path, tail: int = 65536) -> dict[str, Any]:
     return {}
 
 
+MAX_PASS_RATES_BYTES = 8 << 20
+
+
+def read_pass_rates(path: Path) -> dict[str, Any]:
+    """RUN/pass_rates.json (a pass-rate curriculum's per-task pass rates at the last step); {} when there is
+    none, it is over 8 MiB, or it does not parse (a run directory is data: nothing in it is trusted)."""
+    file = path / "pass_rates.json"
+    try:
+        if not file.is_file() or file.stat().st_size > MAX_PASS_RATES_BYTES:
+            return {}
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(value, dict) or not isinstance(value.get("tasks"), dict):
+        return {}
+    fields = ("pass_rate", "attempts", "weight")
+    tasks = {str(k)[:200]: {f: v[f] for f in fields} for k, v in value["tasks"].items()
+             if isinstance(v, dict) and all(isinstance(v.get(f), int | float) for f in fields)}  # fmt: skip
+    return {"step": value.get("step") if isinstance(value.get("step"), int) else None, "tasks": tasks}
+
+
 def read_metrics(path: Path, since: int = 0) -> list[dict[str, Any]]:
     """The metrics records from line `since` on; a line still being written (no newline yet) waits."""
     file = path / METRICS

@@ -28,7 +28,15 @@ from starlette.staticfiles import StaticFiles
 from toolrl.errors import ToolRLError
 from toolrl.text import clip
 from toolrl.ui.launch import Launcher, find_recipes, validate
-from toolrl.ui.runs import RECORD_FILES, RecordIndex, find_runs, read_metrics, resolve_run, summarize_run
+from toolrl.ui.runs import (
+    RECORD_FILES,
+    RecordIndex,
+    find_runs,
+    read_metrics,
+    read_pass_rates,
+    resolve_run,
+    summarize_run,
+)
 from toolrl.ui.tools import ToolBench, find_tool_files
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,7 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
         summary = summarize_run(state.root, run)
         summary["config"] = (run / "config.yaml").read_text()
         summary["plot"] = (run / "plot.png").is_file()
+        summary["pass_rates"] = await run_in_threadpool(read_pass_rates, run)
         return JSONResponse(summary)
 
     async def metrics(request: Request):

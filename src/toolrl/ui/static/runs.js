@@ -5,6 +5,8 @@ const PANELS = [
   ["reward", "reward"], ["success", "success"], ["tool_calls", "tool calls / trajectory"],
   ["kl", "KL to the reference"], ["entropy", "entropy"], ["response_tokens", "response tokens"],
   ["stop/*", "stop reasons (share)"], ["step_s", "step time (s)"],
+  ["suspect_successes", "suspect successes (share rejected by the task's check)"],
+  ["curriculum/*", "curriculum: tried tasks by recent pass rate (share)"],
 ];
 const EVAL_PANELS = new Set(["reward", "success", "tool_calls", "response_tokens"]);
 
@@ -80,6 +82,21 @@ const Runs = {
     box.querySelector("span").textContent = name;
     box.querySelector("pre").textContent = run.config;
     box.open = true;
+    const rates = $("#run-pass-rates");
+    const tasks = Object.entries((run.pass_rates || {}).tasks || {});
+    rates.hidden = !tasks.length;
+    rates.querySelector("span").textContent = `${tasks.length} tasks at step ${(run.pass_rates || {}).step}`;
+    tasks.sort((a, b) => b[1].weight - a[1].weight || a[0].localeCompare(b[0]));
+    const rows = tasks.slice(0, 200).map(([id, r]) => {
+      const tr = document.createElement("tr");
+      for (const value of [id, r.pass_rate.toFixed(2), r.attempts, r.weight.toFixed(2)]) {
+        const td = document.createElement("td");
+        td.textContent = value;
+        tr.append(td);
+      }
+      return tr;
+    });
+    rates.querySelector("tbody").replaceChildren(...rows);
   },
 };
 UI.tabs.runs = Runs;
