@@ -171,6 +171,12 @@ class KLConfig(Section):
     mode: Literal["loss", "reward"] = "loss"
     """loss: coef * KL joins the loss (GRPO); reward: -coef * KL per token joins the rewards before the
     advantages are estimated (PPO, REINFORCE++)."""
+    teacher: str | None = None
+    """On-policy distillation: the KL is to this model (a name or folder, as model.name; it must share the
+    policy's tokenizer) instead of the initial policy. With mode reward and estimator k1, each sampled token is
+    rewarded -coef (log p_policy - log p_teacher): the reverse KL to the teacher, on the policy's own samples."""
+    task_reward: float = Field(1.0, ge=0)
+    """Scale of the environment's reward in the advantages; 0 with a teacher: distillation alone."""
 
 
 class LoRAConfig(Section):

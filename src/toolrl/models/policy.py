@@ -87,11 +87,31 @@ def reference_context(model, reference):
     return model, model.disable_adapter()
 
 
-def make_reference(model, train: TrainConfig):
-    """A frozen copy of the initial model for the KL term; with LoRA none is needed (adapters off)."""
-    if train.kl.coef <= 0 or is_lora(model):
+def make_reference(model, train: TrainConfig, dtype: str = "float32"):
+    """The model the KL term is to: the teacher (train.kl.teacher, on-policy distillation), else a frozen copy
+    of the initial model; with LoRA and no teacher none is needed (adapters off)."""
+    if train.kl.coef <= 0:
+        return None
+    if train.kl.teacher:
+        from toolrl.models import load_model
+
+        teacher = load_model(train.kl.teacher, next(model.parameters()).device, dtype)
+        return teacher.eval().requires_grad_(False)
+    if is_lora(model):
         return None
     return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def check_teacher_tokenizer(tokenizer, teacher: str) -> None:
+    """A teacher scores the policy's token ids: it must read them as the policy does (the same vocabulary)."""
+    from toolrl.errors import ConfigError
+    from toolrl.models import load_tokenizer
+
+    if load_tokenizer(teacher).get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(
+            f"train.kl.teacher: {teacher}'s tokenizer differs from the policy's; on-policy distillation scores the "
+            "policy's tokens with the teacher, so both must share one (pick a teacher of the same family)"
+        )
 
 
 def lr_factor(step: int, train: TrainConfig) -> float:

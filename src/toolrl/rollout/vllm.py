@@ -141,4 +141,5 @@ class VLLMEngine(Engine):
 def vllm_engine(chat, config, seed: int = 0, **_: object) -> VLLMEngine:
     from toolrl.models.resolve import resolve_model
 
-    return VLLMEngine(resolve_model(config.model.name), chat.stop_ids, seed=seed, dtype=config.model.dtype)
+    # vLLM seeds numpy's legacy generator with it, which takes 32 bits; toolrl's seeds have 63 (seeds.py)
+    return VLLMEngine(resolve_model(config.model.name), chat.stop_ids, seed=seed % 2**32, dtype=config.model.dtype)

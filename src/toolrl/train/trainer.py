@@ -30,7 +30,15 @@ from toolrl.algos.mismatch import Mismatch
 from toolrl.config.resolve import plugin_options
 from toolrl.errors import ConfigError
 from toolrl.memory import trim
-from toolrl.models.policy import PolicyState, ValueHead, exported, lr_factor, make_reference, prepare_policy
+from toolrl.models.policy import (
+    PolicyState,
+    ValueHead,
+    check_teacher_tokenizer,
+    exported,
+    lr_factor,
+    make_reference,
+    prepare_policy,
+)
 from toolrl.rollout import Trajectory
 from toolrl.rollout.engine import ENGINES
 from toolrl.rollout.trajectory import UpdateValues
@@ -98,7 +106,9 @@ class Trainer:
         value_head = None
         if ADVANTAGES.capability(t.advantage, "needs_values"):
             value_head = ValueHead(model.get_output_embeddings().in_features).to(bench.device)
-        self.reference = make_reference(model, t)  # a full copy in every process (no collectives)
+        if t.kl.teacher and t.kl.coef > 0:
+            check_teacher_tokenizer(bench.tokenizer, t.kl.teacher)
+        self.reference = make_reference(model, t, self.config.model.dtype)  # in every process (no collectives)
         if self.dist.on:
             distributed.shard(model, self.dist)
             if value_head is not None:

@@ -129,7 +129,7 @@ def advantage_inputs(batch: StepBatch, t, device, with_values: bool, options: An
         flat_values = torch.cat([v if v is not None else o for v, o in zip(batch.values, batch.old, strict=True)])
     valid = None if all(batch.valid) else torch.tensor(batch.valid, device=device)
     return AdvantageInputs(
-        torch.tensor([traj.reward for traj in batch.trajs], device=device),
+        torch.tensor([traj.reward * t.kl.task_reward for traj in batch.trajs], device=device),
         t.group_size,
         batch.counts,
         batch.token_rewards,
