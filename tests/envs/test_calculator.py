@@ -66,3 +66,11 @@ def test_rubric_components(tokenizer):
     traj.num_format_errors = 1
     traj.texts[-1] = "<answer>-1</answer>"
     assert env.rubric.score(traj, task) == (0.0, {"correct": 0.0, "format": 0.0, "tool_calls": 1.0, "tool_errors": 0.0})
+
+
+def test_without_in_context_examples_the_prompt_is_the_system_message_and_the_question():
+    env = make_env(EnvConfig(name="calculator", options={"in_context": False}))
+    task = env.tasks("test")[0]
+    assert [m["role"] for m in env.messages(task)] == ["system", "user"]
+    default = make_env(EnvConfig(name="calculator"))
+    assert len(default.messages(task)) > 2 and default.messages(task)[-1] == env.messages(task)[-1]

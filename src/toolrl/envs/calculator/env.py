@@ -43,6 +43,9 @@ class CalculatorOptions(GeneratedTasks):
     max_value: int = Field(999, ge=1)
     reward: Literal["rules", "ftrl"] = "rules"
     """rules: correct answer plus format; ftrl: FTRL's 2q/(p+1) reward over the tasks' sub-problems."""
+    in_context: bool = True
+    """Show two worked exchanges (a call, its result, the answer) before the question; without them the base
+    model must learn the tool loop from the system prompt and the schema alone (a task to learn from zero)."""
 
 
 def generate_tasks(seed: int, options: CalculatorOptions) -> dict[str, list[Task]]:
@@ -98,5 +101,5 @@ class CalculatorEnv(Environment):
         return answered(task.answer, ToolCall("calculator", {"expression": task.meta["expression"]}))
 
     def messages(self, task: Task) -> list[dict[str, str]]:
-        examples = example_exchange(self.syntax)
+        examples = example_exchange(self.syntax) if self.options.in_context else []
         return [{"role": "system", "content": SYSTEM}, *examples, {"role": "user", "content": task.question}]
