@@ -41,16 +41,17 @@ class RunDir:
             raise ConfigError(f"{path}: not a run directory (no config.yaml); pass the folder `toolrl train` made")
         return cls(path)
 
-    def _append(self, filename: str, records: list[dict[str, Any]]) -> None:
+    def append(self, filename: str, records: list[dict[str, Any]]) -> None:
+        """Records as JSON lines at the end of `filename` (metrics.jsonl, samples, sft.jsonl)."""
         with open(self.path / filename, "a") as f:
             for record in records:
                 f.write(json.dumps(record) + "\n")
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
-        self._append(METRICS, [metrics])
+        self.append(METRICS, [metrics])
 
     def log_samples(self, step: int, records: list[dict[str, Any]], filename: str = SAMPLES, **extra: Any) -> None:
-        self._append(filename, [{"step": step, **extra, **r} for r in records])
+        self.append(filename, [{"step": step, **extra, **r} for r in records])
 
     def size_of(self, filename: str) -> int:
         path = self.path / filename
@@ -68,9 +69,13 @@ class RunDir:
                 "host": socket.gethostname(),
             }
         status |= fields | {"updated_at": time.time()}
-        tmp = self.path / f".{STATUS}.tmp"
-        tmp.write_text(json.dumps(status) + "\n")
-        os.replace(tmp, self.path / STATUS)
+        self.write_json(STATUS, status)
+
+    def write_json(self, filename: str, value: Any) -> None:
+        """`filename` replaced atomically with `value` as JSON, so that a reader (the UI) never sees half of it."""
+        tmp = self.path / f".{filename}.tmp"
+        tmp.write_text(json.dumps(value) + "\n")
+        os.replace(tmp, self.path / filename)
 
     def read_status(self) -> dict[str, Any]:
         try:

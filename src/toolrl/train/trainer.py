@@ -13,7 +13,6 @@ never tested by name).
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 import warnings
@@ -200,7 +199,7 @@ class Trainer:
             rates = order.pass_rates()
             metrics |= curriculum_metrics(rates)
             if self.run is not None:
-                atomic_json(self.run.path / "pass_rates.json", {"step": step, "tasks": rates})
+                self.run.write_json("pass_rates.json", {"step": step, "tasks": rates})
         metrics = distributed.reduce_metrics(self.dist, metrics)
         self.journal.step(step, metrics, trajs, update.values)
         return metrics
@@ -316,8 +315,7 @@ class Trainer:
 
         def record(line: dict[str, Any]) -> None:
             if self.run is not None:
-                with open(self.run.path / "sft.jsonl", "a", encoding="utf-8") as out:
-                    out.write(json.dumps(line) + "\n")
+                self.run.append("sft.jsonl", [line])
             self.on_note(sft_line(line))
 
         def sync() -> None:  # the engines sample from the tuned weights (a copy or vLLM gets them)
@@ -407,9 +405,3 @@ def curriculum_metrics(rates: dict[str, dict[str, float]]) -> dict[str, float]:
     unsolved = sum(r["pass_rate"] == 0.0 for r in rates.values())
     return {"curriculum_tasks_tried": len(rates), "curriculum/solved": solved / n, "curriculum/unsolved": unsolved / n,
             "curriculum/learnable": (len(rates) - solved - unsolved) / n}  # fmt: skip
-
-
-def atomic_json(path: Path, value: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.replace(path)
