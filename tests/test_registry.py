@@ -61,7 +61,10 @@ def test_an_estimators_options_are_checked_by_the_model_it_registered_with():
         match=r"^train\.advantage_options of scaled_test: train\.advantage_options\.scale must be greater than 0",
     ):
         resolve_config(overrides=[*sets, "train.advantage_options.scale=-1"])
-    with pytest.raises(ConfigError, match=r"unknown key 'train\.advantage_options\.scael'; known keys here: scale"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key 'train\.advantage_options\.scael' \(did you mean 'scale'\?\); known keys here: scale",
+    ):
         resolve_config(overrides=[*sets, "train.advantage_options.scael=2"])
     with pytest.raises(ConfigError, match=r"unknown key 'train\.advantage_options\.beta'; known keys here: none"):
         resolve_config(overrides=["train.advantage_options.beta=2"])  # grpo declares no options
@@ -106,7 +109,9 @@ def test_reading_and_checking_a_config_imports_no_torch_and_still_checks_every_n
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     error, imported = fresh_python(probe)
-    assert error.startswith("train.loss: unknown policy loss 'ppo_clipp'; known: gspo, ppo_clip, vanilla_pg")
+    assert error.startswith(
+        "train.loss: unknown policy loss 'ppo_clipp' (did you mean 'ppo_clip'?); known: gspo, ppo_clip, vanilla_pg"
+    )
     assert imported == "[]"
 
 

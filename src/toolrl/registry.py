@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from toolrl.errors import ConfigError
-from toolrl.text import clip
+from toolrl.text import clip, did_you_mean
 
 T = TypeVar("T")
 
@@ -152,7 +152,8 @@ class Registry(dict[str, T], Generic[T]):
         except KeyError:
             known = clip(", ".join(sorted(self)), 200)
             raise ConfigError(
-                f"{self.config_key}: unknown {self.what} {clip(str(name), 60)!r}; known: {known}"
+                f"{self.config_key}: unknown {self.what} {clip(str(name), 60)!r}{did_you_mean(name, self)}; "
+                f"known: {known}"
             ) from None
 
 

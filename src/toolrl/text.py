@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import difflib
 import enum
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 MAX_MESSAGE_CHARS = 600
@@ -17,6 +19,12 @@ def first_line(exc: BaseException) -> str:
     """An exception as one line for an observation or a status: its first non-blank line, else its type name."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' when one of `choices` is close to `word` (a typo), else ''."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

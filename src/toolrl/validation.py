@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from toolrl.text import clip
+from toolrl.text import clip, did_you_mean
 
 
 def _expected(error: dict[str, Any]) -> str:
@@ -54,8 +54,10 @@ def format_validation_error(
         for part in error["loc"][:-1]:
             field = section.model_fields.get(str(part))
             section = field.annotation if field else section
-        known = ", ".join(getattr(section, "model_fields", {})) or "none"
-        return f"{where}: unknown key '{clip(key, 120)}'; known keys here: {known}{hint(key) if hint else ''}{more}"
+        fields = getattr(section, "model_fields", {})
+        known, guess = ", ".join(fields) or "none", did_you_mean(error["loc"][-1], fields)
+        return (f"{where}: unknown key '{clip(key, 120)}'{guess}; known keys here: {known}"
+                f"{hint(key) if hint else ''}{more}")  # fmt: skip
     if error["type"] == "missing":
         return f"{where}: {clip(key, 120)} is required{more}"
     got = clip(repr(error.get("input")), 80)

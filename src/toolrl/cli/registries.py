@@ -9,6 +9,7 @@ from rich.table import Table
 
 from toolrl.cli.app import app, console
 from toolrl.errors import ConfigError
+from toolrl.text import did_you_mean
 
 
 def registries() -> dict[str, Any]:
@@ -63,7 +64,8 @@ def list_(
     import_modules(plugin or [], "--plugin")
     kinds = registries()
     if kind is not None and kind not in kinds:
-        raise ConfigError(f"toolrl list: unknown kind {kind[:60]!r}; known: {', '.join(kinds)}")
+        guess = did_you_mean(kind, kinds)
+        raise ConfigError(f"toolrl list: unknown kind {kind[:60]!r}{guess}; known: {', '.join(kinds)}")
     for name, registry in kinds.items():
         if kind not in (None, name):
             continue

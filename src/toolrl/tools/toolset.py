@@ -43,7 +43,7 @@ from toolrl.errors import ConfigError, ToolError
 from toolrl.files import load_structured
 from toolrl.plugins import import_object
 from toolrl.registry import Registry
-from toolrl.text import clip, first_line
+from toolrl.text import clip, did_you_mean, first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
 from toolrl.tools.model import ModelBackend
@@ -335,9 +335,9 @@ def read_tool_file(path: Path) -> ToolsFile:
         if error["type"] == "value_error":
             raise ConfigError(f"{path}: {key} {error['msg'].removeprefix('Value error, ')}") from None
         if error["type"] == "extra_forbidden":
-            raise ConfigError(
-                f"{path}: unknown key '{clip(key, 120)}'; known keys here: {_known_keys(error['loc'])}"
-            ) from None
+            known = _known_keys(error["loc"])
+            guess = did_you_mean(error["loc"][-1], known.split(", "))
+            raise ConfigError(f"{path}: unknown key '{clip(key, 120)}'{guess}; known keys here: {known}") from None
         raise ConfigError(format_validation_error(exc, str(path), ToolsFile)) from None
 
 
