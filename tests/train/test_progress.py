@@ -57,3 +57,28 @@ def test_train_prints_a_line_per_step_without_a_terminal_json_with_json_and_litt
     assert [r["step"] for r in records[:2]] == [1, 2] and "reward" in records[0] and "checkpoint" in records[-1]
     quiet = train("quiet", "--quiet")
     assert len(quiet) == 1 and quiet[0].startswith("checkpoint: ")
+
+
+@pytest.mark.slow
+def test_the_results_before_and_after_come_in_every_output_mode_and_third_party_warnings_stay_out(
+    tmp_path, tiny_model_dir
+):
+    """--json ends with one document holding the evaluations; --quiet prints the results table and the end line
+    only; transformers' FutureWarning lines (one per forward pass) are filtered at start-up."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    base = [f"model.name={tiny_model_dir}", "device=cpu", "train.steps=1", "train.prompts_per_step=1",
+            "train.group_size=2", "rollout.max_new_tokens=4", "eval.num_tasks=2", f"output_dir={tmp_path}"]  # fmt: skip
+
+    def train(name, *flags):
+        args = [a for o in [*base, f"run_name={name}"] for a in ("--set", o)]
+        done = subprocess.run([sys.executable, "-m", "toolrl", "train", *args, *flags],
+                              capture_output=True, text=True, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    last = json.loads(train("json", "--json").stdout.splitlines()[-1])
+    assert set(last["eval_start"]) >= {"success", "reward", "tool_calls"} and "success" in last["eval_end"]
+    quiet = train("quiet", "--quiet")
+    assert "success rate" in quiet.stdout and "start" in quiet.stdout and "end" in quiet.stdout
+    assert "step 1/1" not in quiet.stdout and quiet.stdout.strip().splitlines()[-1].startswith("checkpoint: ")
+    assert "Warning" not in quiet.stderr, quiet.stderr[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -32,12 +33,34 @@ SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a c
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config file; the packaged default when omitted.")]
 
 
+VERBOSE = {"on": False}
+
+
+@app.callback()
+def _options(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show third-party warnings and libraries' info logs.")
+    ] = False,
+) -> None:
+    """Start-up, before any command: third-party warnings (transformers' and torch's FutureWarning and
+    DeprecationWarning lines, a flood on every forward pass) are filtered once here, unless -v."""
+    VERBOSE["on"] = verbose
+    if not verbose:
+        for category in (FutureWarning, DeprecationWarning, UserWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"(torch|transformers|peft|accelerate)\b")
+        warnings.filterwarnings("ignore", category=FutureWarning)  # attributed to torch's module call wrapper
+
+
 def _quiet_libraries() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    verbose = VERBOSE["on"]
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    if not verbose:
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
 
 
 def _cell(value: float | None, percent: bool = False) -> str:
