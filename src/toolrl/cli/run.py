@@ -105,13 +105,16 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
     if run is None:
         return
     columns_ = {k.replace("eval_", ""): summary[k] for k in ("eval_start", "eval_end") if k in summary}
-    if columns_ and mode != "json":
-        say(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks)", columns_))
+    if columns_ and mode != "json":  # the results in every mode (--quiet: these lines only)
+        t = cfg.eval.sampling.temperature
+        how = "greedy" if t == 0 else f"sampled at temperature {t:g}"
+        console.print(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks, {how})", columns_))
     end = f"checkpoint: {summary['checkpoint']}   wall time {time.perf_counter() - started:.0f} s"
     if "stopped" in summary:  # RUN/STOP (the UI's stop button) ended it after a step
         end = f"stopped after step {summary['stopped']} (resume: toolrl train --resume {run.path})   " + end
     if mode == "json":
-        print(json.dumps({"checkpoint": summary["checkpoint"], "wall_s": round(time.perf_counter() - started, 1)}))
+        print(json.dumps({"checkpoint": summary["checkpoint"], "wall_s": round(time.perf_counter() - started, 1),
+                          **{f"eval_{k}": v for k, v in columns_.items()}}))  # fmt: skip
     elif mode == "bar":
         console.print(end)
     else:
