@@ -1,6 +1,7 @@
 """The console script end to end, on the tiny model."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -26,10 +27,16 @@ def test_config_error_is_one_line_and_exit_code_2(tmp_path):
     assert missing.returncode == 2 and "nope.yaml does not exist" in missing.stderr
 
 
-def test_a_run_that_cannot_start_says_failed_in_its_status(tmp_path):
-    sets = [f"model.name={tmp_path / 'no-model'}", f"output_dir={tmp_path}", "run_name=r"]
+def test_a_run_that_cannot_start_says_failed_in_its_status(tmp_path, tiny_model_dir):
+    """A model folder that passes the checks before loading (config, tokenizer, a weights file) but whose weights
+    are corrupt: the run folder exists by then, and its status says why it failed. (A missing folder or one
+    without weights leaves no run folder: tests/test_cli_preflight.py.)"""
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_model_dir, corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    sets = [f"model.name={corrupt}", f"output_dir={tmp_path}", "run_name=r"]
     out = toolrl("train", *(arg for s in sets for arg in ("--set", s)))
-    assert out.returncode == 2 and out.stderr.startswith("error: ")
+    assert out.returncode != 0 and out.stderr.startswith("error: "), out.stderr[-2000:]
     status = json.loads((tmp_path / "r" / "status.json").read_text())
     assert status["state"] == "failed" and status["error"] == out.stderr.removeprefix("error: ").strip()
 

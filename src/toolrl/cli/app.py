@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -52,13 +54,18 @@ def _options(
 
 
 def _quiet_libraries() -> None:
+    """Libraries' logs at warning level (info with -v); transformers' at error level without progress bars, set
+    through the environment when it is not imported yet (`toolrl ui` never imports it)."""
     verbose = VERBOSE["on"]
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    import transformers
-
-    if not verbose:
+    if verbose:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    transformers = sys.modules.get("transformers")
+    if transformers is not None:
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
 

@@ -55,10 +55,9 @@ def sft(
 
 
 def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) -> None:
-    from toolrl import distributed
-    from toolrl.cli.progress import StepReporter, pick_mode
     from toolrl.config import resolve_config
-    from toolrl.train import RunDir, Trainer, Workbench
+    from toolrl.config.preflight import preflight
+    from toolrl.runs.rundir import RunDir
 
     if resume is not None:
         if config is not None:
@@ -77,6 +76,11 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
     else:
         cfg = resolve_config(config, set_)
         run = None
+    preflight(cfg)  # what can be checked before a model loads (and torch is imported), before the run directory
+    from toolrl import distributed
+    from toolrl.cli.progress import StepReporter, pick_mode
+    from toolrl.train import Trainer, Workbench
+
     _quiet_libraries()
     started = time.perf_counter()
     ctx = distributed.from_env()  # under torchrun: rank 0 writes the run directory and prints; the others work

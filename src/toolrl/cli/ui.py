@@ -60,6 +60,7 @@ def ui(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(128)  # connections wait in the backlog from now on: the URL printed below already answers
     except OSError as exc:
         raise ConfigError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); try --port 0") from None
     bound = sock.getsockname()[1]

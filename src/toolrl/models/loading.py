@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
+from safetensors import SafetensorError
 
+from toolrl.errors import ModelNotFoundError
 from toolrl.models.resolve import resolve_model
+from toolrl.text import clip, first_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,10 +27,27 @@ def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if hasattr(m, "_can_checkpoint_with_cache")]
 
 
+@contextmanager
+def loading(name: str, what: str):
+    """A folder that resolves but does not load (corrupt weights, a tokenizer transformers cannot read) as one
+    line naming the model, instead of a library's traceback."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, ImportError, KeyError, SafetensorError) as exc:
+        if isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower():
+            raise
+        why = f"{type(exc).__name__}: {clip(first_line(exc), 200)}"
+        raise ModelNotFoundError(
+            f"model {clip(name, 120)}: its {what} could not be loaded ({why}); check the folder, or save the model "
+            "again with save_pretrained"
+        ) from exc
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model(name))
+    with loading(name, "tokenizer"):
+        return AutoTokenizer.from_pretrained(resolve_model(name))
 
 
 def load_config(name: str):
@@ -48,9 +69,11 @@ def load_model(name: str, device: torch.device, dtype: str = "float32"):
     path = resolve_model(name)
     from toolrl.models.vision import is_vision_model
 
-    if is_vision_model(path):  # a vision-language policy: its language model, vision tower and merger
-        from transformers import AutoModelForImageTextToText
+    with loading(name, "weights"):
+        if is_vision_model(path):  # a vision-language policy: its language model, vision tower and merger
+            from transformers import AutoModelForImageTextToText
 
-        return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True).to(device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
+            model = AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
     return model.to(device)

@@ -104,6 +104,11 @@ def resolve_model(name: str) -> Path:
         raise ModelNotFoundError(
             f"model folder {clip(str(path), 200)} has no config.json; point model.name at a Hugging Face folder"
         )
+    if name.startswith(("/", "./", "../", "~")) or os.sep + os.sep in name:  # a path, never a hub id: no lookup
+        raise ModelNotFoundError(
+            f"model folder {clip(str(path), 200)} does not exist; point model.name at a Hugging Face folder or "
+            f"an embedded model ({', '.join(EMBEDDED)})"
+        )
     from huggingface_hub import snapshot_download
 
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}

@@ -19,11 +19,10 @@ from toolrl.distributed import Dist
 from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import UpdateValues
 from toolrl.runs.loggers import open_loggers
-from toolrl.runs.rundir import EVALS, SAMPLES, RunDir
+from toolrl.runs.rundir import EVALS, SAMPLES, STOP_FILE, RunDir
 
 log = logging.getLogger(__name__)
 
-STOP_FILE = "STOP"
 IMAGES = "images"
 
 

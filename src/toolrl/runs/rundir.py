@@ -20,6 +20,8 @@ from toolrl.files import read_jsonl
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
 EVALS = "evals.jsonl"
+STOP_FILE = "STOP"
+"""A file a run checks after each step: present, it checkpoints and stops (the UI's stop button)."""
 STATUS = "status.json"
 
 

@@ -23,8 +23,7 @@ from typing import Any
 from toolrl.config.loader import config_data, default_config_text
 from toolrl.config.resolve import resolve_data
 from toolrl.errors import ConfigError
-from toolrl.runs.journal import STOP_FILE
-from toolrl.runs.rundir import RunDir, run_process
+from toolrl.runs.rundir import STOP_FILE, RunDir, run_process
 from toolrl.runs.trust import code_to_run, foreign
 from toolrl.text import clip
 from toolrl.ui.runs import resolve_run, run_state

@@ -1,0 +1,67 @@
+"""A run fails fast: what can be checked before a model loads (the model folder, the files the config names, the
+output folder, the context length) is checked first, as one line naming the key, before torch is imported and
+before a run folder exists."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolrl.cli import main
+
+ROOT = Path(__file__).parents[1]
+
+
+def bad_configs(tmp_path: Path) -> list[tuple[list[str], str]]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    weightless, tokenizerless = tmp_path / "weightless", tmp_path / "tokenizerless"
+    for folder in (weightless, tokenizerless):
+        folder.mkdir()
+        (folder / "config.json").write_text('{"model_type": "llama"}')
+    (weightless / "tokenizer.json").write_text("{}")
+    (tokenizerless / "model.safetensors").write_bytes(b"")
+    return [
+        ([f"model.name={weightless}"], "model.name: " + str(weightless) + " holds no weights"),
+        ([f"model.name={tokenizerless}"], "holds no tokenizer"),
+        (["model.name=/no/such/model"], "model folder /no/such/model does not exist"),
+        (["tools.file=/no/such/tools.yaml"], "tools.file: /no/such/tools.yaml does not exist"),
+        (["env.train_file=/no/such/tasks.jsonl"], "env.train_file: /no/such/tasks.jsonl does not exist"),
+        (["env.test_file=" + str(tmp_path)], "is a folder"),
+        ([f"output_dir={a_file}/runs"], "output_dir: "),
+        (["rollout.max_response_tokens=9000"], "rollout.max_response_tokens: 9000 leaves no room"),
+        (["train.kl.teacher=/no/such/teacher", "train.kl.coef=0.1"], "train.kl.teacher: model folder"),
+        (["train.warm_start=true", "sft.source=file"], "sft.file: sft.source is file"),
+        (["train.warm_start=true", "sft.source=file", "sft.file=/no/such.jsonl"], "sft.file: /no/such.jsonl"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_a_bad_config_fails_in_one_line_before_loading_and_leaves_no_run_folder(case, tmp_path, monkeypatch, capsys):
+    overrides, expected = bad_configs(tmp_path)[case]
+    out = tmp_path / "runs"
+    if not any(o.startswith("output_dir=") for o in overrides):
+        overrides = [f"output_dir={out}", *overrides]
+    monkeypatch.setattr(sys, "argv", ["toolrl", "train", *[a for o in overrides for a in ("--set", o)]])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert exited.value.code == 2 and line.startswith("error: ") and expected in line, line
+    assert not out.exists() or not any(out.iterdir())  # no run folder left behind
+
+
+def test_the_checks_come_before_torch_is_imported(tmp_path):
+    """The import set, not the time: a run that cannot start never imports torch or transformers."""
+    script = (
+        "import sys\nfrom toolrl.cli import main\n"
+        f"sys.argv = ['toolrl', 'train', '--set', 'model.name=/no/such/model', '--set', 'output_dir={tmp_path}']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n"
+        "    print(__import__('json').dumps({'code': exc.code, 'torch': 'torch' in sys.modules, "
+        "'transformers': 'transformers' in sys.modules}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"code": 2, "torch": False, "transformers": False}, done.stderr[-2000:]
