@@ -65,3 +65,22 @@ def test_the_checks_come_before_torch_is_imported(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"code": 2, "torch": False, "transformers": False}, done.stderr[-2000:]
+
+
+def test_a_check_registered_from_outside_runs_before_loading(tmp_path, monkeypatch, capsys):
+    from toolrl.config.preflight import CHECKS, register_preflight
+    from toolrl.errors import ConfigError
+
+    @register_preflight("licence")
+    def licence(cfg):
+        if cfg.env.name == "calculator":
+            raise ConfigError("env.name: the calculator needs a licence file (licence.txt); write one")
+
+    try:
+        monkeypatch.setattr(sys, "argv", ["toolrl", "train", "--set", f"output_dir={tmp_path}"])
+        with pytest.raises(SystemExit) as exited:
+            main()
+    finally:
+        dict.pop(CHECKS, "licence")
+    assert exited.value.code == 2 and "needs a licence file" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
