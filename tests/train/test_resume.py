@@ -173,3 +173,22 @@ def test_training_state_round_trips_exactly_without_pickle(tmp_path):
     assert set(back["state"]) == {0, 1} and isinstance(back["param_groups"][0]["betas"], tuple)
     assert torch.equal(back["state"][0]["exp_avg"], shared) and torch.equal(back["state"][1]["view"], shared[:3])
     assert torch.equal(back["rng"], tree["rng"]) and back["state"][0]["step"].item() == 3.0
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_is_refused_in_one_line_unless_it_is_given_more_steps(tiny_model_dir, tmp_path):
+    """A finished run resumed as it is would repeat its end (evaluation records twice): refused, one line, files
+    untouched. Given more steps it continues, each step once; reached through a symlink, the same."""
+    first = run(train_command(tiny_model_dir, tmp_path, "done", steps=2))
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_dir = tmp_path / "done"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    again = run([sys.executable, str(SCRIPT), "train", "--resume", str(run_dir)])
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr[-2000:]
+    assert "finished all its 2 steps" in again.stderr and "train.steps" in again.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    link = tmp_path / "link"
+    link.symlink_to(run_dir, target_is_directory=True)
+    more = run([sys.executable, str(SCRIPT), "train", "--resume", str(link), "--set", "train.steps=3"])
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert [m["step"] for m in steps_of(run_dir) if "eval" not in m] == [1, 2, 3]

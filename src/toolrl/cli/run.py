@@ -71,8 +71,15 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
         data = read(run.path / "config.yaml")
         for line in code_to_run(data):  # a run directory is data: what it makes toolrl run is said first
             console.print(f"resume will {line}", highlight=False, markup=False)
-        check_trusted(run.path, run.read_status(), trust_run)
+        status = run.read_status()
+        check_trusted(run.path, status, trust_run)
         cfg = resolve_config(run.path / "config.yaml", set_)
+        done = status.get("step")
+        if status.get("state") == "finished" and isinstance(done, int) and cfg.train.steps <= done:
+            raise ToolRLError(
+                f"{run.path}: the run finished all its {done} steps; resume with --set train.steps=N (N > {done}) to "
+                f"train further, or start a new run from its model (model.name: {run.path / 'final'})"
+            )
     else:
         cfg = resolve_config(config, set_)
         run = None
