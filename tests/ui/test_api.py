@@ -354,3 +354,56 @@ def test_a_recipe_whose_plugin_registers_the_environment_validates_on_the_page(t
         bad = client.post("/api/validate", json={"config": edited.replace("4", "0"), "recipe": "shelf"}, headers=POST)
         assert bad.status_code == 400
         assert bad.json()["error"].startswith("env.options of plugin-shelf: env.options.shelves must be greater")
+
+
+def test_a_run_folder_reached_through_a_symlink_is_listed_and_read(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    make_run(tmp_path / "elsewhere", "exp")
+    (root / "exp").symlink_to(tmp_path / "elsewhere" / "exp", target_is_directory=True)
+    client = ui_client(root)
+    assert [r["name"] for r in client.get("/api/runs").json()["runs"]] == ["exp"]
+    records = client.get("/api/metrics", params={"run": "exp", "since": 1}).json()["records"]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert client.get("/api/steps", params={"run": "exp"}).json()["steps"]["3"] == {"count": 3}
+    for name in ("exp/../../elsewhere/exp", "../elsewhere/exp", "."):  # climbing out by name is still refused
+        assert client.get("/api/metrics", params={"run": name}).status_code == 400
+
+
+def test_two_resumes_of_one_run_at_once_start_one_process(tmp_path, monkeypatch):
+    """The UI's actions take a lock per run: the second of two simultaneous resumes sees the first's process."""
+    import threading
+
+    from toolrl.errors import ConfigError
+    from toolrl.ui.launch import Launcher
+
+    root = tmp_path / "runs"
+    _resumable(root, "r", {"state": "stopped", "host": socket.gethostname(), "uid": os.getuid()})
+    launcher, started = Launcher(root), []
+
+    def slow_spawn(name, command):  # a process that takes its time to start, as a real run does
+        time.sleep(0.3)
+        launcher.processes[name] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        started.append(name)
+
+    monkeypatch.setattr(launcher, "_spawn", slow_spawn)
+    outcomes = []
+
+    def resume():
+        try:
+            outcomes.append(launcher.resume("r", trust=True)["pid"])
+        except ConfigError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=resume) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(started) == 1 and sum(isinstance(o, int) for o in outcomes) == 1, outcomes
+        assert any(isinstance(o, str) and "still running" in o for o in outcomes)
+    finally:
+        for process in launcher.processes.values():
+            process.kill()
+            process.wait()

@@ -73,7 +73,14 @@ class Launcher:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.processes: dict[str, subprocess.Popen] = {}
-        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    def _lock(self, name: str) -> threading.Lock:
+        """One lock per run: what the page does to a run (start, resume, stop) is checked and done as one, and
+        a slow action on one run never waits on another's."""
+        with self._locks_lock:
+            return self._locks.setdefault(name, threading.Lock())
 
     def _spawn(self, name: str, command: list[str]) -> None:
         run = self.root / name
@@ -91,7 +98,7 @@ class Launcher:
         if not NAME.match(name):
             raise ConfigError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (at most 100)")
         validate(text, base)
-        with self._lock:
+        with self._lock(name):
             if (self.root / name).exists():
                 raise ConfigError(f"run name {name}: {self.root / name} exists; choose another name or resume it")
             configs = self.root / ".ui"
@@ -106,19 +113,20 @@ class Launcher:
         """Resume `name` from its last checkpoint; the answer lists what it imports or starts. A run made on
         another machine or by another user needs `trust` (it runs the code its config names)."""
         run = resolve_run(self.root, name)
-        if run_state(run) == "running":
-            raise ConfigError(f"{name}: the run is still running; stop it first")
-        if not (run / "last").is_symlink():
-            raise ConfigError(f"{name}: no checkpoint to resume from (train.save_every writes them)")
-        starts = code_to_run(config_data((run / "config.yaml").read_text(), f"{name}/config.yaml"))
-        reason = foreign(run, RunDir(run).read_status())
-        if reason is not None and not trust:
-            named = f"; it would {'; '.join(starts)}" if starts else ""
-            raise ConfigError(clip(f"{name}: {reason}{named}; resume it only if you trust it", 600))
-        with self._lock:
+        with self._lock(name):  # two clicks cannot start two processes on one run
+            process = self.processes.get(name)
+            if run_state(run) == "running" or (process is not None and process.poll() is None):
+                raise ConfigError(f"{name}: the run is still running; stop it first")
+            if not (run / "last").is_symlink():
+                raise ConfigError(f"{name}: no checkpoint to resume from (train.save_every writes them)")
+            starts = code_to_run(config_data((run / "config.yaml").read_text(), f"{name}/config.yaml"))
+            reason = foreign(run, RunDir(run).read_status())
+            if reason is not None and not trust:
+                named = f"; it would {'; '.join(starts)}" if starts else ""
+                raise ConfigError(clip(f"{name}: {reason}{named}; resume it only if you trust it", 600))
             command = [sys.executable, "-m", "toolrl", "train", "--resume", str(run)]
             self._spawn(name, [*command, "--trust-run"] if reason is not None else command)
-        return {"name": name, "pid": self.processes[name].pid, "starts": starts}
+            return {"name": name, "pid": self.processes[name].pid, "starts": starts}
 
     def stop(self, name: str, now: bool = False) -> dict[str, Any]:
         """Ask the run to stop after its step (a checkpoint is written), or with `now` interrupt it (SIGINT:

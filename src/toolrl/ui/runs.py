@@ -5,6 +5,7 @@ grow (a run's samples.jsonl reaches tens of MB; a page asks for one step at a ti
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -33,9 +34,11 @@ def find_runs(root: Path) -> list[Path]:
 def resolve_run(root: Path, name: str, started: bool = False) -> Path:
     """The run `name` (a path relative to `root`), refusing anything outside it; `started`: a run just
     launched, whose config.yaml the trainer has not written yet."""
-    path = (root / name).resolve()
+    base = Path(os.path.abspath(root))
+    path = Path(os.path.normpath(base / name))  # '..' resolved by the name, not by links: a run folder that is a
+    # symlink (runs/exp -> /data/exp) is reached through it; a name that climbs out of the folder is refused
     ready = (path / "config.yaml").is_file() or (started and path.is_dir())
-    if not path.is_relative_to(root.resolve()) or not ready:
+    if path == base or not path.is_relative_to(base) or not ready:
         raise ConfigError(f"{name}: no run of that name under {root}")
     return path
 
