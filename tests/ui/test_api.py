@@ -407,3 +407,17 @@ def test_two_resumes_of_one_run_at_once_start_one_process(tmp_path, monkeypatch)
         for process in launcher.processes.values():
             process.kill()
             process.wait()
+
+
+def test_nan_and_a_null_step_are_served_as_gaps_and_counted(client):
+    run = client.root / "done"
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "reward": NaN, "success": Infinity}\n{"step": null, "reward": 1}\n')
+    with (run / "samples.jsonl").open("a") as f:
+        f.write('{"step": null, "task_id": "x", "reward": NaN}\n["not", "a", "record"]\n')
+    answer = client.get("/api/metrics", params={"run": "done", "since": 4})
+    assert answer.status_code == 200 and answer.json()["records"][0] == {"step": 4, "reward": None, "success": None}
+    steps = client.get("/api/steps", params={"run": "done"}).json()
+    assert list(steps["steps"]) == ["1", "2", "3"] and steps["unreadable"] == 2
+    runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert runs["done"]["step"] == 4 and runs["done"]["reward"] is None

@@ -176,6 +176,29 @@ def test_runs_list_and_live_overlaid_curves(site):
     page.wait_for_selector("tr[data-run=alpha] .badge.state-died", timeout=10_000)  # its process is gone
 
 
+def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
+    """One NaN in metrics.jsonl had made every chart's request fail (HTTP 400) and "step": null HTTP 500: now
+    the value is a gap in its line and the record without a step is left out."""
+    page, root = site["page"], site["root"]
+    run = root / "gappy"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: calculator\ntrain:\n  steps: 6\n")
+    rewards = ["0.1", "0.2", "NaN", "0.4", "Infinity", "0.6"]
+    lines = [f'{{"step": {i + 1}, "reward": {r}, "success": 0.5}}' for i, r in enumerate(rewards)]
+    (run / "metrics.jsonl").write_text("\n".join([*lines, '{"step": null, "reward": 9}', '{"reward": 9}']) + "\n")
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=gappy]")
+    for box in page.locator("#runs-table tbody input:checked").all():
+        box.uncheck()
+    page.check("tr[data-run=gappy] input")
+    page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 1")
+    path = page.locator(".chart[data-metric=reward] path.series")
+    assert path.get_attribute("data-pieces") == "3"  # 1-2, 4, 6: broken at the NaN and at the inf
+    assert page.locator(".chart[data-metric=success] path.series").get_attribute("data-pieces") == "1"
+    assert page.locator("tr[data-run=gappy]").inner_text().count("6") >= 1  # its last step, not the stepless line
+    assert not site["errors"], site["errors"]
+
+
 def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(site):
     page, root = site["page"], site["root"]
     page.goto(site["url"] + "#trajectories")

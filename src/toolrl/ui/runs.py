@@ -95,7 +95,8 @@ def last_step(path: Path, tail: int = 65536) -> dict[str, Any]:
             record = json.loads(line)
         except ValueError:
             continue  # torn, or the cut first line of the tail
-        if isinstance(record, dict) and "eval" not in record and "step" in record:
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and "eval" not in record:
             return record
     return {}
 
@@ -145,6 +146,8 @@ class _FileIndex:
     """step -> byte offset of each of its records."""
     brief: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     """step -> each record's summary fields (for filters and lists without reading whole records)."""
+    unreadable: int = 0
+    """Lines that are not a record with an integer step (a torn write, "step": null): counted, not indexed."""
 
 
 BRIEF_KEYS = ("task_id", "sample", "group", "reward", "success", "stop_reason", "tool_calls", "tool_errors", "eval")
@@ -155,10 +158,13 @@ class RecordIndex:
 
     def __init__(self) -> None:
         self._files: dict[Path, _FileIndex] = {}
-        self._lock = threading.Lock()
+        self._locks: dict[Path, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     def _index(self, file: Path) -> _FileIndex:
-        with self._lock:
+        with self._locks_lock:  # one lock per file: a big run being indexed does not hold up the others
+            lock = self._locks.setdefault(file, threading.Lock())
+        with lock:
             index = self._files.get(file)
             size = file.stat().st_size if file.is_file() else 0
             if index is None or size < index.size:  # new, or rewritten shorter (a resume truncates)
@@ -174,8 +180,10 @@ class RecordIndex:
                             record = json.loads(line)
                         except ValueError:
                             record = None
-                        if isinstance(record, dict):
-                            step = int(record.get("step", 0))
+                        step = record.get("step", 0) if isinstance(record, dict) else None
+                        if not isinstance(step, int) or isinstance(step, bool):
+                            index.unreadable += 1
+                        else:
                             index.offsets.setdefault(step, []).append(offset)
                             brief = {k: record.get(k) for k in BRIEF_KEYS if k in record}
                             index.brief.setdefault(step, []).append(brief)
@@ -186,6 +194,9 @@ class RecordIndex:
     def briefs(self, run: Path, kind: str) -> dict[int, list[dict[str, Any]]]:
         """step -> the summary of each record (task, reward, success, stop reason, tool calls and errors)."""
         return self._index(run / RECORD_FILES[kind]).brief
+
+    def unreadable(self, run: Path, kind: str) -> int:
+        return self._index(run / RECORD_FILES[kind]).unreadable
 
     def steps(self, run: Path, kind: str) -> dict[int, dict[str, Any]]:
         """step -> its number of records (and for evaluations, which one: start, end, step N)."""

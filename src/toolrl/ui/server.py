@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse as StrictJSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -38,6 +40,24 @@ from toolrl.ui.runs import (
     summarize_run,
 )
 from toolrl.ui.tools import ToolBench, find_tool_files
+
+
+def finite(value: Any) -> Any:
+    """`value` with NaN and infinities as None: a chart draws them as gaps, and JSON has no word for them (one
+    NaN in metrics.jsonl had made every chart's request fail)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+class JSONResponse(StrictJSONResponse):
+    def render(self, content: Any) -> bytes:
+        return super().render(finite(content))
+
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +114,8 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
         run = resolve_run(state.root, request.query_params["run"])
         kind = _kind(request)
         found = await run_in_threadpool(state.index.steps, run, kind)
-        return JSONResponse({"kind": kind, "steps": {str(k): v for k, v in sorted(found.items())}})
+        return JSONResponse({"kind": kind, "steps": {str(k): v for k, v in sorted(found.items())},
+                             "unreadable": state.index.unreadable(run, kind)})  # fmt: skip
 
     async def briefs(request: Request):
         run = resolve_run(state.root, request.query_params["run"])

@@ -21,10 +21,10 @@ function ticks(lo, hi, count = 4) {
   return out;
 }
 
-// series: [{label, color, points: [[x, y]...], dots: bool}]
+// series: [{label, color, points: [[x, y]...], dots: bool}]; a point whose y is null is a gap in its line
 function lineChart(title, metric, series) {
   const W = 300, H = 170, L = 42, R = 8, T = 22, B = 24;
-  const all = series.flatMap((one) => one.points);
+  const all = series.flatMap((one) => one.points).filter((p) => p[1] !== null);
   const box = h("div", { class: "chart", dataset: { metric, points: String(all.length) } });
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title });
   svg.append(s("text", { x: L, y: 14, class: "chart-title" }, title));
@@ -49,10 +49,15 @@ function lineChart(title, metric, series) {
   for (const one of series) {
     if (!one.points.length) continue;
     if (one.dots) {
-      for (const [x, y] of one.points) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3, fill: one.color }));
+      for (const [x, y] of one.points) if (y !== null) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3, fill: one.color }));
     } else {
-      const d = one.points.map(([x, y], i) => `${i ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join("");
-      svg.append(s("path", { d, stroke: one.color, fill: "none", "stroke-width": 1.6, class: "series" }));
+      let d = "", pen = "M";
+      for (const [x, y] of one.points) {
+        if (y === null) { pen = "M"; continue; }  // the next point starts a new piece of line
+        d += `${pen}${X(x).toFixed(1)},${Y(y).toFixed(1)}`;
+        pen = "L";
+      }
+      if (d) svg.append(s("path", { d, stroke: one.color, fill: "none", "stroke-width": 1.6, class: "series", "data-pieces": String((d.match(/M/g) || []).length) }));
     }
   }
   const legend = h("div", { class: "legend" }, series.filter((o) => o.points.length).map((one) =>
@@ -69,7 +74,7 @@ function lineChart(title, metric, series) {
     let nearest = null;
     for (const one of series) {
       let best = null;
-      for (const p of one.points) if (!best || Math.abs(p[0] - x) < Math.abs(best[0] - x)) best = p;
+      for (const p of one.points) if (p[1] !== null && (!best || Math.abs(p[0] - x) < Math.abs(best[0] - x))) best = p;
       if (best) { lines.push(`${one.label}: ${fmt(best[1])} (step ${best[0]})`); nearest = nearest ?? best[0]; }
     }
     if (nearest === null) return;

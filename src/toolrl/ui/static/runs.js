@@ -57,17 +57,19 @@ const Runs = {
       const series = [];
       names.forEach((name, i) => {
         const records = this.metrics[name] || [];
-        const steps = records.filter((r) => !("eval" in r) && "step" in r);
+        const steps = records.filter((r) => !("eval" in r) && Number.isInteger(r.step));
         const keys = key.endsWith("*")
           ? [...new Set(steps.flatMap((r) => Object.keys(r).filter((k) => k.startsWith(key.slice(0, -1)) && r[k])))].sort()
           : [key];
         keys.forEach((k, j) => {
-          const points = steps.filter((r) => typeof r[k] === "number").map((r) => [r.step, r[k]]);
+          // a step that logged the metric as NaN, inf or null (the server sends null) is a gap in the line
+          const points = steps.filter((r) => k in r).map((r) => [r.step, Number.isFinite(r[k]) ? r[k] : null]);
           const label = key.endsWith("*") ? `${names.length > 1 ? `${name} ` : ""}${k.slice(key.length - 1)}` : name;
           series.push({ label, color: key.endsWith("*") ? color(j + i * keys.length) : color(i), points });
         });
         if (EVAL_PANELS.has(key)) {
-          const evals = records.filter((r) => "eval" in r && typeof r[key] === "number").map((r) => [r.step, r[key]]);
+          const evals = records.filter((r) => "eval" in r && Number.isInteger(r.step) && Number.isFinite(r[key]))
+            .map((r) => [r.step, r[key]]);
           series.push({ label: `${name} eval`, color: color(i), points: evals, dots: true });
         }
       });
