@@ -76,6 +76,10 @@ def test_the_results_before_and_after_come_in_every_output_mode_and_third_party_
         assert done.returncode == 0, done.stderr[-2000:]
         return done
 
+    lines = train("lines").stdout.splitlines()  # an evaluation tells its progress as tasks finish
+    assert any(line.startswith("eval start: 2/2 tasks") for line in lines), lines
+    assert any(line.startswith("eval end: 2/2 tasks") for line in lines)
+    assert "eval start: 2/2 tasks" in (tmp_path / "lines" / "progress.log").read_text()
     last = json.loads(train("json", "--json").stdout.splitlines()[-1])
     assert set(last["eval_start"]) >= {"success", "reward", "tool_calls"} and "success" in last["eval_end"]
     quiet = train("quiet", "--quiet")

@@ -159,13 +159,17 @@ def eval_(
     cfg = resolve_config(config, set_)
     _quiet_libraries()
     started = time.perf_counter()
-    with console.status("evaluating"):
+    with console.status("evaluating") as status:
         bench = Workbench.load(cfg, model_name=model or None, policy=policy)
         try:
             tasks, left = bench.eval_tasks(num_tasks)
             if left:
                 console.print(f"{len(left)} of {len(tasks) + len(left)} tasks have no reference: left out")
-            trajs = bench.evaluation(temperature=temperature, tasks=tasks)
+
+            def progress(line: str) -> None:  # on a terminal the spinner's text, else a line every ~10 s
+                status.update(line) if console.is_terminal else console.print(line, highlight=False, markup=False)
+
+            trajs = bench.evaluation(temperature=temperature, tasks=tasks, progress=progress)
             success = bench.env.rubric.success
             stats, details = summarize(trajs, success), breakdown(trajs, success)
             records = [traj.to_record(bench.tokenizer, success) for traj in trajs]

@@ -17,7 +17,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -136,6 +136,8 @@ class Rollout:
         self.limits = limits
         self.schedule = schedule
         self.tokenizer = chat.tokenizer
+        self.on_finished: Callable[[], None] | None = None
+        """Told each time a trajectory ends (an evaluation's progress)."""
 
     @property
     def tool_schemas(self) -> list[dict]:
@@ -228,6 +230,7 @@ class Rollout:
                 elif opening is not None:
                     _count_user(run.traj, opening)
             playing = [run for run in runs if not run.traj.stop_reason]
+            self._finished(len(runs) - len(playing))
             if self.schedule == "lockstep":
                 await self._lockstep(playing)
             else:
@@ -276,6 +279,12 @@ class Rollout:
                 turn = await self._run_tools(run, turn)
             else:
                 turn = await self._reply(run, turn)
+        self._finished()
+
+    def _finished(self, n: int = 1) -> None:
+        if self.on_finished is not None:
+            for _ in range(n):
+                self.on_finished()
 
     async def _lockstep(self, runs: list[_Run]) -> None:
         active = list(range(len(runs)))
@@ -288,7 +297,9 @@ class Rollout:
             turns.update(zip(calling, after, strict=True))
             replies = await asyncio.gather(*(self._reply(runs[i], turns[i]) for i in replying))
             turns.update(zip(replying, replies, strict=True))
-            active = [i for i in active if turns[i].state is State.GENERATING]
+            still = [i for i in active if turns[i].state is State.GENERATING]
+            self._finished(len(active) - len(still))
+            active = still
 
     async def _generate(self, run: _Run) -> Sampled:
         limits, traj = self.limits, run.traj

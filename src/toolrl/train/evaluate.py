@@ -5,7 +5,7 @@ and Solve-P/R/F1 over tasks that carry sub-problems."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolrl.envs.base import Task
@@ -41,12 +41,22 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
     return stats
 
 
-def run_tasks(rollout: Rollout, tasks: Sequence[Task], batch_size: int, seed: int | None = None) -> list[Trajectory]:
+def run_tasks(
+    rollout: Rollout,
+    tasks: Sequence[Task],
+    batch_size: int,
+    seed: int | None = None,
+    on_finished: Callable[[], None] | None = None,
+) -> list[Trajectory]:
     """One trajectory per task, `batch_size` at a time; with `seed`, task i samples with seeds.derive(seed, i)
-    (the same draws whatever the batch size or timing)."""
+    (the same draws whatever the batch size or timing). `on_finished` is told as each trajectory ends."""
     trajs: list[Trajectory] = []
-    for start in range(0, len(tasks), batch_size):
-        trajs += rollout.run(tasks[start : start + batch_size], seed, first=start)
+    rollout.on_finished = on_finished
+    try:
+        for start in range(0, len(tasks), batch_size):
+            trajs += rollout.run(tasks[start : start + batch_size], seed, first=start)
+    finally:
+        rollout.on_finished = None
     return trajs
 
 

@@ -349,7 +349,7 @@ class Trainer:
             distributed.barrier(self.dist)
             return {}
         started = time.perf_counter()
-        trajs = self.bench.evaluation()
+        trajs = self.bench.evaluation(progress=self.on_note, what=f"eval {when}")
         stats = summarize(trajs, self.bench.env.rubric.success)
         distributed.barrier(self.dist)
         stats["eval_s"] = time.perf_counter() - started

@@ -4,7 +4,7 @@ rollouts and evaluations made with it. Training (trainer.py), `toolrl eval` and 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, Task, make_env
 from toolrl.errors import ConfigError
 from toolrl.models import load_config, load_model, load_tokenizer, pick_device
+from toolrl.progress import Tally
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import ENGINES
 from toolrl.rollout.scripted import MODEL, POLICIES, playable, scripted_engine
@@ -206,10 +207,16 @@ class Workbench:
         return playable(self.env, self.env.tasks(split)[: num_tasks or self.config.eval.num_tasks], self.policy)
 
     def evaluation(
-        self, num_tasks: int | None = None, temperature: float | None = None, tasks: Sequence[Task] | None = None
+        self,
+        num_tasks: int | None = None,
+        temperature: float | None = None,
+        tasks: Sequence[Task] | None = None,
+        progress: Callable[[str], None] | None = None,
+        what: str = "eval",
     ) -> list[Trajectory]:
         """The test split's trajectories (the first `num_tasks`, or `tasks`; at `temperature`, eval.* by
-        default). A task the policy cannot play is left out, with a warning that counts them."""
+        default). A task the policy cannot play is left out, with a warning that counts them. `progress` is
+        told a line (done/total, rate, ETA; progress.Tally) as tasks finish, at most every 10 s."""
         e = self.config.eval
         if tasks is None:
             tasks, left = self.eval_tasks(num_tasks)
@@ -218,4 +225,5 @@ class Workbench:
         sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
         rollout = self.rollout(sampling, seed=seeds.engine(self.config.seed, "eval"), purpose="eval")
         rollout.refuse_long_prompts(tasks, self.context_length)
-        return run_tasks(rollout, tasks, e.batch_size, seed=seeds.evaluation(self.config.seed))
+        tally = Tally(what, len(tasks), progress).advance if progress is not None else None
+        return run_tasks(rollout, tasks, e.batch_size, seed=seeds.evaluation(self.config.seed), on_finished=tally)
