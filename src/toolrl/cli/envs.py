@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -79,7 +80,13 @@ def env_check(
                     f"env {cfg.env.name}: none of its {len(left)} {split} tasks has a reference; give tasks "
                     "meta['reference'] or override Environment.reference (docs/environments.md)"
                 )
-            trajs = bench.evaluation(tasks=tasks)
+            started = time.monotonic()
+
+            def progress(line: str, started: float = started) -> None:  # a long check tells where it is
+                if time.monotonic() - started > 2.0:
+                    console.print(line, highlight=False, markup=False)
+
+            trajs = bench.evaluation(tasks=tasks, progress=progress, what=f"env check, {policy} policy")
             success = bench.env.rubric.success
             stats = summarize(trajs, success)
             solve = breakdown(trajs, success).get("solve", {}).get("f1")

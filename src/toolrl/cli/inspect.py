@@ -22,10 +22,20 @@ def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
 @model_app.command("fetch")
 def model_fetch(name: Annotated[str, typer.Argument(help="Model name.")] = "smollm2-135m-instruct") -> None:
     """Resolve a model to a local folder (converting an embedded model once) and print the folder."""
-    from toolrl.models import resolve_model
+    import time
+
+    from toolrl.home import toolrl_home
+    from toolrl.models.resolve import EMBEDDED, resolve_model
 
     _quiet_libraries()
-    typer.echo(str(resolve_model(name)))
+    if name in EMBEDDED and not (toolrl_home() / "models" / name / "config.json").is_file():
+        started = time.perf_counter()  # the one slow case: the GGUF converted to a safetensors folder, once
+        with console.status(f"converting {name} from its GGUF file (once)"):
+            folder = resolve_model(name)
+        console.print(f"converted {name} in {time.perf_counter() - started:.0f} s", highlight=False)
+    else:
+        folder = resolve_model(name)
+    typer.echo(str(folder))
 
 
 ToolsConfigArg = Annotated[Path, typer.Argument(help="Tool config file (mcpServers style, YAML or JSON).")]
