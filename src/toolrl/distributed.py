@@ -27,7 +27,8 @@ from toolrl.models.loading import transformer_blocks
 
 log = logging.getLogger(__name__)
 
-SUMMED = ("loss", "pg_loss", "kl", "entropy", "value_loss", "trained_trajectories", "fault_masked", "generated_tokens")
+SUMMED = ("loss", "pg_loss", "kl", "entropy", "value_loss", "trained_trajectories", "fault_masked", "generated_tokens",
+          "trajectories")  # fmt: skip
 """Step metrics that add up over ranks (losses are already over the global denominators); the others average."""
 
 

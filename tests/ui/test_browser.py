@@ -199,6 +199,71 @@ def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     assert not site["errors"], site["errors"]
 
 
+def test_any_metric_smoothing_x_axes_zoom_downloads_and_a_point_to_its_trajectories(site):
+    """What TensorBoard and W&B users rely on: any logged metric as a chart (grouped by prefix), smoothing, the x
+    axis by step, wall time or samples, drag to zoom, CSV and PNG downloads, a click on a line opens that step's
+    trajectories; the runs list filters and sorts; at phone width nothing overflows the page."""
+    page = site["page"]
+    page.set_viewport_size({"width": 1360, "height": 900})
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=alpha]")
+    page.evaluate("localStorage.clear()")
+    page.fill("#runs-filter", "alph")
+    page.wait_for_function("document.querySelectorAll('#runs-table tbody tr').length === 1")
+    page.fill("#runs-filter", "")
+    page.click("#runs-table th[data-sort=name]")
+    names = page.eval_on_selector_all("#runs-table tbody tr", "rows => rows.map(r => r.dataset.run)")
+    assert names == sorted(names) and "alpha" in names
+    page.click("#runs-table th[data-sort=name]")
+    assert page.eval_on_selector_all("#runs-table tbody tr", "rows => rows.map(r => r.dataset.run)") == names[::-1]
+    for box in page.locator("#runs-table tbody input:checked").all():
+        box.uncheck()
+    page.check("tr[data-run=alpha] input")
+    page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 1")
+    page.click("#chart-metrics summary")  # every metric the run logs, grouped by prefix
+    assert page.locator("#chart-metrics legend", has_text="time (").count() == 1
+    page.check("#chart-metrics input[value=grad_norm]")
+    page.wait_for_selector(".chart[data-metric=grad_norm] path.series", state="attached")
+    page.eval_on_selector("#chart-smooth", "e => { e.value = '0.6'; e.dispatchEvent(new Event('input')); }")
+    page.wait_for_selector(".chart[data-metric=reward] path.series-raw", state="attached")
+    page.select_option("#chart-x", "wall")
+    page.wait_for_selector(".chart[data-metric=reward] text:text('wall time (min)')")
+    page.select_option("#chart-x", "samples")
+    page.wait_for_selector(".chart[data-metric=reward] text:text('samples')")
+    page.select_option("#chart-x", "step")
+    chart = page.locator(".chart[data-metric=reward] svg")
+    box = chart.bounding_box()
+    before = int(page.locator(".chart[data-metric=reward]").get_attribute("data-points"))
+    page.mouse.move(box["x"] + box["width"] * 0.16, box["y"] + box["height"] / 2)  # drag across the first steps
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    page.wait_for_selector("#chart-reset-zoom:not([hidden])")
+    assert int(page.locator(".chart[data-metric=reward]").get_attribute("data-points")) < before
+    page.click("#chart-reset-zoom")
+    page.wait_for_function(f"+document.querySelector('.chart[data-metric=reward]').dataset.points === {before}")
+    with page.expect_download() as csv:
+        page.click("#chart-csv")
+    text = Path(csv.value.path()).read_text()
+    assert text.startswith("run,metric,step,step,value\n") and "alpha,reward,1,1," in text
+    with page.expect_download() as png:
+        page.click(".chart[data-metric=reward] .chart-png")
+    assert Path(png.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page.eval_on_selector("#chart-smooth", "e => { e.value = '0'; e.dispatchEvent(new Event('input')); }")
+    box = chart.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.95, box["y"] + box["height"] / 2)  # near the last step
+    page.wait_for_selector("#tab-trajectories:not([hidden])")
+    page.wait_for_function("document.querySelector('#tr-run').value === 'alpha'")
+    page.wait_for_function("document.querySelector('#tr-step').value === '3'")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector(".chart[data-metric=reward] path.series", state="attached")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(site, "phone")
+    page.set_viewport_size({"width": 1360, "height": 900})
+    page.evaluate("localStorage.clear()")
+
+
 def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(site):
     page, root = site["page"], site["root"]
     page.goto(site["url"] + "#trajectories")

@@ -186,6 +186,7 @@ class Trainer:
             **{f"tools/{k}": v for k, v in part.tool_counts.items()},
             **part.reward_counts,
             "generated_tokens": generated,
+            "trajectories": len(trajs),
             "gen_tokens_per_s": generated / part.rollout_s,
             "rollout_s": part.rollout_s,
             "train_s": time.perf_counter() - started - waited,

@@ -21,9 +21,13 @@ function ticks(lo, hi, count = 4) {
   return out;
 }
 
-// series: [{label, color, points: [[x, y]...], dots: bool}]; a point whose y is null is a gap in its line
-function lineChart(title, metric, series) {
+// series: [{label, color, points: [[x, y, step]...], dots: bool, faint: bool, run}]; a point whose y is null is a
+// gap in its line. opts: {xLabel, range: [lo, hi] (zoom), onZoom(lo, hi) (drag across a chart; double-click
+// resets with onZoom(null)), onPick(run, step) (click: that step's trajectories)}.
+function lineChart(title, metric, series, opts = {}) {
   const W = 300, H = 170, L = 42, R = 8, T = 22, B = 24;
+  const [lo, hi] = opts.range || [-Infinity, Infinity];
+  series = series.map((one) => ({ ...one, points: one.points.filter((p) => p[0] >= lo && p[0] <= hi) }));
   const all = series.flatMap((one) => one.points).filter((p) => p[1] !== null);
   const box = h("div", { class: "chart", dataset: { metric, points: String(all.length) } });
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title });
@@ -43,8 +47,12 @@ function lineChart(title, metric, series) {
     svg.append(s("line", { x1: L, x2: W - R, y1: Y(t), y2: Y(t), class: "grid" }));
     svg.append(s("text", { x: L - 4, y: Y(t) + 3, "text-anchor": "end", class: "tick" }, fmt(t, 2)));
   }
-  for (const t of ticks(x0, x1, 5).filter(Number.isInteger)) {
-    svg.append(s("text", { x: X(t), y: H - 8, "text-anchor": "middle", class: "tick" }, t));
+  const xTicks = ticks(x0, x1, 5);
+  for (const t of (xTicks.some((t) => !Number.isInteger(t)) ? xTicks : xTicks.filter(Number.isInteger))) {
+    svg.append(s("text", { x: X(t), y: H - 8, "text-anchor": "middle", class: "tick" }, fmt(t, 1)));
+  }
+  if (opts.xLabel && opts.xLabel !== "step") {
+    svg.append(s("text", { x: W - R, y: H - 1, "text-anchor": "end", class: "tick" }, opts.xLabel));
   }
   for (const one of series) {
     if (!one.points.length) continue;
@@ -57,10 +65,11 @@ function lineChart(title, metric, series) {
         d += `${pen}${X(x).toFixed(1)},${Y(y).toFixed(1)}`;
         pen = "L";
       }
-      if (d) svg.append(s("path", { d, stroke: one.color, fill: "none", "stroke-width": 1.6, class: "series", "data-pieces": String((d.match(/M/g) || []).length) }));
+      const width = one.faint ? 1 : 1.6, cls = one.faint ? "series-raw" : "series";
+      if (d) svg.append(s("path", { d, stroke: one.color, fill: "none", "stroke-width": width, class: cls, opacity: one.faint ? 0.3 : 1, "data-pieces": String((d.match(/M/g) || []).length) }));
     }
   }
-  const legend = h("div", { class: "legend" }, series.filter((o) => o.points.length).map((one) =>
+  const legend = h("div", { class: "legend" }, series.filter((o) => o.points.length && !o.faint).map((one) =>
     h("span", {}, h("i", { style: `background:${one.color}` }), one.label)));
   box.append(legend);
   const cursor = s("line", { y1: T, y2: H - B, class: "cursor", visibility: "hidden" });
@@ -73,9 +82,10 @@ function lineChart(title, metric, series) {
     const lines = [];
     let nearest = null;
     for (const one of series) {
+      if (one.faint) continue;
       let best = null;
       for (const p of one.points) if (p[1] !== null && (!best || Math.abs(p[0] - x) < Math.abs(best[0] - x))) best = p;
-      if (best) { lines.push(`${one.label}: ${fmt(best[1])} (step ${best[0]})`); nearest = nearest ?? best[0]; }
+      if (best) { lines.push(`${one.label}: ${fmt(best[1])} (step ${best[2] ?? best[0]})`); nearest = nearest ?? best[0]; }
     }
     if (nearest === null) return;
     cursor.setAttribute("x1", X(nearest)); cursor.setAttribute("x2", X(nearest));
@@ -84,5 +94,64 @@ function lineChart(title, metric, series) {
     tip.hidden = false;
   });
   svg.addEventListener("mouseleave", () => { tip.hidden = true; cursor.setAttribute("visibility", "hidden"); });
+  const toX = (event) => {
+    const rect = svg.getBoundingClientRect();
+    return x0 + ((event.clientX - rect.left) * (W / rect.width) - L) / (W - L - R) * (x1 - x0);
+  };
+  let dragFrom = null;
+  const band = s("rect", { y: T, height: H - T - B, class: "zoom-band", visibility: "hidden" });
+  svg.append(band);
+  svg.addEventListener("mousedown", (event) => { dragFrom = toX(event); });
+  svg.addEventListener("mousemove", (event) => {
+    if (dragFrom === null) return;
+    const [a, b] = [dragFrom, toX(event)].sort((p, q) => p - q);
+    band.setAttribute("x", X(a)); band.setAttribute("width", Math.max(0, X(b) - X(a)));
+    band.setAttribute("visibility", "visible");
+  });
+  svg.addEventListener("mouseup", (event) => {
+    if (dragFrom === null) return;
+    const to = toX(event), from = dragFrom;
+    dragFrom = null;
+    band.setAttribute("visibility", "hidden");
+    if (Math.abs(X(to) - X(from)) > 6 && opts.onZoom) { opts.onZoom(Math.min(from, to), Math.max(from, to)); return; }
+    // a click: the nearest point of a line, then that step's trajectories
+    let best = null;
+    for (const one of series) {
+      if (one.faint || one.dots || !one.run) continue;
+      for (const p of one.points) if (p[1] !== null && (!best || Math.abs(p[0] - to) < Math.abs(best.p[0] - to))) best = { p, run: one.run };
+    }
+    if (best && opts.onPick) opts.onPick(best.run, best.p[2]);
+  });
+  svg.addEventListener("dblclick", () => { if (opts.onZoom) opts.onZoom(null); });
+  const png = h("button", { class: "chart-png", title: "download this chart as PNG", onclick: () => downloadPng(svg, metric) }, "PNG");
+  box.append(png);
   return box;
+}
+
+// One chart as a PNG: the SVG drawn on a canvas at twice its size, styles inlined.
+function downloadPng(svg, metric) {
+  const copy = svg.cloneNode(true);
+  copy.setAttribute("xmlns", SVG);
+  const style = document.createElementNS(SVG, "style");
+  style.textContent = ".grid{stroke:#eef0f3}.tick{font-size:9px;fill:#6b7280}.chart-title{font-size:11px;font-weight:600}" +
+    ".cursor,.zoom-band{display:none}";
+  copy.prepend(style);
+  const [w, h2] = [300, 170];
+  const image = new Image();
+  image.onload = () => {
+    const canvas = document.createElement("canvas");
+    canvas.width = w * 2; canvas.height = h2 * 2;
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
+    download(canvas.toDataURL("image/png"), `${metric.replace(/[^\w.-]+/g, "_")}.png`);
+  };
+  image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(new XMLSerializer().serializeToString(copy));
+}
+
+function download(url, name) {
+  const link = h("a", { href: url, download: name });
+  document.body.append(link);
+  link.click();
+  link.remove();
 }

@@ -10,12 +10,46 @@ const PANELS = [
 ];
 const EVAL_PANELS = new Set(["reward", "success", "tool_calls", "response_tokens"]);
 
+const SETTINGS = "toolrl.charts";
+const saved = (() => { try { return JSON.parse(localStorage.getItem(SETTINGS)) || {}; } catch { return {}; } })();
+
 const Runs = {
   compared: new Set(),
   metrics: {}, // run -> records (appended as the run writes them)
   focus: null,
+  runs: [],
+  extra: new Set(saved.extra || []), // metrics chosen beside the default panels (any key a run logs)
+  xaxis: saved.xaxis || "step", // step | wall (minutes, the steps' step_s summed) | samples (trajectories)
+  smooth: saved.smooth || 0, // exponential moving average weight, as TensorBoard's slider
+  zoom: null, // [lo, hi] on the x axis, from a drag across a chart
+  sort: { key: "updated_at", dir: -1 },
 
-  enter() { every("runs", 2000, () => attempt(() => Runs.refresh())); },
+  enter() {
+    if (!this.wired) this.wire();
+    every("runs", 2000, () => attempt(() => Runs.refresh()));
+  },
+
+  wire() {
+    this.wired = true;
+    $("#chart-x").value = this.xaxis;
+    $("#chart-smooth").value = this.smooth;
+    $("#chart-x").addEventListener("change", (e) => { this.xaxis = e.target.value; this.zoom = null; this.save(); this.draw(); });
+    $("#chart-smooth").addEventListener("input", (e) => { this.smooth = +e.target.value; this.save(); this.draw(); });
+    $("#runs-filter").addEventListener("input", () => this.table(this.runs));
+    $("#chart-reset-zoom").addEventListener("click", () => { this.zoom = null; this.draw(); });
+    $("#chart-csv").addEventListener("click", () => this.csv());
+    for (const th of document.querySelectorAll("#runs-table th[data-sort]")) {
+      th.addEventListener("click", () => {
+        const key = th.dataset.sort;
+        this.sort = { key, dir: this.sort.key === key ? -this.sort.dir : (key === "name" ? 1 : -1) };
+        this.table(this.runs);
+      });
+    }
+  },
+
+  save() {
+    localStorage.setItem(SETTINGS, JSON.stringify({ extra: [...this.extra], xaxis: this.xaxis, smooth: this.smooth }));
+  },
   leave() { stop("runs"); },
 
   async refresh() {
@@ -28,8 +62,20 @@ const Runs = {
   },
 
   table(runs) {
+    this.runs = runs;
     $("#runs-empty").hidden = runs.length > 0;
-    $("#runs-table tbody").replaceChildren(...runs.map((run) => h("tr", { dataset: { run: run.name } },
+    const words = $("#runs-filter").value.toLowerCase().split(/\s+/).filter(Boolean);
+    const shown = runs.filter((run) => {
+      const text = [run.name, run.env, run.model, run.state].join(" ").toLowerCase();
+      return words.every((w) => text.includes(w));
+    });
+    const { key, dir } = this.sort;
+    const value = (run) => run[key] ?? (typeof runs.find((r) => r[key] != null)?.[key] === "string" ? "" : -Infinity);
+    shown.sort((a, b) => { const [x, y] = [value(a), value(b)]; return (x < y ? -1 : x > y ? 1 : 0) * dir; });
+    for (const th of document.querySelectorAll("#runs-table th[data-sort]")) {
+      th.dataset.order = th.dataset.sort === key ? (dir > 0 ? "asc" : "desc") : "";
+    }
+    $("#runs-table tbody").replaceChildren(...shown.map((run) => h("tr", { dataset: { run: run.name } },
       h("td", {}, h("input", {
         type: "checkbox", checked: this.compared.has(run.name), "aria-label": `compare ${run.name}`,
         onchange: (e) => { e.target.checked ? this.compared.add(run.name) : this.compared.delete(run.name); this.draw(); },
@@ -50,32 +96,112 @@ const Runs = {
     this.metrics[name] = have.concat(data.records);
   },
 
+  // x of each training step of a run: the step, the wall time so far (minutes) or the trajectories so far
+  xOf(records) {
+    const map = new Map([[0, 0]]);
+    let wall = 0, samples = 0;
+    for (const r of records) {
+      if ("eval" in r || !Number.isInteger(r.step)) continue;
+      wall += Number.isFinite(r.step_s) ? r.step_s / 60 : 0;
+      samples += Number.isFinite(r.trajectories) ? r.trajectories : 0;
+      map.set(r.step, this.xaxis === "wall" ? +wall.toFixed(3) : this.xaxis === "samples" ? samples : r.step);
+    }
+    return (step) => (this.xaxis === "step" ? step : map.get(step) ?? null);
+  },
+
+  // every numeric metric the compared runs log, grouped by its prefix (reward/..., time/..., the rest)
+  metricKeys() {
+    const keys = new Set();
+    for (const name of this.compared) {
+      for (const r of this.metrics[name] || []) {
+        if ("eval" in r) continue;
+        for (const [k, v] of Object.entries(r)) if (k !== "step" && (typeof v === "number" || v === null)) keys.add(k);
+      }
+    }
+    const groups = {};
+    for (const k of [...keys].sort()) (groups[k.includes("/") ? k.split("/")[0] : "run"] ||= []).push(k);
+    return groups;
+  },
+
+  pickers() {
+    const groups = this.metricKeys();
+    const box = $("#chart-metrics div");
+    const signature = JSON.stringify(groups) + [...this.extra].join();
+    if (box.dataset.signature === signature) return;
+    box.dataset.signature = signature;
+    box.replaceChildren(...Object.entries(groups).map(([group, keys]) => h("fieldset", {},
+      h("legend", {}, `${group} (${keys.length})`),
+      keys.map((k) => h("label", { class: "metric-pick" }, h("input", {
+        type: "checkbox", value: k, checked: this.extra.has(k) || PANELS.some(([p]) => p === k),
+        disabled: PANELS.some(([p]) => p === k),
+        onchange: (e) => { e.target.checked ? this.extra.add(k) : this.extra.delete(k); this.save(); this.draw(); },
+      }), k)))));
+  },
+
+  smoothed(points) {
+    if (!this.smooth) return points;
+    let mean = 0, weight = 0;
+    return points.map(([x, y, step]) => {
+      if (y === null) return [x, null, step];
+      mean = this.smooth * mean + (1 - this.smooth) * y;
+      weight = this.smooth * weight + (1 - this.smooth);
+      return [x, mean / weight, step];
+    });
+  },
+
+  panels() {
+    return [...PANELS, ...[...this.extra].filter((k) => !PANELS.some(([p]) => p === k)).map((k) => [k, k])];
+  },
+
   draw() {
     const names = [...this.compared];
     const color = (i) => PALETTE[i % PALETTE.length];
-    const charts = PANELS.map(([key, title]) => {
+    this.pickers();
+    $("#chart-reset-zoom").hidden = !this.zoom;
+    const xLabel = { step: "step", wall: "wall time (min)", samples: "samples" }[this.xaxis];
+    this.drawn = [];
+    const charts = this.panels().map(([key, title]) => {
       const series = [];
       names.forEach((name, i) => {
         const records = this.metrics[name] || [];
         const steps = records.filter((r) => !("eval" in r) && Number.isInteger(r.step));
+        const x = this.xOf(records);
         const keys = key.endsWith("*")
           ? [...new Set(steps.flatMap((r) => Object.keys(r).filter((k) => k.startsWith(key.slice(0, -1)) && r[k])))].sort()
           : [key];
         keys.forEach((k, j) => {
           // a step that logged the metric as NaN, inf or null (the server sends null) is a gap in the line
-          const points = steps.filter((r) => k in r).map((r) => [r.step, Number.isFinite(r[k]) ? r[k] : null]);
+          const raw = steps.filter((r) => k in r && x(r.step) !== null)
+            .map((r) => [x(r.step), Number.isFinite(r[k]) ? r[k] : null, r.step]);
           const label = key.endsWith("*") ? `${names.length > 1 ? `${name} ` : ""}${k.slice(key.length - 1)}` : name;
-          series.push({ label, color: key.endsWith("*") ? color(j + i * keys.length) : color(i), points });
+          const c = key.endsWith("*") ? color(j + i * keys.length) : color(i);
+          if (this.smooth) series.push({ label, color: c, points: raw, faint: true, run: name });
+          series.push({ label, color: c, points: this.smoothed(raw), run: name });
+          this.drawn.push({ run: name, metric: k, points: raw });
         });
         if (EVAL_PANELS.has(key)) {
-          const evals = records.filter((r) => "eval" in r && Number.isInteger(r.step) && Number.isFinite(r[key]))
-            .map((r) => [r.step, r[key]]);
+          const evals = records.filter((r) => "eval" in r && Number.isInteger(r.step) && Number.isFinite(r[key]) && x(r.step) !== null)
+            .map((r) => [x(r.step), r[key], r.step]);
           series.push({ label: `${name} eval`, color: color(i), points: evals, dots: true });
         }
       });
-      return lineChart(title, key, series);
+      return lineChart(title, key, series, {
+        xLabel, range: this.zoom,
+        onZoom: (lo, hi) => { this.zoom = lo === null ? null : [lo, hi]; this.draw(); },
+        onPick: (run, step) => Viewer.openStep(run, "train", step),
+      });
     });
     $("#charts").replaceChildren(...charts);
+  },
+
+  // the charts' data as CSV: one row per run, metric and step (x as the axis shows it)
+  csv() {
+    const rows = [["run", "metric", "step", this.xaxis, "value"]];
+    for (const { run, metric, points } of this.drawn || []) {
+      for (const [x, y, step] of points) rows.push([run, metric, step, x, y === null ? "" : y]);
+    }
+    const text = rows.map((r) => r.map((v) => (/[",\n]/.test(String(v)) ? `"${String(v).replace(/"/g, '""')}"` : v)).join(",")).join("\n");
+    download(URL.createObjectURL(new Blob([text + "\n"], { type: "text/csv" })), "metrics.csv");
   },
 
   async show(name) {

@@ -8,10 +8,17 @@ const Viewer = {
   briefs: [], // the summaries of the chosen step's records
   current: null,
 
+  // from a point on a curve: that run's step
+  openStep(run, kind, step) {
+    this.pending = { run, kind, step: String(step) };
+    showTab("trajectories");
+  },
+
   async enter() {
     await attempt(async () => {
       const runs = UI.runs.length ? UI.runs : await refreshRuns();
       fillSelect($("#tr-run"), runs.map((r) => [r.name, r.name]));
+      if (this.pending) { $("#tr-run").value = this.pending.run; $("#tr-kind").value = this.pending.kind; }
       await this.loadSteps(true);
     });
     // a run that trains on adds steps: the list follows (the chosen step's trajectories stay as they are)
@@ -34,6 +41,11 @@ const Viewer = {
     const previous = $("#tr-step").value;
     fillSelect($("#tr-step"), keys.map((k) => [k, label(k)]));
     if (!keys.map(String).includes(previous) && keys.length) $("#tr-step").value = keys[keys.length - 1]; // the latest
+    if (this.pending && keys.map(String).includes(this.pending.step)) {
+      $("#tr-step").value = this.pending.step;
+      reload = true;
+    }
+    this.pending = null;
     if (reload || $("#tr-step").value !== previous) await this.loadStep();
   },
 
