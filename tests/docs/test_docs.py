@@ -10,7 +10,8 @@ of its own, on the tiny model.
   config (or a fragment of one);
 - ```text blocks are output or layouts, shown, not run.
 The only commands not run are the README's two set-up commands, `make demo` and `make test`: CI runs
-`make test` itself on a fresh clone, and `make demo` is `make install`, `toolrl model fetch`, `toolrl train`.
+`make test` itself on a fresh clone, and `make demo` is `make install`, `toolrl model fetch`, `toolrl train
+recipes/calculator-zero.yaml` (tests/envs/test_recipes.py trains every recipe a step on the tiny model).
 """
 
 import os

@@ -30,7 +30,9 @@ def test_recipes_exist_and_are_valid_configs():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["calculator", "nl2sql", "code", "search-r1", "files", "files-simulated"])
+@pytest.mark.parametrize(
+    "recipe", ["calculator", "calculator-zero", "nl2sql", "code", "search-r1", "files", "files-simulated"]
+)
 def test_two_training_steps_of_each_recipe_on_the_tiny_model(recipe, tiny_model_dir, tmp_path):
     overrides = [
         f"model.name={tiny_model_dir}",
@@ -43,6 +45,7 @@ def test_two_training_steps_of_each_recipe_on_the_tiny_model(recipe, tiny_model_
         "rollout.max_new_tokens=8",
         "eval.at_start=false",
         "eval.at_end=false",
+        "sft.num_tasks=4",  # recipes that warm up first: 4 reference trajectories, one SFT step
     ]
     if recipe == "files-simulated":  # the default model plays the user: short replies keep the test short
         overrides.append("env.options.user_model.max_tokens=6")
@@ -57,3 +60,6 @@ def test_two_training_steps_of_each_recipe_on_the_tiny_model(recipe, tiny_model_
     assert [s["step"] for s in steps] == [1, 2]
     assert all("reward/correct" in s and "reward/format" in s for s in steps)
     assert (run / "final" / "model.safetensors").is_file()
+    if load_config(Path(args[1])).train.warm_start:  # the warm start ran on the reference's trajectories
+        sft = [json.loads(line) for line in (run / "sft.jsonl").read_text().splitlines()]
+        assert sft[0]["played"] == 4 and sft[0]["kept"] == 4 and any("loss" in line for line in sft)

@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).parents[2] / "bench" / "learning.py"
+ROOT = Path(__file__).parents[2]
+BENCH = ROOT / "bench" / "learning.py"
 
 
 def test_the_learning_bench_writes_before_and_after_per_recipe_and_seed(tmp_path):
@@ -19,7 +20,38 @@ def test_the_learning_bench_writes_before_and_after_per_recipe_and_seed(tmp_path
     for key in ("greedy_before", "greedy_after", "sampled_before", "sampled_after"):
         assert 0.0 <= demo[key] <= 1.0 and demo["spread"][key] == 0.0  # one seed: no spread
     (seed,) = demo["seeds"]
-    assert seed["train_s"] > 0 and result["peak_rss_mb"] > 0 and result["machine"]["cores"] >= 1
-    log = out.with_suffix(".log").read_text()
+    assert seed["train_s"] > 0 and demo["peak_rss_mb"] > 0 and demo["machine"]["cores"] >= 1
+    log = (tmp_path / "learning.demo.log").read_text()
     assert "demo seed 0: before greedy" in log and "demo seed 0: step 2" in log and "demo seed 0: after" in log
     assert "greedy before" in done.stdout  # the table
+
+
+def test_recipes_and_seeds_measured_by_separate_runs_are_merged_into_one_entry_each(tmp_path):
+    """Recipes and seeds are measured by separate runs (side by side on the cores, or one after another): each
+    run updates its recipe's entry, keeps the other recipes', and a seed of the same measurement adds a row."""
+    out = tmp_path / "learning.json"
+    out.write_text(json.dumps({"built": {"greedy_before": 0.1, "seeds": []}, "stale": 3}))
+    for seed in ("0", "1"):
+        command = [sys.executable, str(BENCH), "--quick", "--out", str(out), "--runs", str(tmp_path / "runs"),
+                   "--recipes", "calculator-zero", "--seeds", seed]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result) == {"built", "calculator-zero"} and result["built"]["greedy_before"] == 0.1
+    zero = result["calculator-zero"]
+    assert zero["args"]["seeds"] == [0, 1] and len(zero["seeds"]) == 2
+    assert all(row["sft"]["sft_kept"] > 0 for row in zero["seeds"])  # the recipe's warm start ran
+
+
+def test_the_readmes_table_is_the_one_the_committed_results_make():
+    """No figure of the README's results table is typed by hand: `bench/learning.py --readme` writes it."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import learning
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    results = json.loads((ROOT / "bench" / "results" / "learning.json").read_text())
+    assert {"demo", "built", "files"} <= set(results)
+    table = learning.table(results)
+    assert f"{learning.BEGIN}\n{table}\n{learning.END}" in (ROOT / "README.md").read_text()
+    assert "| `calculator-zero.yaml` (`make demo`): warm start + " in table and len(results["demo"]["seeds"]) == 3
