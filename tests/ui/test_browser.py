@@ -264,6 +264,22 @@ def test_any_metric_smoothing_x_axes_zoom_downloads_and_a_point_to_its_trajector
     page.evaluate("localStorage.clear()")
 
 
+def test_the_group_view_shows_the_samples_of_one_prompt_side_by_side(site):
+    page = site["page"]
+    page.goto(site["url"] + "#trajectories")
+    page.select_option("#tr-run", "alpha")
+    page.select_option("#tr-kind", "train")
+    page.select_option("#tr-step", "1")
+    page.click("#tr-list .card >> nth=0")
+    page.click("#tr-group")
+    page.wait_for_function("document.querySelectorAll('#cmp-columns .group-member').length === 3")  # group_size 3
+    assert page.locator("#cmp-title").inner_text().startswith("Group 0 of step 1: 3 samples of one prompt")
+    headers = page.locator("#cmp-columns .group-member h4").all_inner_texts()
+    assert all("reward" in text and "advantage" in text and "tool calls" in text for text in headers), headers
+    page.click("#cmp-close")
+    assert not site["errors"], site["errors"]
+
+
 def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(site):
     page, root = site["page"], site["root"]
     page.goto(site["url"] + "#trajectories")

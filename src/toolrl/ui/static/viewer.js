@@ -107,7 +107,9 @@ const Viewer = {
     box.append(h("h3", {}, record.question || record.task_id));
     if (full) {
       box.append(h("p", {}, h("span", { class: "muted" }, "expected: "), String(record.answer ?? ""),
-        " ", h("button", { onclick: () => attempt(() => this.compare(record.task_id)), id: "tr-same-task" }, "same task across steps")));
+        " ", h("button", { onclick: () => attempt(() => this.compare(record.task_id)), id: "tr-same-task" }, "same task across steps"),
+        " ", record.group !== undefined && this.current && this.current.kind === "train"
+          ? h("button", { onclick: () => attempt(() => this.group(record.group)), id: "tr-group" }, "its group side by side") : null));
       const rewards = Object.entries(record.rewards || {});
       box.append(h("table", { class: "grid small rewards" },
         h("tr", {}, h("th", {}, "reward"), ...rewards.map(([k]) => h("th", {}, k)), h("th", {}, "stop"), h("th", {}, "turn rewards")),
@@ -190,13 +192,33 @@ const Viewer = {
         h("td", {}, `${(c.latency_s * 1000).toFixed(1)} ms`), h("td", {}, h("pre", {}, c.result)))));
   },
 
+  // the samples of one prompt (a GRPO group) side by side: reward, advantage, tool calls, then the turns
+  async group(group) {
+    const { run, kind, step } = this.current;
+    const members = this.briefs.map((r, i) => ({ ...r, index: i })).filter((r) => r.group === group);
+    const records = await Promise.all(members.map((r) =>
+      api(`/api/record?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}&index=${r.index}`)));
+    $("#cmp-title").textContent = `Group ${group} of step ${step}: ${records.length} samples of one prompt`;
+    $("#cmp-columns").replaceChildren(...records.map((record, i) => {
+      const advantages = (record.segments || []).flatMap((sg) => sg.advantages || []);
+      const advantage = advantages.length ? advantages.reduce((a, b) => a + b, 0) / advantages.length : undefined;
+      return h("div", { class: "column group-member", dataset: { index: members[i].index, reward: record.reward } },
+        h("h4", {}, `#${members[i].index} · reward ${fmt(record.reward)}`
+          + (advantage !== undefined ? ` · advantage ${fmt(advantage, 3)}` : "") + ` · ${(record.calls || []).length} tool calls`),
+        (record.calls || []).length ? this.calls(record.calls) : null,
+        this.render(record, false));
+    }));
+    $("#tr-compare").hidden = false;
+    $("#tr-compare").scrollIntoView();
+  },
+
   async compare(task) {
     const run = $("#tr-run").value;
     const history = await api(`/api/task?run=${encodeURIComponent(run)}&task=${encodeURIComponent(task)}`);
     const shown = history.records.slice(0, 6);
     const records = await Promise.all(shown.map((r) =>
       api(`/api/record?run=${encodeURIComponent(run)}&kind=${r.kind}&step=${r.step}&index=${r.index}`)));
-    $("#cmp-task").textContent = task;
+    $("#cmp-title").replaceChildren("Task ", h("span", { id: "cmp-task" }, task), " across steps");
     $("#cmp-columns").replaceChildren(...records.map((record, i) => h("div", { class: "column" },
       h("h4", {}, `${shown[i].kind === "eval" ? `eval (${record.eval})` : "training"} · step ${shown[i].step}`),
       this.render(record, false))));
