@@ -4,8 +4,8 @@ of its own, on the tiny model.
 - ```python blocks whose first line is `# file: NAME` are written to NAME and imported; the others run as
   scripts;
 - ```bash blocks run line by line (`toolrl ...` as `python -m toolrl ...`); train and eval get the tiny
-  model and one short step appended as `--set` overrides (later ones win), and so do configs loaded in
-  Python (`resolve_config`, `load_config`);
+  model and one short step appended as `--set` overrides (a key the line sets itself keeps its value), and so
+  do configs loaded in Python (`resolve_config`, `load_config`);
 - ```yaml blocks are validated: a tool config file (`mcpServers`), a build spec (`source`), else a run
   config (or a fragment of one);
 - ```text blocks are output or layouts, shown, not run.
@@ -121,7 +121,9 @@ def test_the_code_of_each_page_runs(page, tmp_path, tiny_model_dir):
                 else:
                     launcher = []
                 assert argv[0] == "toolrl", f"{page.name}: only toolrl commands run in docs: {line}"
-                extra = [a for o in overrides for a in ("--set", o)] if argv[1] in ("train", "eval") else []
+                own = {argv[i + 1].split("=")[0] for i, a in enumerate(argv[:-1]) if a == "--set"}  # the page's win
+                tiny = [o for o in overrides if o.split("=")[0] not in own]
+                extra = [a for o in tiny for a in ("--set", o)] if argv[1] in ("train", "eval") else []
                 command = [*launcher] + (["-m", "toolrl"] if launcher else [sys.executable, "-m", "toolrl"])
                 run([*command, *argv[1:], *extra], tmp_path, f"{page.name}: {line}")
         elif language == "yaml":

@@ -45,7 +45,8 @@ def test_two_training_steps_of_each_recipe_on_the_tiny_model(recipe, tiny_model_
         "rollout.max_new_tokens=8",
         "eval.at_start=false",
         "eval.at_end=false",
-        "sft.num_tasks=4",  # recipes that warm up first: 4 reference trajectories, one SFT step
+        "sft.num_tasks=4",  # recipes that warm up first: 4 reference trajectories, one SFT step; all kept, as
+        "sft.keep=all",  # max_new_tokens 8 cuts the reference's turns short of success
     ]
     if recipe == "files-simulated":  # the default model plays the user: short replies keep the test short
         overrides.append("env.options.user_model.max_tokens=6")

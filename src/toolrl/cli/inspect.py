@@ -24,15 +24,18 @@ def model_fetch(name: Annotated[str, typer.Argument(help="Model name.")] = "smol
     """Resolve a model to a local folder (converting an embedded model once) and print the folder."""
     import time
 
+    from rich.console import Console
+
     from toolrl.home import toolrl_home
     from toolrl.models.resolve import EMBEDDED, resolve_model
 
     _quiet_libraries()
     if name in EMBEDDED and not (toolrl_home() / "models" / name / "config.json").is_file():
         started = time.perf_counter()  # the one slow case: the GGUF converted to a safetensors folder, once
-        with console.status(f"converting {name} from its GGUF file (once)"):
+        err = Console(stderr=True)  # stdout is the folder alone: scripts read it with $(toolrl model fetch)
+        with err.status(f"converting {name} from its GGUF file (once)"):
             folder = resolve_model(name)
-        console.print(f"converted {name} in {time.perf_counter() - started:.0f} s", highlight=False)
+        err.print(f"converted {name} in {time.perf_counter() - started:.0f} s", highlight=False)
     else:
         folder = resolve_model(name)
     typer.echo(str(folder))
