@@ -276,6 +276,7 @@ def test_the_group_view_shows_the_samples_of_one_prompt_side_by_side(site):
     assert page.locator("#cmp-title").inner_text().startswith("Group 0 of step 1: 3 samples of one prompt")
     headers = page.locator("#cmp-columns .group-member h4").all_inner_texts()
     assert all("reward" in text and "advantage" in text and "tool calls" in text for text in headers), headers
+    shot(site, "group")
     page.click("#cmp-close")
     assert not site["errors"], site["errors"]
 
