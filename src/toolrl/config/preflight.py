@@ -18,6 +18,10 @@ CHECKS: Registry[Callable[[RunConfig], None]] = Registry("preflight check", "pre
 """Checks run before a model loads; a plug-in may register one of its own (register_preflight)."""
 
 
+NO_SFT_FILE = 'sft.file: sft.source is file; give the path of a JSONL of {"messages": [...]} records'
+"""The error of a file warm start without its file (here before loading, and in train/sft.py's file source)."""
+
+
 def register_preflight(name: str):
     return CHECKS.register(name)
 
@@ -50,7 +54,7 @@ def _files(cfg: RunConfig) -> None:
         read_tool_file(Path(cfg.tools.file).expanduser())
     if cfg.sft.source == "file" and (cfg.train.warm_start or cfg.train.steps == 0):
         if not cfg.sft.file:
-            raise ConfigError('sft.file: sft.source is file; give the path of a JSONL of {"messages": [...]} records')
+            raise ConfigError(NO_SFT_FILE)
         _file("sft.file", cfg.sft.file, "a JSONL file of conversations")
 
 
@@ -70,10 +74,14 @@ def _output_dir(cfg: RunConfig) -> None:
 
 @register_preflight("model")
 def _model(cfg: RunConfig) -> None:
-    """The policy (and a distillation teacher) resolve to a folder on this machine: nothing is loaded."""
+    """The policy (and a distillation teacher) resolve to a folder on this machine, the policy's with weights and
+    a tokenizer, and the response budget fits its context (config.json's max_position_embeddings): nothing is
+    loaded, and each folder is resolved once."""
     from toolrl.models.resolve import resolve_model
 
-    check_model_folder("model.name", resolve_model(cfg.model.name))
+    folder = resolve_model(cfg.model.name)
+    check_model_folder("model.name", folder)
+    check_context(cfg, folder)
     if cfg.train.kl.teacher:
         try:
             resolve_model(cfg.train.kl.teacher)
@@ -92,13 +100,10 @@ def check_model_folder(key: str, folder: Path) -> None:
                           "tokenizer there with tokenizer.save_pretrained")  # fmt: skip
 
 
-@register_preflight("context")
-def _context(cfg: RunConfig) -> None:
-    """The response budget fits the model's context (its config.json's max_position_embeddings)."""
-    from toolrl.models.resolve import resolve_model
-
+def check_context(cfg: RunConfig, folder: Path) -> None:
+    """The response budget leaves room for a prompt in the model's context."""
     try:
-        config = json.loads((resolve_model(cfg.model.name) / "config.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return  # loading says what is wrong with the folder
     limit = config.get("max_position_embeddings")

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from toolrl.config.preflight import NO_SFT_FILE
 from toolrl.config.schema import SamplingConfig, SFTConfig
 from toolrl.envs.base import Task
 from toolrl.errors import ConfigError, DataError
@@ -101,7 +102,7 @@ def self_source(bench, cfg: SFTConfig, tasks: Sequence[Task], seed: int) -> Play
 def file_source(bench, cfg: SFTConfig, tasks: Sequence[Task], seed: int) -> Played:
     """Conversations of a JSONL file, rendered as the rollout renders them (every one kept)."""
     if not cfg.file:
-        raise ConfigError('sft.file: sft.source is file; give the path of a JSONL of {"messages": [...]} records')
+        raise ConfigError(NO_SFT_FILE)
     schemas = [tool.to_openai() for tool in bench.env.tools()] if bench.env.show_tool_schemas else []
     trajs, unreadable = [], []
     for k, line in enumerate(read_text(Path(cfg.file), "sft.file", DataError, max_bytes=None).splitlines()):
