@@ -66,3 +66,30 @@ def timed_backward(model, fn, trajs, repeats: int):
         best = min(best, time.perf_counter() - start)
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return best, result.detach(), grads
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """The machine's fp32 matmul rate (GFLOP/s, the best of `repeats` n x n products with torch's threads): the
+    bound the model's achieved FLOP/s is compared with."""
+    import time
+
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e9
+
+
+def model_sizes(model) -> tuple[int, int]:
+    """(parameters outside the output layer, output-layer weights: vocabulary x hidden) of a causal LM; with tied
+    embeddings the input embedding is the output layer (a lookup, no FLOPs), counted once."""
+    head = model.get_output_embeddings().weight.numel()
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight
+    tied = embedding is model.get_output_embeddings().weight
+    return total - head - (0 if tied else embedding.numel()), head

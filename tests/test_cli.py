@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from toolrl.memory import PeakMeter
+
 
 def toolrl(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "toolrl", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
@@ -80,6 +82,12 @@ def test_train_writes_the_run_directory_and_a_loadable_checkpoint(tiny_model_dir
     assert [e["task_id"] for e in evals[:4]] == [e["task_id"] for e in evals[4:]]  # the same tasks, compared
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == 2 and status["steps"] == 2
+    if PeakMeter().available:  # each phase's peak resident memory: in each step's metrics, the run's file, the end
+        assert all(m["memory/update_peak_gb"] >= m["memory/rss_gb"] * 0.5 > 0 for m in steps)
+        memory = json.loads((run / "memory.json").read_text())
+        assert {"rollout", "update", "eval", "checkpoint"} <= set(memory["phases_peak_gb"])
+        assert memory["peak_gb"] >= max(memory["phases_peak_gb"].values()) > 0.1
+        assert f"peak memory {memory['peak_gb']:.1f} GB" in out.stdout
 
     from transformers import AutoModelForCausalLM
 

@@ -5,14 +5,20 @@ threshold that it raises as blocks are freed (up to 32 MB), so after a training 
 served from the heap, and the heap's freed middle is not returned: a run's resident memory grows with each
 step's fragmentation. `trim()` (glibc's malloc_trim) returns free heap pages after a phase; it costs
 milliseconds and changes no result. Elsewhere than glibc it does nothing.
+
+`meter` measures the peak resident memory of each phase of a run (PeakMeter).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +37,95 @@ def trim() -> bool:
     """Return free heap memory to the system; True where glibc did so."""
     libc = _libc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def rss_gb() -> float | None:
+    """This process's resident memory now, in GB (None where /proc is not available)."""
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb / 1024**2
+
+
+class PeakMeter:
+    """The peak resident memory of this process during each named phase of a run (rollout, update, eval, ...).
+
+    Linux keeps one high-water mark per process (VmHWM); entering a phase folds the mark into every phase still
+    open and starts it again from the current resident set (/proc/self/clear_refs, "5"), so each phase's peak is
+    its own and a phase nested in another (an evaluation inside the warm start) counts in both. Memory an
+    earlier phase left allocated counts, as it does in the run. Where /proc is missing or the mark cannot be
+    reset, nothing is measured (`available` False) and `peaks` stays empty. A reset lowers what getrusage
+    reports as the process's max RSS afterwards; `overall` is the peak over every phase and the time between.
+    """
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+        """Phase -> its highest peak so far (GB)."""
+        self.last: dict[str, float] = {}
+        """Phase -> the peak of its latest occurrence (GB)."""
+        self.overall = 0.0
+        self._open: list[list] = []  # [name, peak so far]
+        self.available = _status_kb("VmHWM") is not None and os.access("/proc/self/clear_refs", os.W_OK)
+
+    @staticmethod
+    def _reset() -> bool:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            return False
+        return True
+
+    def _fold(self) -> None:
+        kb = _status_kb("VmHWM")
+        if kb is None:
+            return
+        peak = kb / 1024**2
+        self.overall = max(self.overall, peak)
+        for entry in self._open:
+            entry[1] = max(entry[1], peak)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.available:
+            yield
+            return
+        self._fold()
+        self._reset()
+        self._open.append([name, 0.0])
+        try:
+            yield
+        finally:
+            self._fold()
+            _, peak = self._open.pop()
+            self.last[name] = round(peak, 3)
+            self.peaks[name] = round(max(self.peaks.get(name, 0.0), peak), 3)
+            self._reset()
+
+    def metrics(self, phases: tuple[str, ...]) -> dict[str, float]:
+        """The latest peak of each phase and the resident memory now (GB), as run metrics (`memory/PHASE_peak_gb`,
+        `memory/rss_gb`); none where the platform does not give them."""
+        out = {f"memory/{p}_peak_gb": self.last[p] for p in phases if p in self.last}
+        now = rss_gb()
+        if now is not None:
+            out["memory/rss_gb"] = round(now, 3)
+        return out
+
+    def current_overall(self) -> float:
+        """The peak so far over the whole process life since the meter was made (GB)."""
+        if self.available:
+            self._fold()
+        return round(self.overall, 3)
+
+
+meter = PeakMeter()
+"""The process's meter (memory is per process): the trainer, the warm start and the evaluation mark their phases
+on it; RUN/memory.json and each step's `memory/*` metrics read it."""

@@ -36,6 +36,9 @@ def step_line(m: dict[str, Any], total: int, eta_s: float | None) -> str:
         f"step {m['step']}/{total}  reward {m['reward']:.3f}  success {_percent(m.get('success'))}  "
         f"calls/traj {m['tool_calls']:.2f}  {m['gen_tokens_per_s']:.0f} tok/s  {m['step_s']:.1f} s"
     )
+    peak = max((v for k, v in m.items() if k.startswith("memory/") and k.endswith("_peak_gb")), default=None)
+    if peak is not None:  # the step's peak resident memory (rollout or update)
+        line += f"  mem {peak:.1f} GB"
     if eta_s is not None:
         line += f"  eta {eta_s / 60:.1f} min"
     if m.get("tools/infra_faults"):  # a tool's timeouts or crashes: not the model's doing

@@ -121,6 +121,8 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
         how = "greedy" if t == 0 else f"sampled at temperature {t:g}"
         console.print(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks, {how})", columns_))
     end = f"checkpoint: {summary['checkpoint']}   wall time {time.perf_counter() - started:.0f} s"
+    if summary.get("memory", {}).get("peak_gb"):
+        end += f"   peak memory {summary['memory']['peak_gb']:.1f} GB"
     if "stopped" in summary:  # RUN/STOP (the UI's stop button) ended it after a step
         end = f"stopped after step {summary['stopped']} (resume: toolrl train --resume {run.path})   " + end
     if mode == "json":

@@ -244,9 +244,18 @@ class TrainConfig(Section):
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(4, ge=1)
     group_size: int = Field(6, ge=1)
-    micro_batch_tokens: int = Field(3072, ge=1)
+    micro_batch_tokens: int = Field(1024, ge=1)
     """Most rows x padded suffix tokens per forward/backward pass; trajectories are sorted by length so that
-    padding stays small, and gradients accumulate over the step."""
+    padding stays small, and gradients accumulate over the step. The activations kept for the backward pass grow
+    with it (about 0.9 MB a token for the default model: 2.9 GB at 3072); on this 2-core CPU 1024 was no slower
+    than 3072 (bench/memory.py --breakdown, docs/benchmarks.md). On a GPU, raise it to fill the device."""
+    vocab_block_rows: int = Field(512, ge=0)
+    """Scored tokens whose vocabulary-sized logits exist at once (train/vocab_logprobs.py: log-probs a block at
+    a time, only the softmax kept for the backward pass). 0: all of a micro-batch's at once, the plain
+    log_softmax ([tokens, vocab] fp32 tensors, 0.2 MB a token each with a 49k vocabulary, three or four of them)."""
+    vocab_keep_mb: float = Field(256.0, ge=0)
+    """Most softmax kept between a micro-batch's forward and backward passes; blocks beyond it are recomputed in
+    the backward pass (one more output-layer matmul over their tokens). 0: recompute every block."""
     advantage: str = "grpo"
     """grpo, dr_grpo, rloo, reinforce_pp, gae (PPO, with a value head) or gigpo (turn-level credit)."""
     advantage_options: dict[str, Any] = {}

@@ -4,8 +4,10 @@ prefix computed once.
 The prefix (system prompt, tool schemas, examples) runs through the model once; every row's suffix attends to
 its keys and values (a read-only cache, so gradient checkpointing can replay the suffix pass), so the gradient
 of every sample flows back through one prefix. Logits are computed only at positions that predict a trained
-token, never for the prompt. Vision-language policies the same way: positions are the model's own (M-RoPE for
-the Qwen2-VL family), and the images of the shared prefix (a group's task image) are encoded once.
+token, never for the prompt, and a block of them at a time (train/vocab_logprobs.py: no [tokens, vocab]
+tensor is kept for the backward pass) unless the entropy is a loss term. Vision-language policies the same
+way: positions are the model's own (M-RoPE for the Qwen2-VL family), and the images of the shared prefix (a
+group's task image) are encoded once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from toolrl.models.loading import transformer_blocks
 from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inputs, multimodal_base, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.train.vocab_logprobs import DEFAULT_BLOCKS, VocabBlocks, target_logprobs
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -92,6 +95,12 @@ def hidden_and_logits(model, ids, attention, positions, prefix_len, rows_idx, co
     selected positions (counted from the suffix's start) only. Under FSDP2 it is registered as a forward
     method of the sharded model (distributed.shard), so that calling it gathers the weights as `forward`
     would."""
+    selected = selected_hidden(model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images)
+    return selected, model.get_output_embeddings()(selected).float()
+
+
+def selected_hidden(model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images):
+    """hidden_and_logits' hidden states at the selected positions, without the output layer."""
     device = ids.device
     decoder = model.get_decoder()
     body = multimodal_base(model) if is_vision_config(model.config) else decoder  # reads ids and images
@@ -126,8 +135,7 @@ def hidden_and_logits(model, ids, attention, positions, prefix_len, rows_idx, co
         for layer, (replays, with_cache) in zip(layers, saved, strict=True):
             layer.gradient_checkpointing, layer._can_checkpoint_with_cache = replays, with_cache
 
-    selected = hidden[torch.tensor(rows_idx, device=device), torch.tensor(cols_idx, device=device)]
-    return selected, model.get_output_embeddings()(selected).float()
+    return hidden[torch.tensor(rows_idx, device=device), torch.tensor(cols_idx, device=device)]
 
 
 def shared_prefix_length(trajs: Sequence[Trajectory], at_most: int | None = None) -> int:
@@ -140,12 +148,18 @@ def shared_prefix_length(trajs: Sequence[Trajectory], at_most: int | None = None
 
 
 def score_tokens(
-    model, trajs: Sequence[Trajectory], temperature: float = 1.0, entropy: bool | str = False, value_head=None
+    model,
+    trajs: Sequence[Trajectory],
+    temperature: float = 1.0,
+    entropy: bool | str = False,
+    value_head=None,
+    vocab: VocabBlocks = DEFAULT_BLOCKS,
 ) -> TokenScores:
     """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them). `entropy`:
     True for a differentiable entropy (a loss term), "measure" for its value only (logged; no activations
     kept for a backward pass). Vision-language policies too: the positions are the model's own (M-RoPE for
-    Qwen2-VL), and an image in the shared prefix (the task's) is encoded once for all rows."""
+    Qwen2-VL), and an image in the shared prefix (the task's) is encoded once for all rows. `vocab`: how the output
+    layer is scored (train/vocab_logprobs.py; rows 0: all at once, the plain log_softmax)."""
     device = next(model.parameters()).device
     vision = is_vision_config(model.config)
     first_trained = min(t.loss_mask.index(1) for t in trajs)
@@ -174,11 +188,21 @@ def score_tokens(
         cols_idx += [p - 1 - prefix_len for p in trained]
         targets += [t.token_ids[p] for p in trained]
         counts.append(len(trained))
+    inputs = (ids, attention, positions, prefix_len, rows_idx, cols_idx, model_inputs(prefix_images, device),
+              model_inputs(images, device))  # fmt: skip
+    head = model.get_output_embeddings()
+    if vocab.rows and not sharded and entropy is not True and type(head) is torch.nn.Linear:
+        selected = selected_hidden(model, *inputs)
+        targets_ = torch.tensor(targets, device=device)
+        logprobs, measured = target_logprobs(selected, head, targets_, temperature, vocab.rows, vocab.keep_mb)
+        return TokenScores(
+            logprobs,
+            counts,
+            measured if entropy == "measure" else None,
+            value_head(selected).squeeze(-1).float() if value_head is not None else None,
+        )
     forward = getattr(model, "toolrl_hidden_and_logits", None) or partial(hidden_and_logits, model)
-    selected, logits = forward(
-        ids, attention, positions, prefix_len, rows_idx, cols_idx,
-        model_inputs(prefix_images, device), model_inputs(images, device),
-    )  # fmt: skip
+    selected, logits = forward(*inputs)
     if temperature > 0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)

@@ -30,10 +30,13 @@ from toolrl.config.schema import SamplingConfig, SFTConfig
 from toolrl.envs.base import Task
 from toolrl.errors import ConfigError, DataError
 from toolrl.files import read_text
+from toolrl.memory import meter
+from toolrl.models.policy import adamw
 from toolrl.registry import Registry
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.text import clip, first_line
-from toolrl.train.logprobs import micro_batches, score_tokens
+from toolrl.train.logprobs import micro_batches, score_tokens, shared_prefix_length
+from toolrl.train.vocab_logprobs import DEFAULT_BLOCKS, VocabBlocks
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +172,12 @@ def succeeded(traj: Trajectory, success: str | None) -> bool:
 
 def fine_tune(
     model, trajs: Sequence[Trajectory], cfg: SFTConfig, micro_batch_tokens: int, seed: int,
-    on_step: Callable[[dict[str, Any]], None],
+    on_step: Callable[[dict[str, Any]], None], vocab: VocabBlocks = DEFAULT_BLOCKS,
 ) -> None:  # fmt: skip
     """`cfg.epochs` passes over `trajs` in a seeded order, `cfg.batch_size` trajectories per optimizer step: the
     mean negative log-likelihood of their trained tokens, micro-batched."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    optimizer = adamw(params, cfg.lr)
     rng = random.Random(seed)
     model.train()
     steps = cfg.epochs * -(-len(trajs) // cfg.batch_size)
@@ -188,8 +191,9 @@ def fine_tune(
             tokens = sum(sum(t.loss_mask) for t in batch)
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for rows in micro_batches([len(t.token_ids) for t in batch], micro_batch_tokens):
-                scores = score_tokens(model, [batch[i] for i in rows])
+            shared = shared_prefix_length(batch)  # computed once per micro-batch: the budget is for the rest
+            for rows in micro_batches([len(t.token_ids) - shared for t in batch], micro_batch_tokens):
+                scores = score_tokens(model, [batch[i] for i in rows], vocab=vocab)
                 loss = -scores.logprobs.sum() / tokens
                 loss.backward()
                 total += float(loss.detach())
@@ -207,9 +211,10 @@ class WarmStart:
     """The warm start of a run: `rounds` times, a source plays the train split, its successes (or everything)
     are kept, the policy is fine-tuned on them and `sync` hands the new weights to the engines."""
 
-    def __init__(self, bench, cfg: SFTConfig, micro_batch_tokens: int, seed: int):
+    def __init__(self, bench, cfg: SFTConfig, micro_batch_tokens: int, seed: int, vocab: VocabBlocks = DEFAULT_BLOCKS):
         SFT_SOURCES.lookup(cfg.source)  # an unknown source is a one-line error naming the registered ones
         self.bench, self.cfg, self.micro_batch_tokens, self.seed = bench, cfg, micro_batch_tokens, seed
+        self.vocab = vocab
 
     def run(self, model, sync: Callable[[], None], record: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         cfg, bench = self.cfg, self.bench
@@ -219,7 +224,8 @@ class WarmStart:
         for round_ in range(1, cfg.rounds + 1):
             seed = self.seed + round_
             started = time.perf_counter()
-            played = SFT_SOURCES[cfg.source](bench, cfg, tasks, seed)
+            with meter.phase("sft_play"):
+                played = SFT_SOURCES[cfg.source](bench, cfg, tasks, seed)
             for reason in played.unreadable[:20]:
                 log.warning("sft: skipped %s", reason)
             keep_all = cfg.keep == "all" or cfg.source == "file"
@@ -234,10 +240,23 @@ class WarmStart:
                 log.warning("sft: round %d kept no trajectory (%d played, none successful): nothing to learn from",
                             round_, len(played.trajs))  # fmt: skip
                 continue
-            fine_tune(model, kept, cfg, self.micro_batch_tokens, seed, partial(_tagged, record, round_))
+            with meter.phase("sft_train"):
+                fine_tune(model, kept, cfg, self.micro_batch_tokens, seed, partial(_tagged, record, round_),
+                          self.vocab)  # fmt: skip
             sync()
         return summary
 
 
 def _tagged(record: Callable[[dict[str, Any]], None], round_: int, line: dict[str, Any]) -> None:
     record({"sft_round": round_, **line})
+
+
+def progress_line(line: dict[str, Any]) -> str:
+    """A warm-start record as one progress line."""
+    if "sft_step" in line:
+        return (f"sft round {line['sft_round']} step {line['sft_step']}/{line['sft_steps']} epoch {line['epoch']}  "
+                f"loss {line['loss']:.4f}  tokens {line['tokens']}  {line['step_s']:.1f} s")  # fmt: skip
+    left = f", {line['left_out_tasks']} tasks it cannot play" if line.get("left_out_tasks") else ""
+    bad = f", {line['unreadable']} records unreadable" if line.get("unreadable") else ""
+    return (f"sft round {line['sft_round']}: {line['source']} played {line['played']}, kept {line['kept']}"
+            f"{left}{bad} ({line['play_s']:.1f} s)")  # fmt: skip

@@ -13,6 +13,7 @@ never tested by name).
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import time
 import warnings
@@ -28,10 +29,11 @@ from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from toolrl.algos.mismatch import Mismatch
 from toolrl.config.resolve import plugin_options
 from toolrl.errors import ConfigError
-from toolrl.memory import trim
+from toolrl.memory import meter, trim
 from toolrl.models.policy import (
     PolicyState,
     ValueHead,
+    adamw,
     check_teacher_tokenizer,
     exported,
     lr_factor,
@@ -56,6 +58,7 @@ from toolrl.train.update import (
     step_batch,
     with_extras,
 )
+from toolrl.train.vocab_logprobs import VocabBlocks
 from toolrl.train.workbench import Workbench
 
 log = logging.getLogger(__name__)
@@ -114,7 +117,7 @@ class Trainer:
                 distributed.shard_module(value_head, self.dist)
         params = [p for p in model.parameters() if p.requires_grad]
         params += list(value_head.parameters()) if value_head is not None else []
-        optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+        optimizer = adamw(params, t.lr, t.betas, t.weight_decay, sharded=self.dist.on)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, t))
         self.state = PolicyState(model, optimizer, scheduler, value_head)
         self.rollout = bench.rollout(self.config.rollout.sampling, seed=seeds.engine(self.config.seed, "train"))
@@ -125,7 +128,9 @@ class Trainer:
         self.collector = Collector(
             self.rollout, order, t, self.config.seed, self.dist, self.refresh_generator, lambda: self.generator_version
         )
-        self.scorer = Scorer(self.reference, self.config.rollout.sampling.temperature, t.micro_batch_tokens, self.dist)
+        self.scorer = Scorer(
+            self.reference, self.config.rollout.sampling.temperature, t.micro_batch_tokens, self.dist, VocabBlocks.of(t)
+        )  # fmt: skip
         self.journal = Journal(run, self.dist, self.config, bench.tokenizer, bench.env.rubric.success)
         self.on_note: Callable[[str], None] = lambda text: log.info("%s", text)
         """Where the warm start's progress lines go (the CLI's reporter prints them and writes progress.log)."""
@@ -134,7 +139,7 @@ class Trainer:
             from toolrl.train.sft import WarmStart
 
             seed = seeds.derive(self.config.seed, "sft")
-            self.warm_start = WarmStart(bench, self.config.sft, t.micro_batch_tokens, seed)
+            self.warm_start = WarmStart(bench, self.config.sft, t.micro_batch_tokens, seed, VocabBlocks.of(t))
 
     @property
     def model(self):
@@ -174,10 +179,13 @@ class Trainer:
     def step(self, step: int) -> dict[str, Any]:
         """One step: rollout (scored by the rubric) -> advantages, loss, optimizer -> journal."""
         started = time.perf_counter()
-        part = self.collector.for_step(step, self.config.train.steps)
+        with meter.phase("rollout"):
+            part = self.collector.for_step(step, self.config.train.steps)
         trajs = part.trajs
         waited = time.perf_counter() - started
-        update = self.update(trajs)
+        with meter.phase("update"):
+            update = self.update(trajs)
+            self.state.optimizer.zero_grad(set_to_none=True)  # the rollout and evaluation to come hold no gradient
         generated = sum(sum(t.loss_mask) for traj in trajs for t in (traj, *traj.extra))
         metrics = {
             "step": step,
@@ -191,6 +199,7 @@ class Trainer:
             "rollout_s": part.rollout_s,
             "train_s": time.perf_counter() - started - waited,
             "step_s": time.perf_counter() - started,
+            **meter.metrics(("rollout", "update")),
         }
         if self.collector.pool is not None:
             metrics["offpolicy/staleness"] = step - 1 - part.version  # optimizer steps since its weights
@@ -310,6 +319,8 @@ class Trainer:
         """The supervised warm start (train/sft.py) on the policy, before the first RL step; its lines go to
         RUN/sft.jsonl and, as progress, to on_note."""
         assert self.warm_start is not None
+        from toolrl.train.sft import progress_line
+
         if self.dist.on:
             raise ConfigError("train.warm_start: the warm start runs in one process; run toolrl sft first, then "
                               "torchrun the RL run from its model (model.name: RUN/final)")  # fmt: skip
@@ -317,23 +328,30 @@ class Trainer:
         def record(line: dict[str, Any]) -> None:
             if self.run is not None:
                 self.run.append("sft.jsonl", [line])
-            self.on_note(sft_line(line))
+            self.on_note(progress_line(line))
 
         def sync() -> None:  # the engines sample from the tuned weights (a copy or vLLM gets them)
             self.generator_version = -1
             self.refresh_generator(0)
 
         self.journal.status(state="running", step=0, phase="sft")
-        summary = self.warm_start.run(self.model, sync, record)
+        with meter.phase("warm_start"):
+            summary = self.warm_start.run(self.model, sync, record)
+            gc.collect()  # its optimizer's states and gradients go back to the system before the first rollout
+            trim()
         self.journal.status(phase="rl")
         return summary
 
     def _finish(self, summary: dict[str, Any]) -> None:
         if self.config.eval.at_end and (self.config.train.steps or self.warm_start is not None):
             summary["eval_end"] = self.evaluate_and_keep_best(self.config.train.steps)
-        self.save_checkpoint()  # under torchrun a collective: every rank writes its shards
+        with meter.phase("checkpoint"):
+            self.save_checkpoint()  # under torchrun a collective: every rank writes its shards
+            if self.run:
+                summary["checkpoint"] = str(self.run.save("final", self.write_model))
+        summary["memory"] = {"peak_gb": meter.current_overall(), "phases_peak_gb": dict(meter.peaks)}
         if self.run:
-            summary["checkpoint"] = str(self.run.save("final", self.write_model))
+            self.run.write_json("memory.json", summary["memory"])
             from toolrl.runs.report import write_plot
 
             write_plot(self.run.path)
@@ -350,10 +368,12 @@ class Trainer:
             distributed.barrier(self.dist)
             return {}
         started = time.perf_counter()
-        trajs = self.bench.evaluation(progress=self.on_note, what=f"eval {when}")
+        with meter.phase("eval"):
+            trajs = self.bench.evaluation(progress=self.on_note, what=f"eval {when}")
         stats = summarize(trajs, self.bench.env.rubric.success)
         distributed.barrier(self.dist)
         stats["eval_s"] = time.perf_counter() - started
+        stats |= meter.metrics(("eval",))
         self.journal.evaluation(when, step, stats, trajs)
         return stats
 
@@ -385,17 +405,6 @@ class Trainer:
 
 GRPOTrainer = Trainer
 """The name of earlier versions: the trainer runs GRPO by default."""
-
-
-def sft_line(line: dict[str, Any]) -> str:
-    """A warm-start record as one progress line."""
-    if "sft_step" in line:
-        return (f"sft round {line['sft_round']} step {line['sft_step']}/{line['sft_steps']} epoch {line['epoch']}  "
-                f"loss {line['loss']:.4f}  tokens {line['tokens']}  {line['step_s']:.1f} s")  # fmt: skip
-    left = f", {line['left_out_tasks']} tasks it cannot play" if line.get("left_out_tasks") else ""
-    bad = f", {line['unreadable']} records unreadable" if line.get("unreadable") else ""
-    return (f"sft round {line['sft_round']}: {line['source']} played {line['played']}, kept {line['kept']}"
-            f"{left}{bad} ({line['play_s']:.1f} s)")  # fmt: skip
 
 
 def curriculum_metrics(rates: dict[str, dict[str, float]]) -> dict[str, float]:

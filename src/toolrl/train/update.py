@@ -20,6 +20,7 @@ from toolrl.models.policy import reference_context
 from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import UpdateValues
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens, shared_prefix_length
+from toolrl.train.vocab_logprobs import VocabBlocks
 
 LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "value_loss")
 
@@ -295,16 +296,17 @@ class Scorer:
     """The trainer's forward passes over a step's trajectories: micro-batches (a group's shared prompt computed
     once), reference log-probs and value estimates before the update, and the policy's scores in the loss."""
 
-    def __init__(self, reference, temperature: float, micro_batch_tokens: int, dist) -> None:
+    def __init__(self, reference, temperature: float, micro_batch_tokens: int, dist, vocab: VocabBlocks) -> None:
         self.reference, self.temperature, self.micro_batch_tokens, self.dist = (
             reference,
             temperature,
             micro_batch_tokens,
             dist,
         )
+        self.vocab = vocab
 
     def scores(self, model, trajs: list[Trajectory], entropy: bool | str = False, value_head=None) -> TokenScores:
-        return score_tokens(model, trajs, self.temperature, entropy, value_head)
+        return score_tokens(model, trajs, self.temperature, entropy, value_head, self.vocab)
 
     def policy(self, model, value_head, entropy: bool | str) -> Callable[[list[Trajectory]], TokenScores]:
         """The policy's log-probs (with entropy and values when the loss needs them) for a micro-batch."""

@@ -1,0 +1,118 @@
+"""Log-probs of target tokens through the output layer, a block of rows at a time.
+
+The plain way (`log_softmax(hidden @ W.T)[target]`) holds several vocabulary-sized tensors for every scored
+token: the logits, their log-softmax (kept for the backward pass), and in the backward pass the gradients of
+both, each [tokens, vocab] in fp32 (SmolLM2's vocabulary is 49,152: 0.2 MB a token each, 0.47 GB each for
+2,400 trained tokens). `target_logprobs` computes the same values `block` rows at a time and keeps for the
+backward pass only each block's softmax (one [tokens, vocab] tensor in all), up to `keep_mb`; the blocks
+beyond it keep nothing and their logits are recomputed in the backward pass (one more output-layer matmul
+over those tokens). The entropy of each row comes with it, measured (no
+gradient). The gradient is exact: d log p(y) / d logits = onehot(y) - softmax, divided by the temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK_ROWS = 512
+"""Rows per block: 512 x 49,152 fp32 logits are 0.1 GB."""
+KEEP_MB = 256.0
+"""Softmax kept for the backward pass, at most (1,300 tokens of a 49k vocabulary)."""
+
+
+@dataclass(frozen=True)
+class VocabBlocks:
+    """How the output layer is scored (train.vocab_block_rows, train.vocab_keep_mb). rows 0: all at once, the
+    plain log_softmax."""
+
+    rows: int = BLOCK_ROWS
+    keep_mb: float = KEEP_MB
+
+    @classmethod
+    def of(cls, train) -> VocabBlocks:
+        """train.vocab_block_rows and train.vocab_keep_mb."""
+        return cls(train.vocab_block_rows, train.vocab_keep_mb)
+
+
+DEFAULT_BLOCKS = VocabBlocks()
+
+
+def _block_logits(hidden, weight, bias, temperature):
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    return logits / temperature if temperature > 0 else logits
+
+
+class _TargetLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, block, keep_bytes):
+        rows = hidden.shape[0]
+        out = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        kept: list[torch.Tensor | None] = []
+        for start in range(0, rows, block):
+            end = min(start + block, rows)
+            logp = _block_logits(hidden[start:end], weight, bias, temperature)
+            logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))  # log-probs, in place
+            out[start:end] = logp.gather(1, targets[start:end, None]).squeeze(1)
+            probs = logp.exp()
+            entropy[start:end] = -torch.einsum("rv,rv->r", probs, logp)  # no third block-sized tensor
+            del logp
+            fits = keep_bytes >= probs.numel() * probs.element_size()
+            keep_bytes -= probs.numel() * probs.element_size() if fits else 0
+            kept.append(probs if fits else None)
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.block, ctx.kept = temperature, block, kept
+        ctx.mark_non_differentiable(entropy)
+        return out, entropy
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_entropy):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        temperature, block, kept = ctx.temperature, ctx.block, ctx.kept
+        scale = 1.0 / temperature if temperature > 0 else 1.0
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        for index, start in enumerate(range(0, hidden.shape[0], block)):
+            end = min(start + block, hidden.shape[0])
+            g = grad_out[start:end].float()
+            probs = kept[index]
+            if probs is None:
+                probs = torch.softmax(_block_logits(hidden[start:end], weight, bias, temperature), dim=-1)
+            grad = probs * (-g * scale)[:, None]  # d/dlogits of g * log p(y): g * (onehot(y) - softmax) / T
+            grad.scatter_add_(1, targets[start:end, None], (g * scale)[:, None])
+            kept[index] = probs = None  # each block's softmax is freed as soon as it is used
+            if need_hidden:
+                grad_hidden[start:end] = grad.to(weight.dtype) @ weight
+            if need_weight:  # accumulated in fp32 over the blocks
+                grad_weight.addmm_(grad.T, hidden[start:end].float())
+            if need_bias:
+                grad_bias += grad.sum(0)
+        return (
+            grad_hidden,
+            grad_weight.to(weight.dtype) if grad_weight is not None else None,
+            grad_bias.to(bias.dtype) if grad_bias is not None else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def target_logprobs(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    block: int = BLOCK_ROWS,
+    keep_mb: float = KEEP_MB,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows] log-probs of `targets` under softmax(head(hidden) / temperature) (temperature 0: none), and the
+    entropy of each row's distribution (no gradient). `head`: the output layer, a Linear. Differentiable in
+    `hidden` and the head's weight and bias; between the passes it keeps at most `keep_mb` of softmax blocks
+    (the others are recomputed). Without gradient (reference or teacher log-probs) it keeps nothing."""
+    keep = int(keep_mb * 1e6) if torch.is_grad_enabled() else 0
+    return _TargetLogprobs.apply(hidden, head.weight, head.bias, targets, temperature, block, keep)
