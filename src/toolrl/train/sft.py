@@ -30,7 +30,7 @@ from toolrl.config.schema import SamplingConfig, SFTConfig
 from toolrl.envs.base import Task
 from toolrl.errors import ConfigError, DataError
 from toolrl.files import read_text
-from toolrl.memory import meter
+from toolrl.memory import meter, trim
 from toolrl.models.policy import adamw
 from toolrl.registry import Registry
 from toolrl.rollout.trajectory import Trajectory
@@ -199,6 +199,7 @@ def fine_tune(
                 total += float(loss.detach())
             norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             optimizer.step()
+            trim()  # the step's activations go back to the system: the heap had grown step after step
             done += 1
             seconds = round(time.perf_counter() - started, 3)
             on_step({"sft_step": done, "sft_steps": steps, "epoch": epoch, "loss": round(total, 5),
