@@ -212,12 +212,12 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
     gb = 1024**3
     config = load_config("recipes/calculator-zero.yaml", overrides=[f"output_dir={tmp}", "device=cpu", *overrides])
     config.train.warm_start = False
+    interpreter = rss_gb()  # torch, transformers and toolrl imported, nothing loaded
     bench = Workbench.load(config)
     trainer = Trainer(bench)
     params = [p for p in trainer.model.parameters()]
     weights = sum(p.numel() * p.element_size() for p in params) / gb
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad) / gb
-    loaded = rss_gb()
     peaks: dict[str, float] = {}
 
     def measured(name, fn):
@@ -262,7 +262,7 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
     trainer.state.optimizer.zero_grad(set_to_none=True)
     settled = rss_gb()
     rows = {
-        "interpreter, torch, tokenizer": loaded - weights,
+        "interpreter, torch, transformers (before loading)": interpreter,
         "weights": weights,
         "gradients": trainable,
         "AdamW states": 2 * trainable,
@@ -270,7 +270,9 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
         "KV cache, evaluation batch (engine buffers)": eval_cache,
         "forward activations, largest micro-batch": peaks.get("activations", 0.0),
         "output layer scores (largest micro-batch)": peaks.get("output_layer", 0.0),
-        "allocator: held after the step beyond live tensors": max(settled - (loaded + 2 * trainable), 0.0),
+        "allocator: held after the step beyond live tensors": max(
+            settled - (interpreter + weights + 2 * trainable), 0.0
+        ),
     }
     bench.close()
     return {
@@ -287,12 +289,58 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
     }
 
 
+def micro_batch_sweep(budgets: list[int], repeats: int, tmp: Path) -> dict:
+    """The update's time and peak over the same trajectories (one rollout of the demo's config without its warm
+    start, every trajectory in the loss) at each `train.micro_batch_tokens`, alternated `repeats` times from the
+    same weights: the memory against the speed of the knob."""
+    import copy
+
+    from toolrl.config import load_config
+    from toolrl.memory import meter
+    from toolrl.train import Trainer, Workbench
+
+    config = load_config("recipes/calculator-zero.yaml", overrides=[f"output_dir={tmp}", "device=cpu"])
+    config.train.warm_start = False
+    bench = Workbench.load(config)
+    trainer = Trainer(bench)
+    part = trainer.collector.roll_out(1)
+    for i, traj in enumerate(part.trajs):
+        traj.reward = float(i % 2)
+    initial = copy.deepcopy(bench.model.state_dict())
+    rows: dict[int, list[tuple[float, float]]] = {b: [] for b in budgets}
+    for _ in range(repeats):
+        for budget in budgets:
+            trainer.scorer.micro_batch_tokens = budget
+            bench.model.load_state_dict(initial)
+            started = time.perf_counter()
+            with meter.phase("update"):
+                trainer.update(part.trajs)
+                trainer.state.optimizer.zero_grad(set_to_none=True)
+            rows[budget].append((time.perf_counter() - started, meter.last["update"]))
+            print(f"  micro_batch_tokens {budget}: {rows[budget][-1][0]:.1f} s, peak {meter.last['update']:.2f} GB")
+    bench.close()
+    return {
+        "trained_tokens": sum(sum(t.loss_mask) for t in part.trajs),
+        "tokens": sum(len(t.token_ids) for t in part.trajs),
+        "repeats": repeats,
+        "budgets": {str(b): budget_row(r) for b, r in rows.items()},
+    }
+
+
+def budget_row(runs: list[tuple[float, float]]) -> dict:
+    times = sorted(t for t, _ in runs)
+    return {"update_s": [round(t, 2) for t, _ in runs], "median_s": round(times[len(times) // 2], 2),
+            "peak_gb": round(max(p for _, p in runs), 3)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--workloads", default="demo,demo_gc,qwen05b_full,qwen05b_lora")
     parser.add_argument("--full", action="store_true", help="only the real demo run end to end (demo_full)")
     parser.add_argument("--breakdown", action="store_true", help="only the demo's memory by component")
+    parser.add_argument("--micro-batches", type=int, nargs="+", help="only the update at these micro_batch_tokens")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--label", help="--full: the result's name (default demo_full, or one made of --set)")
     parser.add_argument("--set", action="append", default=[], help="a config override for the full run")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -301,6 +349,13 @@ def main() -> None:
     if args.one:  # a child process: one workload, its result as the last line of stdout
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(workload(args.one, args.steps, Path(tmp))))
+        return
+    if args.micro_batches:
+        with tempfile.TemporaryDirectory() as tmp:
+            sweep = micro_batch_sweep(args.micro_batches, args.repeats, Path(tmp))
+        old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        old["micro_batch_sweep"] = {"machine": machine(), **sweep}
+        write_results(args.out, old)
         return
     if args.breakdown:
         with tempfile.TemporaryDirectory() as tmp:
@@ -347,7 +402,8 @@ def main() -> None:
     result = {"machine": machine(), "workloads": results}
     if Path(args.out).exists():  # the full runs (--full) are measured by their own invocations: kept
         kept = json.loads(Path(args.out).read_text())
-        result |= {k: kept[k] for k in ("full_runs", "demo_full_run_peak_gb", "breakdown") if k in kept}
+        kept_keys = ("full_runs", "demo_full_run_peak_gb", "breakdown", "micro_batch_sweep")
+        result |= {k: kept[k] for k in kept_keys if k in kept}
     if "demo" in results:
         demo = results["demo"]
         per_phase = {p: demo["phases"][p]["peak_gb"] for p in PHASES}

@@ -124,6 +124,20 @@ def memory_tables(memory: dict) -> list[str]:
             cells = " | ".join(fmt(dig(c, *key), pattern) for c in columns.values())
             out.append(f"| {label} | {cells} |")
         out.append("")
+    sweep = memory.get("micro_batch_sweep")
+    if sweep:
+        out += [
+            f"The update over the same trajectories ({sweep['trained_tokens']} trained tokens) at each "
+            f"`train.micro_batch_tokens`, alternated {sweep['repeats']} times from the same weights "
+            f"(`python bench/memory.py --micro-batches ...`):",
+            "",
+            "| micro_batch_tokens | update s, median | each run, s | update peak GB |",
+            "|---:|---:|---|---:|",
+        ]
+        for budget, row in sweep["budgets"].items():
+            each = ", ".join(f"{t:.1f}" for t in row["update_s"])
+            out.append(f"| {budget} | {row['median_s']:.1f} | {each} | {row['peak_gb']:.2f} |")
+        out.append("")
     workloads = memory.get("workloads", {})
     if workloads:
         phases = ("load", "rollout", "train", "checkpoint", "eval")
@@ -146,7 +160,8 @@ def end_to_end_table(rollout: dict) -> list[str]:
         return [f"End to end with tool latency: {MISSING}.", ""]
     out = [
         f"Training runs with tool latency (`python bench/rollout.py --end-to-end`: {e2e['steps']} steps of the "
-        "calculator, 4 prompts x 6 samples, each setting twice, alternated):",
+        "calculator, 4 prompts x 6 samples at temperature 0.6, each setting twice, alternated; lockstep: "
+        "`train.async_steps: 0`, ahead: `train.async_steps: 1`):",
         "",
         "| mode | latency | wall s (each run) | generated tokens | tool calls | latency summed, s |",
         "|---|---|---|---:|---:|---:|",
@@ -166,6 +181,26 @@ def end_to_end_table(rollout: dict) -> list[str]:
         f"{e2e['ahead_vs_lockstep_zero']:.3f}x.",
         "",
     ]
+    return out
+
+
+def within_step_table(rollout: dict) -> list[str]:
+    rows = [(label, rollout[key]) for key, label in (("fixed_1s", "fixed 1 s"),
+            ("lognormal_median_0.5s_p99_5s", "log-normal, median 0.5 s, p99 5 s")) if key in rollout]  # fmt: skip
+    if not rows:
+        return []
+    work = rollout.get("workload", {})
+    out = [
+        f"Within one rollout (`python bench/rollout.py`: {work.get('trajectories')} trajectories x "
+        f"{work.get('turns')} turns x {work.get('new_tokens_per_turn')} tokens, one tool call a turn), wall s:",
+        "",
+        "| tool latency | ours | lock-step, calls concurrent | lock-step / ours | ours / zero-latency limit |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, r in rows:
+        out.append(f"| {label} | {r['ours']['wall_s']:.1f} | {r['lockstep_concurrent']['wall_s']:.1f} | "
+                   f"{r['lockstep_vs_ours']:.2f} | {r['ours_vs_limit']:.3f} |")  # fmt: skip
+    out.append("")
     return out
 
 
@@ -191,7 +226,7 @@ def trl_table(trl: dict) -> list[str]:
     if not trl.get("toolrl"):
         return [f"Training against TRL: {MISSING}.", ""]
     out = ["| framework | step s | generation s | forward + backward s | optimizer s | generated tok/s of step | "
-           "step GFLOP/s | share of matmul peak |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+           "update GFLOP/s | share of matmul peak |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name in ("trl", "toolrl"):
         r = trl[name]
         out.append(f"| {name} | {r['step_s']:.1f} | {r['generation_s']:.1f} | {r['forward_backward_s']:.1f} | "
@@ -207,7 +242,7 @@ def trl_table(trl: dict) -> list[str]:
 def docs_block() -> str:
     memory, rollout, vllm, trl = everything()
     lines = ["### Memory", "", *memory_tables(memory)]
-    lines += ["### Tool latency, end to end", "", *end_to_end_table(rollout)]
+    lines += ["### Tool latency, end to end", "", *end_to_end_table(rollout), *within_step_table(rollout)]
     lines += ["### Generation", "", *generation_table(vllm), "### Training step against TRL", "", *trl_table(trl)]
     return "\n".join(lines).rstrip() + "\n"
 

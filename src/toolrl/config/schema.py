@@ -247,8 +247,9 @@ class TrainConfig(Section):
     micro_batch_tokens: int = Field(1024, ge=1)
     """Most rows x padded suffix tokens per forward/backward pass; trajectories are sorted by length so that
     padding stays small, and gradients accumulate over the step. The activations kept for the backward pass grow
-    with it (about 0.9 MB a token for the default model: 2.9 GB at 3072); on this 2-core CPU 1024 was no slower
-    than 3072 (bench/memory.py --breakdown, docs/benchmarks.md). On a GPU, raise it to fill the device."""
+    with it (about 0.9 MB a token for the default model); 1024 keeps `make demo` under 4 GB, for an update about
+    10% slower than at 3072 on this 2-core CPU (bench/memory.py --micro-batches, docs/benchmarks.md). With memory
+    to spare, raise it; on a GPU, raise it to fill the device."""
     vocab_block_rows: int = Field(512, ge=0)
     """Scored tokens whose vocabulary-sized logits exist at once (train/vocab_logprobs.py: log-probs a block at
     a time, only the softmax kept for the backward pass). 0: all of a micro-batch's at once, the plain
