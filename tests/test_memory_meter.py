@@ -21,9 +21,8 @@ def test_each_phase_has_its_own_peak_and_a_nested_phase_counts_in_its_parent():
         allocate(300)
     with meter.phase("small"):
         allocate(20)
-    with meter.phase("outer"):
-        with meter.phase("inner"):
-            allocate(200)
+    with meter.phase("outer"), meter.phase("inner"):
+        allocate(200)
     now = rss_gb()
     # A phase's peak is at least what it held at once; the small phase does not inherit the big one's peak.
     assert meter.last["big"] >= now + 0.25

@@ -4,10 +4,10 @@ prefix computed once.
 The prefix (system prompt, tool schemas, examples) runs through the model once; every row's suffix attends to
 its keys and values (a read-only cache, so gradient checkpointing can replay the suffix pass), so the gradient
 of every sample flows back through one prefix. Logits are computed only at positions that predict a trained
-token, never for the prompt, and a block of them at a time (train/vocab_logprobs.py: no [tokens, vocab]
-tensor is kept for the backward pass) unless the entropy is a loss term. Vision-language policies the same
-way: positions are the model's own (M-RoPE for the Qwen2-VL family), and the images of the shared prefix (a
-group's task image) are encoded once.
+token, never for the prompt, and a block of them at a time (train/vocab_logprobs.py: only their softmax is
+kept for the backward pass, up to train.vocab_keep_mb) unless the entropy is a loss term. Vision-language
+policies the same way: positions are the model's own (M-RoPE for the Qwen2-VL family), and the images of the
+shared prefix (a group's task image) are encoded once.
 """
 
 from __future__ import annotations
