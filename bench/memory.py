@@ -38,24 +38,24 @@ from common import machine, write_results
 PHASES = ("load", "rollout", "train", "checkpoint", "eval")
 
 
-def _status_gb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024**2
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 class Phases:
-    """Peak and resident memory after each phase, and its seconds."""
+    """Peak and resident memory after each phase, and its seconds (the peak: toolrl.memory's meter, which the runs
+    themselves report with)."""
 
     def __init__(self):
+        from toolrl.memory import meter
+
+        if not meter.available:
+            raise SystemExit("bench/memory.py: needs Linux's /proc/self/status and /proc/self/clear_refs")
         self.rows: dict[str, dict[str, float]] = {}
 
     def run(self, name: str, fn):
-        Path("/proc/self/clear_refs").write_text("5")  # the peak mark starts again from the current RSS
+        from toolrl.memory import meter, rss_gb
+
         started = time.perf_counter()
-        out = fn()
-        peak, rss = _status_gb("VmHWM"), _status_gb("VmRSS")
+        with meter.phase(name):
+            out = fn()
+        peak, rss = meter.last[name], rss_gb()
         row = self.rows.setdefault(name, {"peak_gb": 0.0, "rss_after_gb": 0.0, "s": 0.0})
         row["peak_gb"] = round(max(row["peak_gb"], peak), 2)
         row["rss_after_gb"] = round(rss, 2)

@@ -201,15 +201,10 @@ def slow_calculator_env():
             latencies = self.latencies
 
             async def calculator_tool(expression: str) -> str:
-                """Evaluate an arithmetic expression and return its value.
-
-                Args:
-                    expression: Arithmetic with numbers, + - * / // % ** and parentheses, for example "(12 + 3) * 4".
-                """
                 await asyncio.sleep(latencies.take())
                 return calculator(expression)
 
-            calculator_tool.__name__ = "calculator"
+            calculator_tool.__name__, calculator_tool.__doc__ = "calculator", calculator.__doc__  # the same schema
             return [tool_from_function(calculator_tool, idempotent=True)]
 
 
