@@ -117,7 +117,8 @@ class PeakMeter:
         return out
 
     def current_overall(self) -> float:
-        """The peak so far over the whole process life since the meter was made (GB)."""
+        """The peak so far over the process's life (GB): the mark before the first phase, every phase and the
+        time between them."""
         if self.available:
             self._fold()
         return round(self.overall, 3)

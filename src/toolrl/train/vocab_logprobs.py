@@ -59,9 +59,9 @@ class _TargetLogprobs(torch.autograd.Function):
             probs = logp.exp()
             entropy[start:end] = -torch.einsum("rv,rv->r", probs, logp)  # no third block-sized tensor
             del logp
-            fits = keep_bytes >= probs.numel() * probs.element_size()
-            keep_bytes -= probs.numel() * probs.element_size() if fits else 0
-            kept.append(probs if fits else None)
+            size = probs.numel() * probs.element_size()
+            kept.append(probs if size <= keep_bytes else None)
+            keep_bytes -= size if kept[-1] is not None else 0
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.block, ctx.kept = temperature, block, kept
         ctx.mark_non_differentiable(entropy)
