@@ -50,8 +50,14 @@ def recipe_path(name: str) -> Path:
     return path
 
 
-def success(bench: Workbench, temperature: float, num_tasks: int) -> float:
+def success(bench: Workbench, temperature: float, num_tasks: int, by_category: dict | None = None) -> float:
+    """The success rate (the reward's mean without a success criterion); each task category's, if the tasks
+    have categories (a built environment's scenarios), into `by_category`."""
     stats = bench.evaluate(num_tasks=num_tasks, temperature=temperature)
+    if by_category is not None:
+        by_category.update(
+            {k.removeprefix("success/"): round(v, 4) for k, v in stats.items() if k.startswith("success/")}
+        )
     return round(stats.get("success", stats["reward"]), 4)
 
 
@@ -66,7 +72,7 @@ def one_seed(name: str, seed: int, args, out_dir: Path, greedy_before: dict[str,
     try:
         started = time.perf_counter()
         if name not in greedy_before:
-            greedy_before[name] = success(bench, 0.0, args.num_tasks)
+            greedy_before[name] = success(bench, 0.0, args.num_tasks, BEFORE_BY_CATEGORY.setdefault(name, {}))
         row = {"greedy_before": greedy_before[name], "sampled_before": success(bench, sampled_t, args.num_tasks)}
         say(f"{name} seed {seed}: before greedy {row['greedy_before']:.2f} sampled {row['sampled_before']:.2f} "
             f"({time.perf_counter() - started:.0f} s); training {config.train.steps} steps"
@@ -86,7 +92,10 @@ def one_seed(name: str, seed: int, args, out_dir: Path, greedy_before: dict[str,
         row["rl_s"] = round(sum(step_s), 1)
         if config.train.warm_start:  # what the warm start played and kept; its time is the rest of train_s
             row["sft"] = {k: v for k, v in summary.items() if k.startswith("sft_")}
-        row["greedy_after"] = success(bench, 0.0, args.num_tasks)
+        after: dict[str, float] = {}
+        row["greedy_after"] = success(bench, 0.0, args.num_tasks, after)
+        if after:  # greedy success per task category, before and after: which kinds of task were learned
+            row["greedy_by_category"] = {k: [BEFORE_BY_CATEGORY[name].get(k), v] for k, v in after.items()}
         row["sampled_after"] = success(bench, sampled_t, args.num_tasks)
         say(f"{name} seed {seed}: after greedy {row['greedy_after']:.2f} sampled {row['sampled_after']:.2f}")
         return row
@@ -104,6 +113,7 @@ def summary(rows: list[dict[str, float]]) -> dict:
 
 
 LOG = None
+BEFORE_BY_CATEGORY: dict[str, dict[str, float]] = {}  # recipe -> greedy success per task category before training
 README = ROOT / "README.md"
 BEGIN, END = "<!-- learning table: python bench/learning.py --readme -->", "<!-- /learning table -->"
 

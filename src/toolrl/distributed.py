@@ -125,18 +125,22 @@ def gather(ctx: Dist, value: Any) -> list[Any]:
 
 def reduce_metrics(ctx: Dist, metrics: dict[str, Any]) -> dict[str, Any]:
     """Step metrics over ranks: sums for SUMMED, extremes for the ratios' max and min, means for the other
-    numbers, rank 0's for the rest."""
+    numbers (over the ranks that logged them: a task category only some ranks drew), rank 0's for the rest."""
     if not ctx.on:
         return metrics
     every = gather(ctx, metrics)
     out = dict(metrics)
-    for key, value in metrics.items():
+    for m in every:  # then the keys rank 0 lacks
+        for key, value in m.items():
+            out.setdefault(key, value)
+    for key, value in list(out.items()):
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        values = [m.get(key, 0) for m in every]
         if key in SUMMED:
-            out[key] = sum(values)
-        elif all(v == value for v in values):  # the same on every rank (the step): kept as it is
+            out[key] = sum(m.get(key, 0) for m in every)
+            continue
+        values = [m[key] for m in every if key in m]
+        if all(v == value for v in values):  # the same on every rank (the step): kept as it is
             continue
         elif key.endswith("max_ratio"):
             out[key] = max(values)

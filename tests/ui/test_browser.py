@@ -199,6 +199,28 @@ def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     assert not site["errors"], site["errors"]
 
 
+def test_success_by_category_draws_a_never_solved_category_at_zero(site):
+    """The "success by task category" chart has one line per category the steps logged (success/<category>),
+    and a category at 0 at every step (a built environment's multi-hop tasks) is a line at 0, not left out."""
+    page, root = site["page"], site["root"]
+    run = root / "kinds"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: built\ntrain:\n  steps: 3\n")
+    lines = [{"step": 1, "success": 0.75, "success/single_hop": 1.0, "success/multi_hop": 0.0},
+             {"step": 2, "success": 0.0, "success/multi_hop": 0.0},
+             {"step": 3, "success": 0.5, "success/single_hop": 1.0, "success/multi_hop": 0.0}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=kinds]")
+    for box in page.locator("#runs-table tbody input:checked").all():
+        box.uncheck()
+    page.check("tr[data-run=kinds] input")
+    chart = ".chart[data-metric='success/*']"
+    page.wait_for_function(f'document.querySelectorAll("{chart} path.series").length === 2')
+    assert page.locator(chart).inner_text().count("multi_hop") >= 1
+    assert not site["errors"], site["errors"]
+
+
 def test_any_metric_smoothing_x_axes_zoom_downloads_and_a_point_to_its_trajectories(site):
     """What TensorBoard and W&B users rely on: any logged metric as a chart (grouped by prefix), smoothing, the x
     axis by step, wall time or samples, drag to zoom, CSV and PNG downloads, a click on a line opens that step's

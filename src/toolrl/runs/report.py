@@ -12,6 +12,7 @@ PLOT = "plot.png"
 PANELS = [
     ("reward", "reward"),
     ("success", "success"),
+    ("success/*", "success by task category"),
     ("tool_calls", "tool calls / trajectory"),
     ("kl", "KL to the reference"),
     ("entropy", "entropy (trained tokens)"),
@@ -22,6 +23,8 @@ PANELS = [
 """(metric, title): the curves of plot.png, the same as `toolrl ui` draws; a key ending in * is one line per
 matching metric."""
 EVAL_PANELS = {"reward", "success", "tool_calls", "response_tokens"}
+KEEP_ZERO = {"success/*"}
+"""Panels whose lines at 0 are drawn (a category never solved); a stop reason never seen is left out."""
 SUMMARY_KEYS = ["reward", "success", "tool_calls", "turns", "response_tokens", "loss", "grad_norm", "kl", "step_s"]
 
 
@@ -53,9 +56,14 @@ def write_plot(run_path: Path) -> Path | None:
     steps, evals = split_records(RunDir(run_path).read_metrics())
     if not steps:
         return None
-    fig, axes = plt.subplots(2, len(PANELS) // 2, figsize=(3.6 * len(PANELS) // 2, 6.2))
-    for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
-        keys = sorted({k for r in steps for k in r if k.startswith(key[:-1]) and r[k]}) if key.endswith("*") else [key]
+    columns = -(-len(PANELS) // 2)
+    fig, axes = plt.subplots(2, columns, figsize=(3.6 * columns, 6.2))
+    for ax in axes.flat[len(PANELS) :]:
+        ax.set_visible(False)
+    for ax, (key, title) in zip(axes.flat, PANELS, strict=False):
+        keys = [key]
+        if key.endswith("*"):
+            keys = sorted({k for r in steps for k in r if k.startswith(key[:-1]) and (r[k] or key in KEEP_ZERO)})
         drawn = False
         for k in keys:
             points = [(r["step"], r[k]) for r in steps if isinstance(r.get(k), int | float)]

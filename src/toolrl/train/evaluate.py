@@ -33,12 +33,24 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
         stats = {"success": sum(t.rewards.get(success, 0.0) for t in trajs) / n, **stats}
         successes = sum(t.rewards.get(success, 0.0) >= 1.0 for t in trajs)
         stats["suspect_successes"] = sum(t.suspect is not None for t in trajs) / max(successes, 1)
+        stats |= category_success(trajs, success)
     for name in trajs[0].rewards if trajs else []:
         stats[f"reward/{name}"] = sum(t.rewards[name] for t in trajs) / n
     reasons = Counter(t.stop_reason for t in trajs)
     for reason in (*STOP_REASONS, *(r for r in reasons if r not in STOP_REASONS)):
         stats[f"stop/{reason}"] = reasons[reason] / n  # every reason, so each step has the same columns
     return stats
+
+
+def category_success(trajs: Sequence[Trajectory], success: str) -> dict[str, float]:
+    """`success/<category>`: the success rate of the trajectories whose task has that meta["category"] (a built
+    environment's scenario, the files environment's number of requests). A step's mean success moves with the
+    mix of tasks it drew; these say whether each kind of task is learned."""
+    categories: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        if "category" in t.task.meta:
+            categories[str(t.task.meta["category"])].append(t.rewards.get(success, 0.0))
+    return {f"success/{name}": sum(v) / len(v) for name, v in sorted(categories.items())}
 
 
 def run_tasks(

@@ -2,13 +2,15 @@
 "use strict";
 
 const PANELS = [
-  ["reward", "reward"], ["success", "success"], ["tool_calls", "tool calls / trajectory"],
+  ["reward", "reward"], ["success", "success"], ["success/*", "success by task category"],
+  ["tool_calls", "tool calls / trajectory"],
   ["kl", "KL to the reference"], ["entropy", "entropy"], ["response_tokens", "response tokens"],
   ["stop/*", "stop reasons (share)"], ["step_s", "step time (s)"],
   ["suspect_successes", "suspect successes (share rejected by the task's check)"],
   ["curriculum/*", "curriculum: tried tasks by recent pass rate (share)"],
 ];
 const EVAL_PANELS = new Set(["reward", "success", "tool_calls", "response_tokens"]);
+const KEEP_ZERO = new Set(["success/*"]); // a category never solved is a line at 0, not left out (a stop reason at 0 is)
 
 const SETTINGS = "toolrl.charts";
 const saved = (() => { try { return JSON.parse(localStorage.getItem(SETTINGS)) || {}; } catch { return {}; } })();
@@ -167,7 +169,7 @@ const Runs = {
         const steps = records.filter((r) => !("eval" in r) && Number.isInteger(r.step));
         const x = this.xOf(records);
         const keys = key.endsWith("*")
-          ? [...new Set(steps.flatMap((r) => Object.keys(r).filter((k) => k.startsWith(key.slice(0, -1)) && r[k])))].sort()
+          ? [...new Set(steps.flatMap((r) => Object.keys(r).filter((k) => k.startsWith(key.slice(0, -1)) && (r[k] || KEEP_ZERO.has(key)))))].sort()
           : [key];
         keys.forEach((k, j) => {
           // a step that logged the metric as NaN, inf or null (the server sends null) is a gap in the line
