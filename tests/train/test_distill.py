@@ -70,3 +70,94 @@ def test_a_teacher_with_another_tokenizer_is_a_one_line_error(tmp_path, tiny_mod
             Trainer(bench)
     finally:
         bench.close()
+
+
+def echo_server(teacher, sent=None, prompt_logprobs=True, other_ids=False):
+    """A stand-in for a vLLM server of `teacher`: /v1/completions with echo and logprobs answers the log-prob
+    of each prompt token given the ones before it (the first's is null), computed with the model at
+    temperature 1, as the token ids it read; `prompt_logprobs=False` answers the generated token's only, as
+    llama.cpp's server does; `other_ids` echoes other ids than those sent (another tokenizer)."""
+
+    def complete(body):
+        if sent is not None:
+            sent.append(body)
+        ids = body["prompt"]
+        with torch.no_grad():
+            logits = teacher(torch.tensor([ids])).logits[0].float()
+        lps = torch.log_softmax(logits, -1)
+        values = [None] + [lps[j - 1, ids[j]].item() for j in range(1, len(ids))] + [-0.5]
+        tokens = [f"token_id:{i + (1 if other_ids else 0)}" for i in ids] + ["token_id:0"]
+        if not prompt_logprobs:
+            values, tokens = values[-1:], tokens[-1:]
+        return {"choices": [{"text": "x", "logprobs": {"tokens": tokens, "token_logprobs": values}}]}
+
+    return complete
+
+
+def test_a_teacher_behind_an_endpoint_scores_the_tokens_as_the_local_teacher_does(tmp_path, tiny_model_dir):
+    """train.kl.teacher_endpoint: the policy's trajectories go to the server as token ids (echo, logprobs) and
+    the teacher's log-probs of the trained tokens are those of the same teacher loaded locally (kl.teacher);
+    the samples of one task go to one server; a training step runs with them."""
+    from tests.fixtures.http_server import LocalHTTPServer
+    from toolrl.models import load_model
+
+    student = make_tiny_model(tmp_path / "student", seed=7)
+    teacher = load_model(str(tiny_model_dir), torch.device("cpu"), "float32").eval()
+    sent = []
+    with LocalHTTPServer(complete=echo_server(teacher, sent)) as server:
+        config = distill_config(tmp_path, student, tiny_model_dir, "train.steps=1")
+        served = config.model_copy(deep=True)
+        served.train.kl.teacher = None
+        served.train.kl.teacher_endpoint = {"base_url": f"{server.url}/v1", "model": "the-teacher"}
+        served = type(config).model_validate(served.model_dump())
+        local, remote = Workbench.load(config), Workbench.load(served)
+        try:
+            trainer = Trainer(remote)
+            assert trainer.reference is not None and not isinstance(trainer.reference, torch.nn.Module)
+            trajs = remote.rollout(remote.config.rollout.sampling, seed=11).run(remote.env.tasks("train")[:3], seed=11)
+            refs, _ = trainer.scorer.before_update(trainer.model, None, trajs, True)
+            expected, _ = Trainer(local).scorer.before_update(trainer.model, None, trajs, True)
+            assert all(torch.allclose(r, e, atol=1e-4) for r, e in zip(refs, expected, strict=True))
+            assert [b["prompt"] for b in sent] == [t.token_ids for t in trajs]
+            assert all(b["echo"] is True and b["logprobs"] == 0 and b["model"] == "the-teacher" for b in sent)
+            metrics = []
+            trainer.train(metrics.append)
+            assert metrics[-1]["step"] == 1 and metrics[-1]["kl"] != 0.0  # the reverse KL to the served teacher
+        finally:
+            local.close()
+            remote.close()
+    assert remote.side_engines == {}  # its engine closed with the workbench
+
+
+@pytest.mark.parametrize(
+    ("server", "overrides", "error"),
+    [
+        ({"prompt_logprobs": False}, [], r"^train.kl.teacher_endpoint.base_url: .* returned log-probs for 1 of the"),
+        ({"other_ids": True}, [], r"^train.kl.teacher_endpoint.base_url: .* other token ids than those sent"),
+        (None, ["rollout.sampling.temperature=0.7"], r"^train.kl.teacher_endpoint: .* temperature 1 .* is 0.7;"),
+        (None, ["KEEP_LOCAL"], r"^train.kl.teacher_endpoint: give one teacher"),
+        (None, ["DOWN"], r"^train.kl.teacher_endpoint.base_url: .*is the server up at http://127.0.0.1:1/v1"),
+    ],
+)
+def test_what_a_served_teacher_cannot_do_is_one_line(tmp_path, tiny_model_dir, server, overrides, error):
+    from tests.fixtures.http_server import LocalHTTPServer
+    from toolrl.errors import EngineError
+    from toolrl.models import load_model
+
+    teacher = load_model(str(tiny_model_dir), torch.device("cpu"), "float32").eval()
+    with LocalHTTPServer(complete=echo_server(teacher, **(server or {}))) as http:
+        url = "http://127.0.0.1:1/v1" if "DOWN" in overrides else f"{http.url}/v1"
+        more = [o for o in overrides if o not in ("KEEP_LOCAL", "DOWN")]
+        config = distill_config(tmp_path, tiny_model_dir, tiny_model_dir, *more)
+        if "KEEP_LOCAL" not in overrides:
+            config.train.kl.teacher = None
+        config.train.kl.teacher_endpoint = {"base_url": url}
+        config = type(config).model_validate(config.model_dump())
+        bench = Workbench.load(config)
+        try:
+            with pytest.raises((ConfigError, EngineError), match=error):
+                trainer = Trainer(bench)
+                trajs = bench.rollout(bench.config.rollout.sampling, seed=1).run(bench.env.tasks("train")[:1], seed=1)
+                trainer.scorer.before_update(trainer.model, None, trajs, True)
+        finally:
+            bench.close()

@@ -163,6 +163,18 @@ class ToolsConfig(Section):
     """More images in one tool result are the tool's error."""
 
 
+class TeacherConfig(Section):
+    """A teacher behind an OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp server, a hosted API)."""
+
+    base_url: str | list[str]
+    model: str = ""
+    """The model name the endpoint serves (default: model.name)."""
+    api_key_env: str | None = None
+    """The environment variable holding its key (never the key itself in a config)."""
+    timeout_s: float = Field(600.0, gt=0)
+    max_concurrency: int = Field(16, ge=1)
+
+
 class KLConfig(Section):
     coef: float = Field(0.0, ge=0)
     """Weight of the KL term to the initial (reference) model; 0 turns the reference model off."""
@@ -175,6 +187,11 @@ class KLConfig(Section):
     """On-policy distillation: the KL is to this model (a name or folder, as model.name; it must share the
     policy's tokenizer) instead of the initial policy. With mode reward and estimator k1, each sampled token is
     rewarded -coef (log p_policy - log p_teacher): the reverse KL to the teacher, on the policy's own samples."""
+    teacher_endpoint: TeacherConfig | None = None
+    """On-policy distillation from a teacher behind an OpenAI-compatible endpoint that returns prompt log-probs
+    (vLLM, SGLang: completions with echo and logprobs): each trajectory's token ids are sent and the teacher's
+    log-prob of every sampled token comes back; it must serve the policy's tokenizer (token ids are compared) and
+    its log-probs are at temperature 1, so rollout.sampling.temperature must be 1. Instead of `teacher`."""
     task_reward: float = Field(1.0, ge=0)
     """Scale of the environment's reward in the advantages; 0 with a teacher: distillation alone."""
 
@@ -185,18 +202,6 @@ class LoRAConfig(Section):
     alpha: float = Field(32.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | str = "all-linear"
-
-
-class TeacherConfig(Section):
-    """A teacher behind an OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp server, a hosted API)."""
-
-    base_url: str | list[str]
-    model: str = ""
-    """The model name the endpoint serves (default: model.name)."""
-    api_key_env: str | None = None
-    """The environment variable holding its key (never the key itself in a config)."""
-    timeout_s: float = Field(600.0, gt=0)
-    max_concurrency: int = Field(16, ge=1)
 
 
 class SFTConfig(Section):

@@ -22,7 +22,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +68,9 @@ class OpenAIEngine(Engine):
         headers: Mapping[str, str] | None = None,
         timeout_s: float = 600.0,
         max_concurrency: int = 64,
+        setting: str = "rollout.openai.base_url",
     ):
+        self.setting = setting  # the config key its one-line errors name
         self.client = http_client(headers, connect_timeout_s=10.0, read_timeout_s=timeout_s)
         bases = [base_url] if isinstance(base_url, str) else list(base_url)
         self.servers = [Server(base.rstrip("/")) for base in bases]
@@ -139,30 +141,62 @@ class OpenAIEngine(Engine):
         return body
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
+        return await self._request(seq, self.body(tokens, params), self.parse)
+
+    async def prompt_logprobs(self, seq: Hashable, tokens: list[int]) -> list[float]:
+        """The log-prob of each of `tokens` given the ones before it, at temperature 1 (the first token's is 0.0):
+        the completions API's prompt log-probs (`echo` with `logprobs`, one token generated and left out), which
+        vLLM, SGLang and OpenAI's legacy completions return. A server that returns fewer (llama.cpp's) is one
+        line: it cannot score."""
+        body = {"model": self.model, "prompt": tokens, "max_tokens": 1, "temperature": 1.0, "echo": True,
+                "logprobs": 0, "return_tokens_as_token_ids": True, "skip_special_tokens": False}  # fmt: skip
+        return await self._request(seq, body, lambda reply, url: self.parse_echo(reply, url, tokens))
+
+    def parse_echo(self, reply: Any, url: str, tokens: list[int]) -> list[float]:
+        try:
+            logprobs = reply["choices"][0]["logprobs"] or {}
+        except (KeyError, IndexError, TypeError):
+            raise RuntimeError(f"{url} did not answer in the completions shape: {str(reply)[:200]}") from None
+        values, echoed = logprobs.get("token_logprobs") or [], logprobs.get("tokens") or []
+        if len(values) < len(tokens):
+            raise EngineError(
+                f"{self.setting}: {url} returned log-probs for {len(values)} of the {len(tokens)} prompt tokens; "
+                "scoring needs the prompt's (completions with echo and logprobs: vLLM, SGLang)"
+            )
+        ids = [t.removeprefix("token_id:") for t in echoed[: len(tokens)] if isinstance(t, str)]
+        if len(ids) == len(tokens) and all(i.isdigit() for i in ids) and [int(i) for i in ids] != tokens:
+            raise EngineError(f"{self.setting}: {url} scored other token ids than those sent (another tokenizer?)")
+        return [0.0] + [float(v) for v in values[1 : len(tokens)]]
+
+    async def _request(self, seq: Hashable, body: dict[str, Any], parse: Callable[[Any, str], Any]) -> Any:
+        """POST `body` to the sequence's server, the next healthy one if it fails; `parse` reads the reply."""
         loop = asyncio.get_running_loop()
-        body, tried = self.body(tokens, params), []
+        tried: list[Server] = []
         while (server := self._pick(seq, tried)) is not None:
             try:
                 reply = await loop.run_in_executor(self.pool, request_json, self.client, "POST", server.url, body)
-                sampled = self.parse(reply, server.url)
+                sampled = parse(reply, server.url)
             except HTTPFailure as exc:
                 if isinstance(exc, HTTPTransient):  # down or overloaded: the next server takes the request
                     self._done(server, exc)
                     tried.append(server)
                     continue
                 self._done(server, None)  # the request's own fault (4xx): another server would refuse it too
-                raise EngineError(f"rollout.openai.base_url: {first_line(exc)}") from None
+                raise EngineError(f"{self.setting}: {first_line(exc)}") from None
             except RuntimeError as exc:  # an answer in the wrong shape: not a completions server
                 self._done(server, exc)
                 tried.append(server)
                 continue
+            except EngineError:  # the server answered, but cannot do what is asked (parse said so)
+                self._done(server, None)
+                raise
             self._done(server, None)
             return sampled
         if len(self.servers) == 1:  # one server that is down: one line naming the setting and the URL
             server = self.servers[0]
-            raise EngineError(f"rollout.openai.base_url: {server.last_error}; is the server up at {server.url}?")
+            raise EngineError(f"{self.setting}: {server.last_error}; is the server up at {server.url}?")
         why = "; ".join(f"{s.url}: {s.last_error or 'left out after a failure'}" for s in self.servers)
-        raise EngineError(f"rollout.openai.base_url: no server answered ({why})")
+        raise EngineError(f"{self.setting}: no server answered ({why})")
 
     def parse(self, reply: Any, url: str | None = None) -> Sampled:
         url = url or self.url

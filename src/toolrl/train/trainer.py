@@ -48,6 +48,7 @@ from toolrl.runs.journal import Journal
 from toolrl.runs.rundir import RunDir
 from toolrl.train.collect import Collector, TaskOrder
 from toolrl.train.evaluate import summarize
+from toolrl.train.teacher import endpoint_teacher
 from toolrl.train.update import (
     LossFunctions,
     Scorer,
@@ -110,7 +111,8 @@ class Trainer:
             value_head = ValueHead(model.get_output_embeddings().in_features).to(bench.device)
         if t.kl.teacher and t.kl.coef > 0:
             check_teacher_tokenizer(bench.tokenizer, t.kl.teacher)
-        self.reference = make_reference(model, t, self.config.model.dtype)  # in every process (no collectives)
+        # in every process (no collectives): a teacher behind an endpoint, a local teacher or the initial model
+        self.reference = endpoint_teacher(bench, self.config) or make_reference(model, t, self.config.model.dtype)
         if self.dist.on:
             distributed.shard(model, self.dist)
             if value_head is not None:

@@ -20,6 +20,7 @@ from toolrl.models.policy import reference_context
 from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import UpdateValues
 from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens, shared_prefix_length
+from toolrl.train.teacher import EndpointTeacher
 from toolrl.train.vocab_logprobs import VocabBlocks
 
 LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "value_loss")
@@ -327,6 +328,10 @@ class Scorer:
         if not (need_ref or need_values):
             return refs, values
         scored = [i for i, traj in enumerate(trajs) if sum(traj.loss_mask)]
+        if need_ref and isinstance(self.reference, EndpointTeacher):  # a served teacher scores over HTTP
+            for i, part in zip(scored, self.reference.score([trajs[i] for i in scored]), strict=True):
+                refs[i] = part
+            need_ref = False
         model.eval()
         batches = self.micro_batches([trajs[i] for i in scored])
         with torch.no_grad():

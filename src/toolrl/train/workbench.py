@@ -67,6 +67,9 @@ class Workbench:
     """The policy's transformers config (the model's own; read without weights for a scripted policy)."""
     gateways: dict[int, Any] = field(default_factory=dict)
     """An agent environment's gateway per engine (toolrl/gateway), started on first use."""
+    side_engines: dict[str, Engine] = field(default_factory=dict)
+    """Engines of other models that play no rollout (a teacher behind an endpoint scoring tokens): closed with
+    the workbench, never given the policy's weights."""
 
     @classmethod
     def load(
@@ -120,8 +123,9 @@ class Workbench:
         """End the engines, the tools' sessions and worker threads."""
         for gateway in self.gateways.values():
             gateway.stop()
-        for engine in self.distinct_engines():
+        for engine in [*self.distinct_engines(), *self.side_engines.values()]:
             engine.close()
+        self.side_engines.clear()
         self.executor.close()
         if self.toolset is not None:
             self.toolset.close()
