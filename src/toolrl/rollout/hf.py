@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from toolrl.memory import trim
+from toolrl.models.cache_arg import cache_arg
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
@@ -314,7 +315,8 @@ class HFEngine(Engine):
         prefix = pending[group[0]][:n]
         cache = self._ensure(max(len(pending[s]) for s in group) + 1)
         once = DynamicCache()
-        self.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=once, logits_to_keep=1)
+        prompt = torch.tensor([prefix], device=self.device)
+        self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
         self.stats["prefill_tokens"] += n
         self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
         slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
@@ -398,7 +400,7 @@ class HFEngine(Engine):
             input_ids=ids.to(self.device),
             attention_mask=attention_mask(positions, kv_len, cache.scratch, self.model.dtype, start),
             position_ids=torch.where(real, positions, torch.zeros_like(positions)),
-            past_key_values=cache,
+            **cache_arg(self.model, cache),
             use_cache=True,
             logits_to_keep=1,
         )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from toolrl.models.cache_arg import cache_arg
 from toolrl.models.vision import (
     VisionImage,
     image_safe_prefix,
@@ -125,11 +126,11 @@ class VisionEngine(Engine):
         body, cache = multimodal_base(self.model), DynamicCache()
         if shared:
             prefix = [im for im in batch[0].images if im.start < shared]
-            body(input_ids=whole[:1, :shared], position_ids=positions[..., :1, :shared], past_key_values=cache,
+            body(input_ids=whole[:1, :shared], position_ids=positions[..., :1, :shared], **cache_arg(body, cache),
                  use_cache=True, **model_inputs(prefix, device))  # fmt: skip
             cache.batch_repeat_interleave(rows)
         rest = [im for r in batch for im in r.images if im.start >= shared]
-        hidden = body(input_ids=ids, attention_mask=attention, position_ids=placed, past_key_values=cache,
+        hidden = body(input_ids=ids, attention_mask=attention, position_ids=placed, **cache_arg(body, cache),
                       use_cache=True, **model_inputs(rest, device)).last_hidden_state  # fmt: skip
         following = torch.stack([positions[..., i, :n].max() + 1 for i, n in enumerate(lengths)])
         return _Batch(cache, attention, following, self._logits(hidden[:, -1]))
@@ -156,7 +157,7 @@ class VisionEngine(Engine):
             state.attention = torch.cat([state.attention, torch.ones(rows, 1, dtype=torch.long, device=device)], 1)
             at = (state.following + step)[:, None]  # a text token: the same in M-RoPE's three dimensions
             hidden = body(input_ids=fed[:, None], attention_mask=state.attention, position_ids=at,
-                          past_key_values=state.cache, use_cache=True).last_hidden_state  # fmt: skip
+                          **cache_arg(body, state.cache), use_cache=True).last_hidden_state  # fmt: skip
             logits = self._logits(hidden[:, -1])
         return [
             Sampled(ids, lps, ended=bool(ids) and ids[-1] in self.stop_ids)

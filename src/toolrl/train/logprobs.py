@@ -20,6 +20,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from toolrl.algos import entropy_from_logits
+from toolrl.models.cache_arg import cache_arg
 from toolrl.models.loading import transformer_blocks
 from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inputs, multimodal_base, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
@@ -115,7 +116,7 @@ def selected_hidden(model, ids, attention, positions, prefix_len, rows_idx, cols
             body(
                 input_ids=ids[:1, :prefix_len],
                 position_ids=positions[..., :1, :prefix_len],
-                past_key_values=once,
+                **cache_arg(body, once),
                 use_cache=True,
                 **prefix_images,
             )
@@ -127,7 +128,7 @@ def selected_hidden(model, ids, attention, positions, prefix_len, rows_idx, cols
             input_ids=ids[:, prefix_len:],
             attention_mask=attention,
             position_ids=positions[..., prefix_len:],
-            past_key_values=cache,
+            **cache_arg(body, cache),
             use_cache=cache is not None,
             **images,
         ).last_hidden_state
