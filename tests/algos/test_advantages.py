@@ -57,6 +57,20 @@ def test_reinforce_pp_returns_to_go_whitened_over_the_step():
     assert torch.allclose(ADVANTAGES["reinforce_pp"](x).advantages, expect, atol=1e-6)
 
 
+def test_reinforce_pp_with_gamma_0_credits_each_token_with_its_own_reward_only():
+    """On-policy distillation's per-token reverse KL: with gamma 0 a token's return is its own KL, so a long
+    sample is not charged at its first token for every later token (gamma 1 is the undiscounted sum)."""
+    kl = torch.tensor([-1.0, -1.0, -1.0, -1.0, -0.5])  # a 4-token sample, then a 1-token one
+    x = AdvantageInputs(torch.zeros(2), 2, [4, 1], token_rewards=kl, eps=0.0, gamma=0.0)
+    assert torch.allclose(ADVANTAGES["reinforce_pp"](x).advantages, (kl - kl.mean()) / kl.std(), atol=1e-6)
+    summed = torch.tensor([-4.0, -3.0, -2.0, -1.0, -0.5])  # gamma 1: returns to go
+    x1 = AdvantageInputs(torch.zeros(2), 2, [4, 1], token_rewards=kl, eps=0.0, gamma=1.0)
+    assert torch.allclose(ADVANTAGES["reinforce_pp"](x1).advantages, (summed - summed.mean()) / summed.std(), atol=1e-6)
+    half = torch.tensor([-1.875, -1.75, -1.5, -1.0, -0.5])  # gamma 0.5
+    x5 = AdvantageInputs(torch.zeros(2), 2, [4, 1], token_rewards=kl, eps=0.0, gamma=0.5)
+    assert torch.allclose(ADVANTAGES["reinforce_pp"](x5).advantages, (half - half.mean()) / half.std(), atol=1e-6)
+
+
 def test_gae_by_hand():
     # one trajectory of 3 tokens, reward 1 at the end, values [0.5, 0.2, 0.4], gamma 1, lam 0.5
     # deltas: t0: 0 + 0.2 - 0.5 = -0.3; t1: 0 + 0.4 - 0.2 = 0.2; t2: 1 + 0 - 0.4 = 0.6

@@ -174,11 +174,13 @@ def rloo(x: AdvantageInputs) -> Advantages:
 @register_advantage("reinforce_pp")
 def reinforce_pp(x: AdvantageInputs) -> Advantages:
     """REINFORCE++ with a baseline: the final reward minus its group's mean, plus the per-token rewards still to
-    come (returns, undiscounted), whitened over all tokens of the step."""
+    come, discounted by train.gamma (1, the default: undiscounted returns; 0: each token its own reward only, as
+    on-policy distillation credits each token with its own reverse KL to the teacher), whitened over all tokens
+    of the step."""
     baseline = group_advantages(x.rewards, x.group_size, scale=False, valid=x.valid)
     returns = per_token(baseline, x.counts)
     if x.token_rewards is not None:
-        returns = returns + reverse_cumsum(x.token_rewards, x.counts)
+        returns = returns + reverse_cumsum(x.token_rewards, x.counts, x.gamma)
     return Advantages(whiten(returns, x.eps, token_mask(x)))
 
 

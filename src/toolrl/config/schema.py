@@ -288,7 +288,9 @@ class TrainConfig(Section):
     """Leave groups whose rewards are all equal out of the loss (DAPO's dynamic sampling, without re-sampling)."""
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1)
-    """GAE's discount and lambda (advantage: gae)."""
+    """The discount (advantage gae and reinforce_pp's per-token rewards) and GAE's lambda. On-policy
+    distillation with reinforce_pp wants gamma 0: each token's reverse KL credits that token alone; summed over
+    the tokens to come (gamma 1) every earlier token pays for the later ones, which rewards stopping early."""
     vf_coef: float = Field(0.1, ge=0)
     value_clip: float = Field(0.2, gt=0)
     """Weight and clip range of the value loss (advantage: gae)."""
