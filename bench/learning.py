@@ -131,7 +131,9 @@ def table(results: dict) -> str:
         recipe = load_config(recipe_path(name)).train
         steps = r["args"].get("steps") or recipe.steps
         label = f"`{RECIPES.get(name, name)}.yaml`" + (" (`make demo`)" if name == "demo" else "")
-        label += f": {'warm start + ' if recipe.warm_start else ''}{steps} GRPO steps"
+        distilled = recipe.kl.coef > 0 and (recipe.kl.teacher or recipe.kl.teacher_endpoint)
+        label += f": {'warm start + ' if recipe.warm_start else ''}{steps} "
+        label += "on-policy distillation steps" if distilled else "GRPO steps"
         cells = [pct(r[k], r["spread"][k] if len(r["seeds"]) > 1 else None) for k in METRICS]
         cells[1] = f"**{cells[1]}**" if r["gain_greedy"] > 0 else cells[1]
         minutes = statistics.fmean(s["train_s"] for s in r["seeds"]) / 60
