@@ -161,3 +161,38 @@ def test_what_a_served_teacher_cannot_do_is_one_line(tmp_path, tiny_model_dir, s
                 trainer.scorer.before_update(trainer.model, None, trajs, True)
         finally:
             bench.close()
+
+
+def test_a_served_teacher_of_another_tokenizer_is_refused_when_the_run_starts(tmp_path, tiny_model_dir, caplog):
+    """vLLM's /tokenize is asked how the served model tokenizes a probe text: the policy's ids pass, other ids are
+    one line before any rollout; a server without /tokenize is a warning (only the echoed ids are compared)."""
+    import logging
+
+    from tests.fixtures.http_server import LocalHTTPServer
+    from toolrl.models import load_tokenizer
+    from toolrl.train.teacher import EndpointTeacher
+
+    ours = load_tokenizer(str(tiny_model_dir))
+    same = lambda text: ours(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    cases = [(same, None), (lambda text: [*same(text), 5], r"tokenizes differently from the policy"), (None, None)]
+    for tokenize, error in cases:
+        with LocalHTTPServer(complete=lambda body: {}, tokenize=tokenize) as http:
+            config = distill_config(tmp_path, tiny_model_dir, tiny_model_dir)
+            config.train.kl.teacher = None
+            config.train.kl.teacher_endpoint = {"base_url": f"{http.url}/v1"}
+            bench = Workbench.load(type(config).model_validate(config.model_dump()))
+            try:
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="toolrl.train.teacher"):
+                    if error:
+                        with pytest.raises(ConfigError, match=r"^train.kl.teacher_endpoint: http://127.*" + error):
+                            Trainer(bench)
+                        continue
+                    trainer = Trainer(bench)
+                assert isinstance(trainer.reference, EndpointTeacher)
+                asked = [r for r in http.requests if r[1] == "/tokenize"]
+                assert len(asked) == 1 and asked[0][3]["add_special_tokens"] is False
+                warned = [r.getMessage() for r in caplog.records if "cannot check" in r.getMessage()]
+                assert bool(warned) == (tokenize is None)
+            finally:
+                bench.close()

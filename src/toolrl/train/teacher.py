@@ -5,20 +5,29 @@ prompt's log-probs, which vLLM and SGLang return), and the teacher's log-prob of
 place of a local teacher's (`train.kl.teacher`) or the reference model's: the KL term and its estimators are
 unchanged. Samples of one task go to one server (its prefix cache holds their shared prompt); several servers
 share the work and a failed one is left out for a while (rollout/openai.py). What the endpoint cannot do is one
-line: no prompt log-probs (llama.cpp's server), other token ids than those sent (another tokenizer), images.
+line: no prompt log-probs (llama.cpp's server), another tokenizer (asked through vLLM's /tokenize when the run
+starts; the echoed ids are compared too), images.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import torch
 
 from toolrl.errors import ConfigError, EngineError
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.text import first_line
+
+log = logging.getLogger(__name__)
 
 SETTING = "train.kl.teacher_endpoint"
+
+
+PROBE = 'Tool call: <tool_call>{"name": "f", "arguments": {"x": "ünï 42"}}</tool_call>\n'
+"""Text whose token ids the served tokenizer must give as the policy's does (special tags, JSON, accents)."""
 
 
 class EndpointTeacher:
@@ -26,6 +35,34 @@ class EndpointTeacher:
 
     def __init__(self, engine) -> None:
         self.engine = engine  # an OpenAIEngine (its servers, failover and thread pool)
+
+    def check_tokenizer(self, tokenizer) -> bool:
+        """Does each server tokenize as the policy does? Asked through vLLM's /tokenize; a different answer is one
+        line (the teacher would score other tokens than the policy's), a server without /tokenize a warning
+        (it cannot be checked: the echoed ids are). True when every server was checked."""
+        from toolrl.http import HTTPFailure, request_json
+
+        ours = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+        body = {"model": self.engine.model, "prompt": PROBE, "add_special_tokens": False}
+        checked = True
+        for server in self.engine.servers:
+            root = server.base.removesuffix("/v1")
+            try:
+                reply = request_json(self.engine.client, "POST", root + "/tokenize", body)
+                theirs = reply.get("tokens") if isinstance(reply, dict) else None
+            except HTTPFailure as exc:
+                theirs, why = None, first_line(exc)
+            else:
+                why = "no token ids in its answer"
+            if theirs is None:
+                log.warning("%s: cannot check %s's tokenizer (%s); it must be the policy's", SETTING, root, why)
+                checked = False
+            elif list(theirs) != ours:
+                raise ConfigError(
+                    f"{SETTING}: {root} tokenizes differently from the policy ({len(theirs)} ids against "
+                    f"{len(ours)} for the same text); serve a teacher of the policy's tokenizer"
+                )
+        return checked
 
     def score(self, trajs: Sequence[Trajectory]) -> list[torch.Tensor]:
         """Per trajectory, the teacher's log-prob of each token with loss_mask 1, in order."""
@@ -70,4 +107,6 @@ def endpoint_teacher(bench, config) -> EndpointTeacher | None:
             served.base_url, served.model or config.model.name, bench.chat.tokenizer, bench.chat.stop_ids, headers,
             served.timeout_s, served.max_concurrency, setting=f"{SETTING}.base_url",
         )  # fmt: skip
-    return EndpointTeacher(bench.side_engines["kl-teacher"])
+    teacher = EndpointTeacher(bench.side_engines["kl-teacher"])
+    teacher.check_tokenizer(bench.tokenizer)
+    return teacher
