@@ -72,7 +72,7 @@ def test_a_teacher_with_another_tokenizer_is_a_one_line_error(tmp_path, tiny_mod
         bench.close()
 
 
-def echo_server(teacher, sent=None, prompt_logprobs=True, other_ids=False):
+def echo_server(teacher, sent=None, prompt_logprobs=True, other_ids=False, poison=None):
     """A stand-in for a vLLM server of `teacher`: /v1/completions with echo and logprobs answers the log-prob
     of each prompt token given the ones before it (the first's is null), computed with the model at
     temperature 1, as the token ids it read; `prompt_logprobs=False` answers the generated token's only, as
@@ -87,6 +87,8 @@ def echo_server(teacher, sent=None, prompt_logprobs=True, other_ids=False):
         lps = torch.log_softmax(logits, -1)
         values = [None] + [lps[j - 1, ids[j]].item() for j in range(1, len(ids))] + [-0.5]
         tokens = [f"token_id:{i + (1 if other_ids else 0)}" for i in ids] + ["token_id:0"]
+        if poison is not None:  # a hostile or broken server: NaN, a positive log-prob, a string
+            values[len(values) // 2] = poison
         if not prompt_logprobs:
             values, tokens = values[-1:], tokens[-1:]
         return {"choices": [{"text": "x", "logprobs": {"tokens": tokens, "token_logprobs": values}}]}
@@ -134,6 +136,9 @@ def test_a_teacher_behind_an_endpoint_scores_the_tokens_as_the_local_teacher_doe
     [
         ({"prompt_logprobs": False}, [], r"^train.kl.teacher_endpoint.base_url: .* returned log-probs for 1 of the"),
         ({"other_ids": True}, [], r"^train.kl.teacher_endpoint.base_url: .* other token ids than those sent"),
+        ({"poison": float("nan")}, [], r"^train.kl.teacher_endpoint.base_url: .* the log-prob 'nan', which is not"),
+        ({"poison": 3.5}, [], r"^train.kl.teacher_endpoint.base_url: .* the log-prob '3.5', which is not a number"),
+        ({"poison": "-1"}, [], r"^train.kl.teacher_endpoint.base_url: .* the log-prob '-1', which is not a number"),
         (None, ["rollout.sampling.temperature=0.7"], r"^train.kl.teacher_endpoint: .* temperature 1 .* is 0.7;"),
         (None, ["KEEP_LOCAL"], r"^train.kl.teacher_endpoint: give one teacher"),
         (None, ["DOWN"], r"^train.kl.teacher_endpoint.base_url: .*is the server up at http://127.0.0.1:1/v1"),

@@ -166,7 +166,13 @@ class OpenAIEngine(Engine):
         ids = [t.removeprefix("token_id:") for t in echoed[: len(tokens)] if isinstance(t, str)]
         if len(ids) == len(tokens) and all(i.isdigit() for i in ids) and [int(i) for i in ids] != tokens:
             raise EngineError(f"{self.setting}: {url} scored other token ids than those sent (another tokenizer?)")
-        return [0.0] + [float(v) for v in values[1 : len(tokens)]]
+        out = [0.0]
+        for k, v in enumerate(values[1 : len(tokens)], start=1):  # a reply is untrusted: log-probs or nothing
+            if isinstance(v, bool) or not isinstance(v, int | float) or not -1e9 < v <= 1e-3:
+                raise EngineError(f"{self.setting}: {url} gave prompt token {k} the log-prob {str(v)[:40]!r}, "
+                                  "which is not a number <= 0")  # fmt: skip
+            out.append(float(v))
+        return out
 
     async def _request(self, seq: Hashable, body: dict[str, Any], parse: Callable[[Any, str], Any]) -> Any:
         """POST `body` to the sequence's server, the next healthy one if it fails; `parse` reads the reply."""
