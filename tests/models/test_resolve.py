@@ -25,6 +25,8 @@ def test_unreachable_hub_id_fails_with_one_line_naming_the_model(monkeypatch, tm
     message = str(err.value)
     assert "'some-org/not-downloaded-model'" in message and "pass its folder as model.name" in message
     assert "\n" not in message
+    with pytest.raises(ModelNotFoundError, match=r"pass its folder as train\.kl\.teacher$"):  # the setting named
+        resolve_model("runs/calculator-zero/final", "train.kl.teacher")  # the distill recipe before `make demo`
 
 
 @pytest.mark.slow

@@ -84,7 +84,7 @@ def _model(cfg: RunConfig) -> None:
     check_context(cfg, folder)
     if cfg.train.kl.teacher:
         try:
-            resolve_model(cfg.train.kl.teacher)
+            resolve_model(cfg.train.kl.teacher, "train.kl.teacher")
         except ToolRLError as exc:
             raise ConfigError(f"train.kl.teacher: {exc}") from None
 

@@ -93,8 +93,9 @@ def convert_embedded(name: str, target: Path) -> Path:
     return target
 
 
-def resolve_model(name: str) -> Path:
-    """Return a local folder holding config, weights and tokenizer for `name`."""
+def resolve_model(name: str, key: str = "model.name") -> Path:
+    """Return a local folder holding config, weights and tokenizer for `name` (the setting `key` names it: the
+    one-line error when there is none says where to give a folder instead)."""
     if name in EMBEDDED:
         return convert_embedded(name, toolrl_home() / "models" / name)
     path = Path(name).expanduser()
@@ -122,5 +123,5 @@ def resolve_model(name: str) -> Path:
     known = ", ".join(EMBEDDED)
     raise ModelNotFoundError(
         f"model {clip(name, 80)!r} is not an embedded model ({known}), a local folder, or a hub id that can be reached "
-        "from here; download it on a machine with network access and pass its folder as model.name"
+        f"from here; download it on a machine with network access and pass its folder as {key}"
     )
