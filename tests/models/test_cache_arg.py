@@ -3,6 +3,7 @@
 and LoRA, run without the deprecation warning the old name gives (it reached every run's log)."""
 
 import asyncio
+import copy
 import inspect
 import logging
 import warnings
@@ -35,7 +36,8 @@ def test_generation_and_scoring_warn_nothing_about_the_cache(tiny_model, tokeniz
     system = "<|im_start|>system\nYou are a helpful assistant; answer in one short sentence.<|im_end|>\n"
     prompt = tokenizer(system + "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     assert len(prompt) > 16  # long enough to be shared (rollout/hf.py MIN_SHARED_PREFIX)
-    lora = get_peft_model(tiny_model, LoraConfig(r=2, target_modules="all-linear"))
+    # a copy: the fixture's model is the session's, and peft would freeze its weights in place
+    lora = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=2, target_modules="all-linear"))
     for model in (tiny_model, lora):
         engine = HFEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"))
 
