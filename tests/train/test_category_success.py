@@ -92,3 +92,23 @@ def test_plot_png_draws_each_category_with_one_never_solved(tmp_path, monkeypatc
     )
     assert write_plot(tmp_path) == tmp_path / "plot.png" and (tmp_path / "plot.png").stat().st_size > 1000
     assert {"single_hop", "multi_hop"} <= set(drawn) and "answer" in drawn and "length" not in drawn
+
+
+def test_a_data_set_of_many_or_hostile_categories_keeps_a_readable_metrics_line():
+    """Categories are a data set's text: names are clipped, and past MAX_CATEGORIES the smallest are pooled as
+    `success/(other categories)`, every trajectory still counted once."""
+    from types import SimpleNamespace
+
+    from toolrl.train.evaluate import MAX_CATEGORIES, category_success
+
+    def traj(category, solved):
+        return SimpleNamespace(task=Task("t", "q", "", {"category": category}), rewards={"ok": float(solved)})
+
+    trajs = [traj(f"kind-{k}", k % 2) for k in range(100)] + [traj("big", 1) for _ in range(5)]
+    trajs += [traj("x" * 5000 + "<script>", 0)]
+    out = category_success(trajs, "ok")
+    assert len(out) == MAX_CATEGORIES and out["success/big"] == 1.0
+    assert all(len(key) <= len("success/") + 60 for key in out)
+    pooled = out["success/(other categories)"]
+    named = [k for k in out if k not in ("success/big", "success/(other categories)")]
+    assert len(named) == MAX_CATEGORIES - 2 and 0.0 < pooled < 1.0

@@ -190,8 +190,9 @@ class KLConfig(Section):
     teacher_endpoint: TeacherConfig | None = None
     """On-policy distillation from a teacher behind an OpenAI-compatible endpoint that returns prompt log-probs
     (vLLM, SGLang: completions with echo and logprobs): each trajectory's token ids are sent and the teacher's
-    log-prob of every sampled token comes back; it must serve the policy's tokenizer (token ids are compared) and
-    its log-probs are at temperature 1, so rollout.sampling.temperature must be 1. Instead of `teacher`."""
+    log-prob of every sampled token comes back; it must serve the policy's tokenizer (checked when the run starts
+    through vLLM's /tokenize) and its log-probs are at temperature 1, so rollout.sampling.temperature must be 1.
+    Instead of `teacher`."""
     task_reward: float = Field(1.0, ge=0)
     """Scale of the environment's reward in the advantages; 0 with a teacher: distillation alone."""
 

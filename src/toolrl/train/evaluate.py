@@ -11,6 +11,7 @@ from typing import Any
 from toolrl.envs.base import Task
 from toolrl.rollout.loop import STOP_REASONS, Rollout
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.text import clip
 
 
 def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, float]:
@@ -42,14 +43,23 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
     return stats
 
 
+MAX_CATEGORIES = 32
+"""Categories logged by name per step or evaluation; a data set with more (its own ids as categories) has the
+smallest ones pooled as `success/(other categories)`, so a metrics file stays readable and nothing is dropped."""
+
+
 def category_success(trajs: Sequence[Trajectory], success: str) -> dict[str, float]:
     """`success/<category>`: the success rate of the trajectories whose task has that meta["category"] (a built
-    environment's scenario, the files environment's number of requests). A step's mean success moves with the
-    mix of tasks it drew; these say whether each kind of task is learned."""
+    environment's scenario, the files environment's number of requests; a task's text, so names are clipped). A
+    step's mean success moves with the mix of tasks it drew; these say whether each kind of task is learned."""
     categories: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
         if "category" in t.task.meta:
-            categories[str(t.task.meta["category"])].append(t.rewards.get(success, 0.0))
+            categories[clip(str(t.task.meta["category"]), 60)].append(t.rewards.get(success, 0.0))
+    if len(categories) > MAX_CATEGORIES:
+        kept = sorted(categories, key=lambda name: (-len(categories[name]), name))[: MAX_CATEGORIES - 1]
+        other = [v for name, values in categories.items() if name not in kept for v in values]
+        categories = {name: categories[name] for name in kept} | {"(other categories)": other}
     return {f"success/{name}": sum(v) / len(v) for name, v in sorted(categories.items())}
 
 
