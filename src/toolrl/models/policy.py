@@ -90,7 +90,7 @@ def reference_context(model, reference):
 def make_reference(model, train: TrainConfig, dtype: str = "float32"):
     """The model the KL term is to: the teacher (train.kl.teacher, on-policy distillation), else a frozen copy
     of the initial model; with LoRA and no teacher none is needed (adapters off)."""
-    if train.kl.coef <= 0 or train.kl.teacher_endpoint is not None:  # served: train/teacher.py
+    if train.kl.coef <= 0:
         return None
     if train.kl.teacher:
         from toolrl.models import load_model

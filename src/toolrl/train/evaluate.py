@@ -53,14 +53,22 @@ def category_success(trajs: Sequence[Trajectory], success: str) -> dict[str, flo
     environment's scenario, the files environment's number of requests; a task's text, so names are clipped). A
     step's mean success moves with the mix of tasks it drew; these say whether each kind of task is learned."""
     categories: dict[str, list[float]] = defaultdict(list)
-    for t in trajs:
-        if "category" in t.task.meta:
-            categories[clip(str(t.task.meta["category"]), 60)].append(t.rewards.get(success, 0.0))
+    for name, group in by_category(trajs).items():
+        categories[clip(name, 60)] += [t.rewards.get(success, 0.0) for t in group]
     if len(categories) > MAX_CATEGORIES:
         kept = sorted(categories, key=lambda name: (-len(categories[name]), name))[: MAX_CATEGORIES - 1]
         other = [v for name, values in categories.items() if name not in kept for v in values]
         categories = {name: categories[name] for name in kept} | {"(other categories)": other}
     return {f"success/{name}": sum(v) / len(v) for name, v in sorted(categories.items())}
+
+
+def by_category(trajs: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+    """The trajectories whose task has a meta["category"], grouped by it (in the order first seen)."""
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        if "category" in t.task.meta:
+            groups[str(t.task.meta["category"])].append(t)
+    return groups
 
 
 def run_tasks(
@@ -113,10 +121,7 @@ def breakdown(trajs: Sequence[Trajectory], success: str | None) -> dict[str, Any
     (Solve-P/R/F1, means over tasks with meta["subproblems"])."""
     report: dict[str, Any] = {}
     if success is not None:
-        categories: dict[str, list[Trajectory]] = defaultdict(list)
-        for t in trajs:
-            if "category" in t.task.meta:
-                categories[str(t.task.meta["category"])].append(t)
+        categories = by_category(trajs)
         if categories:
             report["by_category"] = {name: _category(group, success) for name, group in sorted(categories.items())}
     requests: dict[str, list[float]] = defaultdict(list)
