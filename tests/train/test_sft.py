@@ -205,6 +205,22 @@ def test_a_warm_start_without_what_its_source_needs_is_a_one_line_error(tmp_path
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_a_teacher_that_is_down_is_one_line_naming_sft_teacher(tmp_path, tiny_model_dir):
+    """The teacher's servers are sft.teacher's: a server that does not answer is named by that setting."""
+    from toolrl.errors import EngineError
+    from toolrl.runs.rundir import RunDir
+
+    config = sft_config(tmp_path, tiny_model_dir, "sft.source=teacher", "sft.teacher.base_url=http://127.0.0.1:9/v1")
+    bench = Workbench.load(config)
+    try:
+        with pytest.raises(EngineError) as raised:
+            Trainer(bench, RunDir.create(config)).train()
+    finally:
+        bench.close()
+    message = str(raised.value)
+    assert message.startswith("sft.teacher.base_url: ") and "127.0.0.1:9" in message and "\n" not in message
+
+
 def test_toolrl_sft_runs_from_the_command_line_and_rl_trains_from_its_model(tmp_path, tiny_model_dir):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     common = ["--set", "env.name=calculator", "--set", "device=cpu", "--set", "rollout.max_new_tokens=16",

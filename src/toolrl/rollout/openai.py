@@ -262,25 +262,29 @@ class VLLMServers(OpenAIEngine):
                 log.warning("%s: %s; left out for the rest of the run", root, server.last_error)
         if not loaded:
             why = "; ".join(f"{s.base}: {s.last_error}" for s in self.servers)
-            raise EngineError(f"rollout.openai.base_url: no server took the new weights ({why})")
+            raise EngineError(f"{self.setting}: no server took the new weights ({why})")
 
     def close(self) -> None:
         super().close()
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
 
-def _server_args(chat, config) -> tuple:
-    o = config.rollout.openai
-    headers = bearer_header(o.api_key_env, "rollout.openai.api_key_env")
-    model = o.model or config.model.name
-    return o.base_url, model, chat.tokenizer, chat.stop_ids, headers, o.timeout_s, o.max_concurrency
+def served_engine(chat, served, default_model: str, key: str, engine: type[OpenAIEngine] = OpenAIEngine, **kwargs):
+    """An engine on the servers a config section names (`key`: rollout.openai, sft.teacher,
+    train.kl.teacher_endpoint: base_url, model, api_key_env, timeout_s, max_concurrency); its one-line errors
+    name that section's settings."""
+    headers = bearer_header(served.api_key_env, f"{key}.api_key_env")
+    model = served.model or default_model
+    return engine(served.base_url, model, chat.tokenizer, chat.stop_ids, headers, served.timeout_s,
+                  served.max_concurrency, setting=f"{key}.base_url", **kwargs)  # fmt: skip
 
 
 @register_engine("openai")
 def openai_engine(chat, config, **_: object) -> OpenAIEngine:
-    return OpenAIEngine(*_server_args(chat, config))
+    return served_engine(chat, config.rollout.openai, config.model.name, "rollout.openai")
 
 
 @register_engine("vllm-server", supports_training=True, loads_weights=True)
 def vllm_server_engine(chat, config, **_: object) -> VLLMServers:
-    return VLLMServers(*_server_args(chat, config), weights_dir=config.rollout.openai.weights_dir)
+    o = config.rollout.openai
+    return served_engine(chat, o, config.model.name, "rollout.openai", VLLMServers, weights_dir=o.weights_dir)

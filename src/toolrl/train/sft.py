@@ -80,18 +80,12 @@ def reference_source(bench, cfg: SFTConfig, tasks: Sequence[Task], seed: int) ->
 @register_sft_source("teacher")
 def teacher_source(bench, cfg: SFTConfig, tasks: Sequence[Task], seed: int) -> Played:
     """A model behind an OpenAI-compatible endpoint plays each task samples_per_task times."""
-    from toolrl.http import bearer_header
-    from toolrl.rollout.openai import OpenAIEngine
+    from toolrl.rollout.openai import served_engine
 
-    t = cfg.teacher
-    if t is None:
+    if cfg.teacher is None:
         raise ConfigError("sft.teacher: sft.source is teacher; give sft.teacher.base_url (and model)")
     if "sft-teacher" not in bench.engines:
-        headers = bearer_header(t.api_key_env, "sft.teacher.api_key_env")
-        bench.engines["sft-teacher"] = OpenAIEngine(
-            t.base_url, t.model or bench.config.model.name, bench.chat.tokenizer, bench.chat.stop_ids, headers,
-            t.timeout_s, t.max_concurrency,
-        )  # fmt: skip
+        bench.engines["sft-teacher"] = served_engine(bench.chat, cfg.teacher, bench.config.model.name, "sft.teacher")
     return Played(_play(bench, "sft-teacher", cfg, tasks, seed, cfg.samples_per_task))
 
 

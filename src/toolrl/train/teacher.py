@@ -87,8 +87,7 @@ class EndpointTeacher:
 def endpoint_teacher(bench, config) -> EndpointTeacher | None:
     """The served teacher of `train.kl.teacher_endpoint` (None without one, or with kl.coef 0); its engine is
     one of the workbench's side engines, closed with it. Settings that cannot work together are one line each."""
-    from toolrl.http import bearer_header
-    from toolrl.rollout.openai import OpenAIEngine
+    from toolrl.rollout.openai import served_engine
 
     kl, served = config.train.kl, config.train.kl.teacher_endpoint
     if served is None or kl.coef <= 0:
@@ -102,11 +101,7 @@ def endpoint_teacher(bench, config) -> EndpointTeacher | None:
             f"{temperature:g}; sample at 1.0 or use train.kl.teacher (a local model, scored at any temperature)"
         )
     if "kl-teacher" not in bench.side_engines:
-        headers = bearer_header(served.api_key_env, f"{SETTING}.api_key_env")
-        bench.side_engines["kl-teacher"] = OpenAIEngine(
-            served.base_url, served.model or config.model.name, bench.chat.tokenizer, bench.chat.stop_ids, headers,
-            served.timeout_s, served.max_concurrency, setting=f"{SETTING}.base_url",
-        )  # fmt: skip
+        bench.side_engines["kl-teacher"] = served_engine(bench.chat, served, config.model.name, SETTING)
     teacher = EndpointTeacher(bench.side_engines["kl-teacher"])
     teacher.check_tokenizer(bench.tokenizer)
     return teacher
