@@ -187,38 +187,27 @@ def test_a_teacher_endpoint_plays_the_tasks_and_its_successes_are_learned(tmp_pa
     assert 0 < played["kept"] < 8, (played, env_questions[:2])
 
 
+DOWN_TEACHER = ["sft.source=teacher", "sft.teacher.base_url=http://127.0.0.1:9/v1"]
+
+
 @pytest.mark.parametrize(
-    ("setting", "message"),
-    [("sft.source=oracle", "sft.source"), ("sft.source=file", "sft.file: sft.source is file"),
-     ("sft.source=teacher", "sft.teacher: sft.source is teacher")],
+    ("settings", "message"),
+    [(["sft.source=oracle"], "sft.source"), (["sft.source=file"], "sft.file: sft.source is file"),
+     (["sft.source=teacher"], "sft.teacher: sft.source is teacher"),
+     (DOWN_TEACHER, "sft.teacher.base_url: POST http://127.0.0.1:9/v1")],  # its servers are named by its setting
 )  # fmt: skip
-def test_a_warm_start_without_what_its_source_needs_is_a_one_line_error(tmp_path, tiny_model_dir, setting, message):
+def test_a_warm_start_without_what_its_source_needs_is_a_one_line_error(tmp_path, tiny_model_dir, settings, message):
+    from toolrl.errors import EngineError
     from toolrl.runs.rundir import RunDir
 
-    config = sft_config(tmp_path, tiny_model_dir, setting)
+    config = sft_config(tmp_path, tiny_model_dir, *settings)
     bench = Workbench.load(config)
     try:
-        with pytest.raises(ConfigError) as raised:
+        with pytest.raises(ConfigError if settings != DOWN_TEACHER else EngineError) as raised:
             Trainer(bench, RunDir.create(config)).train()
     finally:
         bench.close()
     assert message in str(raised.value) and "\n" not in str(raised.value)
-
-
-def test_a_teacher_that_is_down_is_one_line_naming_sft_teacher(tmp_path, tiny_model_dir):
-    """The teacher's servers are sft.teacher's: a server that does not answer is named by that setting."""
-    from toolrl.errors import EngineError
-    from toolrl.runs.rundir import RunDir
-
-    config = sft_config(tmp_path, tiny_model_dir, "sft.source=teacher", "sft.teacher.base_url=http://127.0.0.1:9/v1")
-    bench = Workbench.load(config)
-    try:
-        with pytest.raises(EngineError) as raised:
-            Trainer(bench, RunDir.create(config)).train()
-    finally:
-        bench.close()
-    message = str(raised.value)
-    assert message.startswith("sft.teacher.base_url: ") and "127.0.0.1:9" in message and "\n" not in message
 
 
 def test_toolrl_sft_runs_from_the_command_line_and_rl_trains_from_its_model(tmp_path, tiny_model_dir):
