@@ -75,7 +75,8 @@ def write_heatmap(table: Mapping[str, Mapping[str, float]], target: Path, title:
     layers = [layer for layer in table if layer != "-"]
     modules = sorted({m for layer in layers for m in table[layer]})
     grid = [[table[layer].get(m, float("nan")) for m in modules] for layer in layers]
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(modules), 1.0 + 0.28 * len(layers)))
+    # room for the rotated module names and the title however few layers changed (tight_layout warns otherwise)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.9 * len(modules)), max(3.5, 1.0 + 0.28 * len(layers))))
     image = ax.imshow(grid, aspect="auto", cmap="viridis")
     ax.set_xticks(range(len(modules)), modules, rotation=45, ha="right")
     ax.set_yticks(range(len(layers)), layers)
