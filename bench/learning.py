@@ -74,6 +74,7 @@ def one_seed(name: str, seed: int, args, out_dir: Path, greedy_before: dict[str,
         if name not in greedy_before:
             greedy_before[name] = success(bench, 0.0, args.num_tasks, BEFORE_BY_CATEGORY.setdefault(name, {}))
         row = {"greedy_before": greedy_before[name], "sampled_before": success(bench, sampled_t, args.num_tasks)}
+        row["test_tasks"] = len(bench.eval_tasks(args.num_tasks)[0])  # --num-tasks, or the split where smaller
         say(f"{name} seed {seed}: before greedy {row['greedy_before']:.2f} sampled {row['sampled_before']:.2f} "
             f"({time.perf_counter() - started:.0f} s); training {config.train.steps} steps"
             + (" after a warm start" if config.train.warm_start else ""))  # fmt: skip
@@ -123,6 +124,18 @@ def pct(value: float, spread: float | None = None) -> str:
     return f"{value:.0%}" + (f" ± {spread:.0%}" if spread is not None else "")
 
 
+def test_tasks(name: str, entry: dict) -> int:
+    """How many test tasks each evaluation played: --num-tasks, or the test split where it is smaller (rows
+    measured before the count was recorded: the split's size now)."""
+    counted = {row["test_tasks"] for row in entry["seeds"] if "test_tasks" in row}
+    if counted:
+        return max(counted)
+    from toolrl.envs import make_env
+
+    config = load_config(recipe_path(name), entry["args"].get("set", []))
+    return min(entry["args"]["num_tasks"], len(make_env(config.env, config.model.name).tasks("test")))
+
+
 def table(results: dict) -> str:
     """The README's table, from the results file: each recipe's mean and spread over its seeds."""
     lines = ["| recipe | test tasks | seeds | greedy before | greedy after | sampled before | sampled after |"
@@ -137,7 +150,7 @@ def table(results: dict) -> str:
         cells = [pct(r[k], r["spread"][k] if len(r["seeds"]) > 1 else None) for k in METRICS]
         cells[1] = f"**{cells[1]}**" if r["gain_greedy"] > 0 else cells[1]
         minutes = statistics.fmean(s["train_s"] for s in r["seeds"]) / 60
-        lines.append(f"| {label} | {r['args']['num_tasks']} | {len(r['seeds'])} | " + " | ".join(cells)
+        lines.append(f"| {label} | {test_tasks(name, r)} | {len(r['seeds'])} | " + " | ".join(cells)
                      + f" | {minutes:.0f} min |")  # fmt: skip
     return "\n".join(lines)
 
