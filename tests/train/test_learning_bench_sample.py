@@ -21,6 +21,7 @@ def test_the_learning_bench_writes_before_and_after_per_recipe_and_seed(tmp_path
         assert 0.0 <= demo[key] <= 1.0 and demo["spread"][key] == 0.0  # one seed: no spread
     (seed,) = demo["seeds"]
     assert seed["train_s"] > 0 and demo["peak_rss_mb"] > 0 and demo["machine"]["cores"] >= 1
+    assert seed["test_tasks"] == 4  # --quick's 4 tasks, what the README's "test tasks" column shows
     log = (tmp_path / "learning.demo.log").read_text()
     assert "demo seed 0: before greedy" in log and "demo seed 0: step 2" in log and "demo seed 0: after" in log
     assert "greedy before" in done.stdout  # the table
