@@ -155,7 +155,7 @@ def main() -> None:
         f"train.steps={args.steps}",
         "eval.at_start=false",
         "eval.at_end=false",
-        "run_name=run",
+        f"run_name=run-{time.strftime('%Y%m%d-%H%M%S')}",  # a new run each time: run directories are not reused
         f"output_dir={work}",
     ]
     config = load_config(RECIPE, overrides)

@@ -63,7 +63,8 @@ def success(bench: Workbench, temperature: float, num_tasks: int, by_category: d
 
 def one_seed(name: str, seed: int, args, out_dir: Path, greedy_before: dict[str, float]) -> dict[str, float]:
     overrides = [f"seed={seed}", "eval.at_start=false", "eval.at_end=false", f"output_dir={out_dir}",
-                 f"run_name={name}-seed{seed}", *args.set]  # fmt: skip
+                 f"run_name={name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}", *args.set]  # fmt: skip
+    # (a seed measured again is a new run: a run directory is never written over)
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     config = load_config(recipe_path(name), overrides)

@@ -45,9 +45,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", default="bench/results/multiturn.json")
-    parser.add_argument("--run-dir", default="runs/bench-multiturn")
+    parser.add_argument("--run-dir", default=f"runs/bench-multiturn-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args()
-    overrides = [f"train.steps={args.steps}", "eval.at_start=false", "eval.at_end=false", "run_name=bench-multiturn"]
+    overrides = [
+        f"train.steps={args.steps}",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        f"run_name={Path(args.run_dir).name}",
+    ]
     config = load_config(RECIPE, [*overrides, f"output_dir={Path(args.run_dir).parent}"])
     bench = Workbench.load(config)
     try:

@@ -210,7 +210,9 @@ def slow_calculator_env():
             return [tool_from_function(calculator_tool, idempotent=True)]
 
 
-def train_run(latency: str, async_steps: int, steps: int, out: str, extra: tuple[str, ...] = ()) -> dict:
+def train_run(
+    latency: str, async_steps: int, steps: int, out: str, extra: tuple[str, ...] = (), repeat: int = 0
+) -> dict:
     """One training run of `steps` steps; its wall time (the steps and the final checkpoint, not the load)."""
     from toolrl.config import load_config
     from toolrl.train import RunDir, Trainer, Workbench
@@ -219,7 +221,7 @@ def train_run(latency: str, async_steps: int, steps: int, out: str, extra: tuple
     config = load_config(overrides=[
         "env.name=bench_slow_calculator", f"env.options.latency={latency}", f"train.steps={steps}",
         f"train.async_steps={async_steps}", "eval.at_start=false", "eval.at_end=false", f"output_dir={out}",
-        f"run_name=e2e-{latency}-{async_steps}", "device=cpu", "rollout.sampling.temperature=0.6", *extra,
+        f"run_name=e2e-{latency}-{async_steps}-{repeat}", "device=cpu", "rollout.sampling.temperature=0.6", *extra,
     ])  # fmt: skip
     bench = Workbench.load(config)
     trainer = Trainer(bench, RunDir.create(config))
@@ -245,9 +247,9 @@ def end_to_end(steps: int, out: str) -> None:
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for async_steps in (0, 1):
-            for latency in ("zero", "heavy", "heavy", "zero"):
+            for repeat, latency in enumerate(("zero", "heavy", "heavy", "zero")):
                 key = f"{'ahead' if async_steps else 'lockstep'}_{latency}"
-                run = train_run(latency, async_steps, steps, tmp)
+                run = train_run(latency, async_steps, steps, tmp, repeat=repeat)
                 runs.setdefault(key, []).append(run)
                 line = f"{key:>16}: {run['wall_s']:7.1f} s  {run['generated_tokens']:6d} tokens  "
                 print(line + f"{run['tool_calls']:4d} calls  latency {run['tool_latency_sum_s']:6.1f} s", flush=True)

@@ -84,3 +84,33 @@ def test_a_check_registered_from_outside_runs_before_loading(tmp_path, monkeypat
         dict.pop(CHECKS, "licence")
     assert exited.value.code == 2 and "needs a licence file" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_new_run_is_refused_a_folder_that_holds_a_run_and_the_old_run_is_kept(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """`toolrl train` twice with one run_name: the second would append its metrics to the first run's and replace
+    its checkpoints; it stops in one line that says how to continue the old run instead."""
+    from toolrl.config import load_config
+    from toolrl.errors import ConfigError
+    from toolrl.runs.rundir import RunDir
+
+    old = tmp_path / "runs" / "mine"
+    old.mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    overrides = [f"output_dir={tmp_path / 'runs'}", "run_name=mine", f"model.name={tiny_model_dir}", "device=cpu",
+                 "train.steps=1", "eval.at_start=false", "eval.at_end=false"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["toolrl", "train", *[a for o in overrides for a in ("--set", o)]])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and "run_name 'mine'" in line and f"toolrl train --resume {old}" in line, line
+    assert sorted(p.name for p in old.iterdir()) == ["metrics.jsonl"]  # nothing written over, no config.yaml
+    assert (old / "metrics.jsonl").read_text() == '{"step": 1, "reward": 0.5}\n'
+    (old / "metrics.jsonl").unlink()
+    (old / "last").symlink_to(old / "gone")  # a checkpoint link, even a dangling one, marks a run
+    with pytest.raises(ConfigError, match="already holds a run \\(last\\)"):
+        RunDir.create(load_config(overrides=overrides))
+    (old / "last").unlink()
+    (old / "config.yaml").write_text("run_name: mine\n")  # a run that stopped before its first step: reused
+    assert RunDir.create(load_config(overrides=overrides)).path == old

@@ -23,6 +23,8 @@ EVALS = "evals.jsonl"
 STOP_FILE = "STOP"
 """A file a run checks after each step: present, it checkpoints and stops (the UI's stop button)."""
 STATUS = "status.json"
+RUN_OUTPUTS = (METRICS, SAMPLES, EVALS, "sft.jsonl", "last", "final")
+"""What a run leaves in its directory once it has trained or evaluated anything."""
 
 
 class RunDir:
@@ -32,8 +34,16 @@ class RunDir:
 
     @classmethod
     def create(cls, config: RunConfig) -> RunDir:
+        """A new run's directory (output_dir/run_name). One that already holds a run's records or checkpoints is
+        refused: the new run's metrics would be appended to the old run's and its checkpoints replace them."""
         name = config.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{config.env.name}"
-        run = cls(Path(config.output_dir) / name)
+        path = Path(config.output_dir) / name
+        if held := [f for f in RUN_OUTPUTS if os.path.lexists(path / f)]:  # lexists: "last" is a symlink
+            raise ConfigError(
+                f"run_name {name!r}: {path} already holds a run ({', '.join(held)}); set another run_name (or "
+                f"output_dir), continue that run with `toolrl train --resume {path}`, or move it away"
+            )
+        run = cls(path)
         (run.path / "config.yaml").write_text(config_to_yaml(config))
         return run
 
