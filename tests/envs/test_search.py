@@ -13,6 +13,7 @@ import pytest
 from toolrl.config.schema import EnvConfig
 from toolrl.envs import make_env
 from toolrl.envs.search import wiki
+from toolrl.envs.search.env import NO_RESULTS
 from toolrl.envs.search.retriever import format_docs, make_retriever, read_corpus
 from toolrl.errors import DataError
 from toolrl.rollout.trajectory import Trajectory
@@ -34,14 +35,31 @@ def corpus(tmp_path):
 def test_bm25_and_search_r1_passages(corpus):
     retriever = make_retriever(corpus, "bm25")
     [hits] = retriever.search(["which museum has the mona lisa"], topk=2)
-    assert hits[0][0]["id"] == "0" and hits[0][1] > hits[1][1]
+    assert [(doc["id"], score > 0) for doc, score in hits] == [("0", True)]  # no other passage has its words
     assert format_docs([hits[0][0]], max_chars=30) == "Doc 1(Title: Louvre) The Louvre is an art museum ..."
+    [hits] = retriever.search(["the longest river or mountain"], topk=3)
+    assert [doc["id"] for doc, _ in hits] == ["1", "2"] and hits[0][1] > hits[1][1] > 0
+    assert retriever.search(["Nikkei Sossam"], topk=3) == [[]]  # no word of the corpus: no passage, not any three
+    assert retriever.respond({"queries": ["Nikkei"], "topk": 3}) == {"result": [[]]}
     reply = retriever.respond({"queries": ["highest mountain", "river in africa"], "topk": 1})
     assert reply == {"result": [[DOCS[2]], [DOCS[1]]]}
     scored = retriever.respond({"queries": ["river"], "topk": 1, "return_scores": True})
     assert scored["result"][0][0]["document"] == DOCS[1] and scored["result"][0][0]["score"] > 0
     with pytest.raises(ValueError, match='"queries" must be a list of strings'):
         retriever.respond({"queries": "river"})
+
+
+def test_a_query_without_a_word_of_the_corpus_is_told_so_not_handed_three_unrelated_passages(corpus, tmp_path):
+    import asyncio
+
+    tasks = tmp_path / "qa.jsonl"
+    tasks.write_text(
+        json.dumps({"id": "q", "question": "Where is the Mona Lisa?", "golden_answers": ["Louvre"]}) + "\n"
+    )
+    config = EnvConfig(name="search", train_file=str(tasks), test_file=str(tasks), options={"corpus": str(corpus)})
+    [tool] = make_env(config).tools()
+    assert asyncio.run(tool({"query": "Nikkei"})) == f"<information>{NO_RESULTS}</information>"
+    assert asyncio.run(tool({"query": "mona lisa"})).startswith("<information>Doc 1(Title: Louvre)")
 
 
 def test_bad_corpus_lines_name_the_file_and_line(tmp_path):

@@ -38,6 +38,7 @@ INSTRUCTIONS = (
     "</answer> without explanation, for example <answer> Beijing </answer>."
 )
 
+NO_RESULTS = "No passage contains a word of the query; search with other words."
 EXAMPLES = (
     (
         'Which art museum in Paris is this about: "It houses the Mona Lisa and the Venus de Milo."',
@@ -109,6 +110,8 @@ class _Searcher:
             docs = reply.json()["result"][0]
         else:
             docs = [doc for doc, _ in self.index().search([query], k)[0]]
+        if not docs:  # the model is told, rather than handed an empty block
+            return f"<information>{NO_RESULTS}</information>"
         return f"<information>{format_docs(docs, self.config.max_doc_chars)}</information>"
 
 

@@ -110,8 +110,10 @@ class BM25Retriever(Retriever):
         k = max(1, min(topk, len(self.docs)))
         with self.lock:
             ids, scores = self.index.retrieve(self._tokens(list(queries)), k=k, show_progress=False)
+        # a passage scoring 0 shares no word with the query: not a hit (a Lucene BM25 search returns none such),
+        # where it was filled in by index order and read by the model as an answer to its query
         return [
-            [(self.docs[int(i)], float(s)) for i, s in zip(row_ids, row_scores, strict=True)]
+            [(self.docs[int(i)], float(s)) for i, s in zip(row_ids, row_scores, strict=True) if s > 0]
             for row_ids, row_scores in zip(ids, scores, strict=True)
         ]
 
