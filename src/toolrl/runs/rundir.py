@@ -16,6 +16,7 @@ from typing import Any
 from toolrl.config import RunConfig, config_to_yaml
 from toolrl.errors import ConfigError
 from toolrl.files import read_jsonl
+from toolrl.text import clip
 
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
@@ -39,9 +40,10 @@ class RunDir:
         name = config.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{config.env.name}"
         path = Path(config.output_dir) / name
         if held := [f for f in RUN_OUTPUTS if os.path.lexists(path / f)]:  # lexists: "last" is a symlink
+            shown = clip(str(path), 200)  # a config's names are untrusted text: the line stays one line
             raise ConfigError(
-                f"run_name {name!r}: {path} already holds a run ({', '.join(held)}); set another run_name (or "
-                f"output_dir), continue that run with `toolrl train --resume {path}`, or move it away"
+                f"run_name {clip(repr(name), 120)}: {shown} already holds a run ({', '.join(held)}); set another "
+                f"run_name (or output_dir), continue that run with `toolrl train --resume {shown}`, or move it away"
             )
         run = cls(path)
         (run.path / "config.yaml").write_text(config_to_yaml(config))
