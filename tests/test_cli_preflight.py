@@ -114,3 +114,19 @@ def test_a_new_run_is_refused_a_folder_that_holds_a_run_and_the_old_run_is_kept(
     (old / "last").unlink()
     (old / "config.yaml").write_text("run_name: mine\n")  # a run that stopped before its first step: reused
     assert RunDir.create(load_config(overrides=overrides)).path == old
+
+
+@pytest.mark.parametrize("name", ["../escaped", "{tmp}/absolute", "a/b", "..", ".", ".hidden", "x" * 101, "a\nb"])
+def test_a_run_name_that_is_not_one_folder_name_is_refused_and_nothing_is_written(name, tmp_path, monkeypatch, capsys):
+    """run_name comes from a config file (someone else's, a recipe, a run directory's config.yaml): a path in it
+    would put the run, its checkpoints and its logs outside output_dir, over whatever is there."""
+    name = name.format(tmp=tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"run_name": name, "output_dir": str(tmp_path / "runs" / "inner")}))
+    before = sorted(tmp_path.rglob("*"))
+    monkeypatch.setattr(sys, "argv", ["toolrl", "train", str(config)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and line.startswith(f"error: {config}: run_name: ") and "one folder name" in line
+    assert sorted(tmp_path.rglob("*")) == before  # no run folder, inside output_dir or out of it

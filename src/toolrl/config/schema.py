@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+"""A run's name: one folder name under output_dir (never '.', '..', a path or hidden)."""
 
 
 class Section(BaseModel):
@@ -362,6 +366,7 @@ class RunConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: str = "runs"
     run_name: str | None = None
+    """The run's folder under output_dir (default: a timestamp and the environment's name): one folder name."""
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -371,6 +376,17 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     _resolved: bool = PrivateAttr(False)
     _plugin_typed: tuple[Any, dict[str, Any]] | None = PrivateAttr(None)
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder_name(cls, name: str | None) -> str | None:
+        # a config names its run's folder: `/etc`, `../x` or `a/b` would put the run outside output_dir
+        if name is not None and not RUN_NAME.match(name):
+            raise ValueError(
+                f"{name[:60]!r} is not one folder name: use letters, digits, '.', '_' or '-' "
+                "(up to 100, starting with a letter or digit); output_dir says where runs go"
+            )
+        return name
 
     @property
     def is_resolved(self) -> bool:

@@ -11,7 +11,6 @@ process this UI started or one verified to be the run's toolrl process (runs/run
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 
 from toolrl.config.loader import config_data, default_config_text
 from toolrl.config.resolve import resolve_data
+from toolrl.config.schema import RUN_NAME
 from toolrl.errors import ConfigError
 from toolrl.runs.rundir import STOP_FILE, RunDir, run_process
 from toolrl.runs.trust import code_to_run, foreign
@@ -29,7 +29,6 @@ from toolrl.text import clip
 from toolrl.ui.runs import resolve_run, run_state
 
 CONSOLE_LOG = "console.log"
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 LOG_CHUNK = 256_000
 
 
@@ -95,7 +94,7 @@ class Launcher:
             )  # fmt: skip
 
     def start(self, name: str, text: str, base: str | None) -> dict[str, Any]:
-        if not NAME.match(name):
+        if not RUN_NAME.match(name):
             raise ConfigError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (at most 100)")
         validate(text, base)
         with self._lock(name):
