@@ -5,8 +5,9 @@ typed by hand). Each document holds a block between two markers that this script
     python bench/report.py --check    # exit 1 if a block is not what the results make (the test suite runs it)
 
 Sources: memory.json (bench/memory.py: --full, --breakdown and the workloads), rollout.json (bench/rollout.py,
-its end-to-end runs), vllm_cpu.json (bench/vllm_cpu.py), train_vs_trl.json (bench/train_vs_trl.py). A figure
-whose benchmark has not been run is shown as "not measured".
+its end-to-end runs), vllm_cpu.json (bench/vllm_cpu.py), train_vs_trl.json (bench/train_vs_trl.py),
+linear_kernels.json (bench/linear_kernels.py). A figure whose benchmark has not been run is shown as "not
+measured".
 """
 
 from __future__ import annotations
@@ -239,9 +240,27 @@ def trl_table(trl: dict) -> list[str]:
     return out
 
 
+def kernels_table(kernels: dict) -> list[str]:
+    model = kernels.get("whole_model")
+    if not model:
+        return [f"Linear-layer kernels: {MISSING}.", ""]
+    labels = {"forward_s": "inference forward, 8 x 64 tokens", "decode_step_s": "decode step, 32 sequences after a "
+              "405-token prompt", "train_step_s": "training forward + backward, 8 x 256 tokens"}  # fmt: skip
+    out = [f"The default model's linear layers on torch's kernel (MKL) and on oneDNN (`bench/linear_kernels.py`, "
+           f"{kernels.get('threads')} threads, `model.cpu_linear`):", "",
+           "| work | torch s | oneDNN s | torch / oneDNN |", "|---|---:|---:|---:|"]  # fmt: skip
+    for key, label in labels.items():
+        out.append(f"| {label} | {model['torch'][key]:.3f} | {model['onednn'][key]:.3f} | "
+                   f"{model['torch_vs_onednn'][key]:.2f}x |")  # fmt: skip
+    out += ["", f"Largest differences: logits {model['logits_max_abs_diff']:.1e}, loss {model['loss_abs_diff']:.1e}, "
+            f"a layer's gradient {model['grad_relative_diff']:.1e} relative.", ""]  # fmt: skip
+    return out
+
+
 def docs_block() -> str:
     memory, rollout, vllm, trl = everything()
-    lines = ["### Memory", "", *memory_tables(memory)]
+    lines = ["### Linear-layer kernels", "", *kernels_table(load("linear_kernels.json"))]
+    lines += ["### Memory", "", *memory_tables(memory)]
     lines += ["### Tool latency, end to end", "", *end_to_end_table(rollout), *within_step_table(rollout)]
     lines += ["### Generation", "", *generation_table(vllm), "### Training step against TRL", "", *trl_table(trl)]
     return "\n".join(lines).rstrip() + "\n"

@@ -327,7 +327,7 @@ def serve(
             cfg = resolve_config(config, set_)
             device = pick_device(cfg.device)
             served = cfg.model.name
-            model = load_model(cfg.model.name, device, cfg.model.dtype)
+            model = load_model(cfg.model.name, device, cfg.model.dtype, cfg.model.cpu_linear)
         model.eval()
         tokenizer = load_tokenizer(cfg.model.name)
         chat = ChatFormat(tokenizer)

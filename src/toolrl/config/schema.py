@@ -28,6 +28,9 @@ class ModelConfig(Section):
     name: str = "smollm2-135m-instruct"
     """An embedded model name, a local Hugging Face folder, or a hub id already in the local cache."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    cpu_linear: Literal["onednn", "torch"] = "onednn"
+    """On CPU in float32, the kernels of the linear layers: oneDNN (PyTorch's own; 1.5-1.9x faster training and
+    generation than torch's default on the AMD CPU measured, bench/linear_kernels.py) or torch's default."""
 
 
 class JudgeConfig(Section):

@@ -9,6 +9,7 @@ import torch
 from safetensors import SafetensorError
 
 from toolrl.errors import ModelNotFoundError
+from toolrl.models.linear import use_onednn_linear
 from toolrl.models.resolve import resolve_model
 from toolrl.text import clip, first_line
 
@@ -57,7 +58,9 @@ def load_config(name: str):
     return AutoConfig.from_pretrained(resolve_model(name))
 
 
-def load_model(name: str, device: torch.device, dtype: str = "float32"):
+def load_model(name: str, device: torch.device, dtype: str = "float32", cpu_linear: str = "onednn"):
+    """A model on `device`; on CPU in float32 its linear layers run on oneDNN unless `cpu_linear` is "torch"
+    (models/linear.py)."""
     from transformers import AutoModelForCausalLM
 
     if device.type == "cpu":
@@ -76,4 +79,7 @@ def load_model(name: str, device: torch.device, dtype: str = "float32"):
             model = AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
-    return model.to(device)
+    model = model.to(device)
+    if device.type == "cpu" and dtype == "float32" and cpu_linear == "onednn":
+        use_onednn_linear(model)
+    return model

@@ -87,7 +87,7 @@ def reference_context(model, reference):
     return model, model.disable_adapter()
 
 
-def make_reference(model, train: TrainConfig, dtype: str = "float32"):
+def make_reference(model, train: TrainConfig, dtype: str = "float32", cpu_linear: str = "onednn"):
     """The model the KL term is to: the teacher (train.kl.teacher, on-policy distillation), else a frozen copy
     of the initial model; with LoRA and no teacher none is needed (adapters off)."""
     if train.kl.coef <= 0:
@@ -95,7 +95,7 @@ def make_reference(model, train: TrainConfig, dtype: str = "float32"):
     if train.kl.teacher:
         from toolrl.models import load_model
 
-        teacher = load_model(train.kl.teacher, next(model.parameters()).device, dtype)
+        teacher = load_model(train.kl.teacher, next(model.parameters()).device, dtype, cpu_linear)
         return teacher.eval().requires_grad_(False)
     if is_lora(model):
         return None

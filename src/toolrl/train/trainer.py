@@ -112,7 +112,8 @@ class Trainer:
         if t.kl.teacher and t.kl.coef > 0:
             check_teacher_tokenizer(bench.tokenizer, t.kl.teacher)
         # in every process (no collectives): a teacher behind an endpoint, a local teacher or the initial model
-        self.reference = endpoint_teacher(bench, self.config) or make_reference(model, t, self.config.model.dtype)
+        m = self.config.model
+        self.reference = endpoint_teacher(bench, self.config) or make_reference(model, t, m.dtype, m.cpu_linear)
         if self.dist.on:
             distributed.shard(model, self.dist)
             if value_head is not None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from toolrl.models import linear as kernels
+
 BLOCK_ROWS = 512
 """Rows per block: 512 x 49,152 fp32 logits are 0.1 GB."""
 KEEP_MB = 256.0
@@ -39,21 +41,21 @@ class VocabBlocks:
 DEFAULT_BLOCKS = VocabBlocks()
 
 
-def _block_logits(hidden, weight, bias, temperature):
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+def _block_logits(hidden, weight, bias, temperature, onednn):
+    logits = (kernels.linear if onednn else torch.nn.functional.linear)(hidden, weight, bias).float()
     return logits / temperature if temperature > 0 else logits
 
 
 class _TargetLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, block, keep_bytes):
+    def forward(ctx, hidden, weight, bias, targets, temperature, block, keep_bytes, onednn):
         rows = hidden.shape[0]
         out = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         kept: list[torch.Tensor | None] = []
         for start in range(0, rows, block):
             end = min(start + block, rows)
-            logp = _block_logits(hidden[start:end], weight, bias, temperature)
+            logp = _block_logits(hidden[start:end], weight, bias, temperature, onednn)
             logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))  # log-probs, in place
             out[start:end] = logp.gather(1, targets[start:end, None]).squeeze(1)
             probs = logp.exp()
@@ -63,14 +65,14 @@ class _TargetLogprobs(torch.autograd.Function):
             kept.append(probs if size <= keep_bytes else None)
             keep_bytes -= size if kept[-1] is not None else 0
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.block, ctx.kept = temperature, block, kept
+        ctx.temperature, ctx.block, ctx.kept, ctx.onednn = temperature, block, kept, onednn
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy):
         hidden, weight, bias, targets = ctx.saved_tensors
-        temperature, block, kept = ctx.temperature, ctx.block, ctx.kept
+        temperature, block, kept, onednn = ctx.temperature, ctx.block, ctx.kept, ctx.onednn
         scale = 1.0 / temperature if temperature > 0 else 1.0
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -81,12 +83,13 @@ class _TargetLogprobs(torch.autograd.Function):
             g = grad_out[start:end].float()
             probs = kept[index]
             if probs is None:
-                probs = torch.softmax(_block_logits(hidden[start:end], weight, bias, temperature), dim=-1)
+                probs = torch.softmax(_block_logits(hidden[start:end], weight, bias, temperature, onednn), dim=-1)
             grad = probs * (-g * scale)[:, None]  # d/dlogits of g * log p(y): g * (onehot(y) - softmax) / T
             grad.scatter_add_(1, targets[start:end, None], (g * scale)[:, None])
             kept[index] = probs = None  # each block's softmax is freed as soon as it is used
             if need_hidden:
-                grad_hidden[start:end] = grad.to(weight.dtype) @ weight
+                g_w = grad.to(weight.dtype)
+                grad_hidden[start:end] = kernels.linear(g_w, weight.t()) if onednn else g_w @ weight
             if need_weight:  # accumulated in fp32 over the blocks
                 grad_weight.addmm_(grad.T, hidden[start:end].float())
             if need_bias:
@@ -95,6 +98,7 @@ class _TargetLogprobs(torch.autograd.Function):
             grad_hidden,
             grad_weight.to(weight.dtype) if grad_weight is not None else None,
             grad_bias.to(bias.dtype) if grad_bias is not None else None,
+            None,
             None,
             None,
             None,
@@ -115,4 +119,5 @@ def target_logprobs(
     `hidden` and the head's weight and bias; between the passes it keeps at most `keep_mb` of softmax blocks
     (the others are recomputed). Without gradient (reference or teacher log-probs) it keeps nothing."""
     keep = int(keep_mb * 1e6) if torch.is_grad_enabled() else 0
-    return _TargetLogprobs.apply(hidden, head.weight, head.bias, targets, temperature, block, keep)
+    onednn = isinstance(head, kernels.OneDNNLinear)  # the model's kernels (model.cpu_linear)
+    return _TargetLogprobs.apply(hidden, head.weight, head.bias, targets, temperature, block, keep, onednn)

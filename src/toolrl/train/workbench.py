@@ -87,7 +87,7 @@ class Workbench:
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
         env = make_env(config.env, name, config.rollout.parser)
-        model = load_model(name, device, config.model.dtype) if policy == MODEL else None
+        model = load_model(name, device, config.model.dtype, config.model.cpu_linear) if policy == MODEL else None
         model_config = model.config if model else load_config(name)
         chat = chat_format(config, name, tokenizer, model_config, env)
         bench = cls(config, device, tokenizer, model, chat, env, None, None, policy=policy)  # type: ignore[arg-type]
