@@ -12,8 +12,10 @@ Reported per framework: seconds per step, generated tokens per second of step, a
 ratio of seconds per generated token (TRL / toolrl), since the sampled lengths differ between the two;
 the ratio of seconds per step is reported beside it, and each update's GFLOP/s (6 x parameters x the tokens it
 put through the model, the output layer at the generated tokens; attention left out) against the machine's
-fp32 matmul peak, measured in the same run. Needs `pip install trl`. Prints a table and writes
-bench/results/train_vs_trl.json.
+fp32 matmul peak, measured in the same run. Each side runs as its users get it: TRL's model as
+`from_pretrained` gives it (torch's linear kernels, MKL), toolrl's as `toolrl train` loads it (oneDNN on CPU,
+`model.cpu_linear`; bench/linear_kernels.py measures that part alone). Needs `pip install trl`. Prints a table
+and writes bench/results/train_vs_trl.json.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def run_trl(args, tokenizer, prompt_ids) -> dict:
     def reward(completions, **_):
         return [digit_share(c) for c in completions]
 
-    model = load_model(MODEL, torch.device("cpu"))
+    # as a TRL user has it (from_pretrained: torch's kernels); toolrl's own runs its linear layers on oneDNN
+    model = load_model(MODEL, torch.device("cpu"), cpu_linear="torch")
     config = GRPOConfig(
         output_dir="/tmp/toolrl-bench-trl",
         per_device_train_batch_size=args.prompts * args.group,
@@ -237,6 +240,7 @@ def main() -> None:
             "max_new_tokens": args.tokens,
             "timed_steps": args.steps,
             "beta": 0.0,
+            "linear_kernels": {"trl": "torch", "toolrl": load_config().model.cpu_linear},
         },
         **{name: {k: round(v, 3) for k, v in r.items()} for name, r in results.items()},
         "toolrl_vs_trl_speedup": round(speedup, 2),
