@@ -31,9 +31,11 @@ def test_vllm_greedy_turns_match_the_hf_engine():
         second = asyncio.run(engine.generate("b", prompt, params))  # a second event loop, same engine
         told: list[list[int]] = []
         streamed = asyncio.run(engine.generate_stream("c", prompt, params, told.append))  # the gateway's stream
+        engine.forget_prefixes()  # the prompt computed again from scratch: the same greedy turn
+        again = asyncio.run(engine.generate("d", prompt, params))
     finally:
         engine.close()
-    assert out.ids == expected.ids == second.ids == streamed.ids
+    assert out.ids == expected.ids == second.ids == streamed.ids == again.ids
     assert [i for ids in told for i in ids] == streamed.ids and len(told) > 1  # step by step, in order
     # Greedy: vLLM's raw log-probs are the untempered softmax, as the HF engine records for greedy rows.
     assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expected.logprobs), atol=2e-3)

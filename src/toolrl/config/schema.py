@@ -267,7 +267,7 @@ class TrainConfig(Section):
     """Scored tokens whose vocabulary-sized logits exist at once (train/vocab_logprobs.py: log-probs a block at
     a time, only the softmax kept for the backward pass). 0: all of a micro-batch's at once, the plain
     log_softmax ([tokens, vocab] fp32 tensors, 0.2 MB a token each with a 49k vocabulary, three or four of them)."""
-    vocab_keep_mb: float = Field(256.0, ge=0)
+    vocab_keep_mb: float = Field(128.0, ge=0)
     """Most softmax kept between a micro-batch's forward and backward passes; blocks beyond it are recomputed in
     the backward pass (one more output-layer matmul over their tokens). 0: recompute every block."""
     advantage: str = "grpo"

@@ -108,6 +108,11 @@ class VLLMEngine(Engine):
 
         self._loop.submit(reload()).result()
 
+    def forget_prefixes(self) -> None:
+        """Drop vLLM's prefix cache: the next requests compute their prompts from scratch, as the first rollout
+        after a weight sync does (load_weights drops it too)."""
+        self._loop.submit(self.llm.reset_prefix_cache()).result()
+
     def score(self, tokens: list[int]) -> list[float]:
         """Log-probs of tokens[1:] under the engine's weights (prompt log-probs), for checking a sync."""
         from vllm import SamplingParams as VLLMSamplingParams
