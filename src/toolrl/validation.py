@@ -61,7 +61,8 @@ def format_validation_error(
     if error["type"] == "missing":
         return f"{where}: {clip(key, 120)} is required{more}"
     if error["type"] == "value_error":  # a validator's own sentence says what is wrong and what to do
-        named = f"{clip(key.rstrip('.'), 120)}: " if key.rstrip(".") else ""  # a model's own check has no field
+        field = key.rstrip(".")  # empty for a model's own check
+        named = f"{clip(field, 120)}: " if field else ""
         return clip(f"{where}: {named}{error['msg'].removeprefix('Value error, ')}{more}", 400)
     got = clip(repr(error.get("input")), 80)
     return clip(f"{where}: {clip(key, 120)} must be {_expected(error)}, got {got}{more}", 400)

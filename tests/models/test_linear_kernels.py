@@ -30,7 +30,10 @@ def test_a_cpu_model_loads_with_onednn_linear_layers_unless_the_config_says_torc
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 4, 300])
-def test_a_layer_gives_torchs_output_and_gradients(bias, rows):
+def test_a_layer_gives_torchs_output_and_gradients(bias, rows, monkeypatch):
+    calls = []
+    onednn = kernels._onednn
+    monkeypatch.setattr(kernels, "_onednn", lambda *args: calls.append(args) or onednn(*args))
     torch.manual_seed(0)
     reference = torch.nn.Linear(96, 200, bias=bias)
     ours = copy.deepcopy(reference)
@@ -48,6 +51,8 @@ def test_a_layer_gives_torchs_output_and_gradients(bias, rows):
         torch.testing.assert_close(ours.bias.grad, reference.bias.grad, rtol=1e-5, atol=1e-4)
     with torch.inference_mode():  # generation's path: no autograd
         torch.testing.assert_close(ours(x.detach()), reference(x.detach()), rtol=1e-5, atol=1e-5)
+    # 3 x 300 rows x 96 x 200 is past MIN_WORK: forward, both gradients and inference on oneDNN; the small ones not
+    assert len(calls) == (4 if rows == 300 else 0)
 
 
 def test_the_whole_model_and_lora_train_as_with_torchs_kernel(tiny_model_dir, monkeypatch):

@@ -37,12 +37,15 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def _pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x @ weight^T + bias goes to oneDNN: dense fp32 CPU tensors and at least MIN_WORK multiply-adds."""
+    return x.numel() * weight.shape[0] >= MIN_WORK and _plain(x) and _plain(weight) and _plain(bias)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` without autograd, on oneDNN where it pays (fp32 CPU tensors, at least
     MIN_WORK): for code that computes its own gradients (the output layer's blocked log-probs)."""
-    if x.numel() * weight.shape[0] < MIN_WORK or not (_plain(x) and _plain(weight) and _plain(bias)):
-        return F.linear(x, weight, bias)
-    return _onednn(x, weight, bias)
+    return _onednn(x, weight, bias) if _pays(x, weight, bias) else F.linear(x, weight, bias)
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -80,12 +83,12 @@ class OneDNNLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        trained = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-        if not (torch.is_grad_enabled() and trained):
-            return linear(x, weight, bias)
-        if x.numel() * weight.shape[0] < MIN_WORK or not (_plain(x) and _plain(weight) and _plain(bias)):
+        if not _pays(x, weight, bias):
             return F.linear(x, weight, bias)
-        return _LinearFunction.apply(x, weight, bias)
+        trained = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        if torch.is_grad_enabled() and trained:
+            return _LinearFunction.apply(x, weight, bias)
+        return _onednn(x, weight, bias)
 
 
 def use_onednn_linear(model: torch.nn.Module) -> int:

@@ -80,6 +80,6 @@ def load_model(name: str, device: torch.device, dtype: str = "float32", cpu_line
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
     model = model.to(device)
-    if device.type == "cpu" and dtype == "float32" and cpu_linear == "onednn":
-        use_onednn_linear(model)
+    if cpu_linear == "onednn":
+        use_onednn_linear(model)  # the fp32 CPU layers only: on CUDA or in bf16 none is switched
     return model

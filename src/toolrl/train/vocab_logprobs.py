@@ -42,21 +42,21 @@ class VocabBlocks:
 DEFAULT_BLOCKS = VocabBlocks()
 
 
-def _block_logits(hidden, weight, bias, temperature, onednn):
-    logits = (kernels.linear if onednn else torch.nn.functional.linear)(hidden, weight, bias).float()
+def _block_logits(hidden, weight, bias, temperature, product):
+    logits = product(hidden, weight, bias).float()
     return logits / temperature if temperature > 0 else logits
 
 
 class _TargetLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, block, keep_bytes, onednn):
+    def forward(ctx, hidden, weight, bias, targets, temperature, block, keep_bytes, product):
         rows = hidden.shape[0]
         out = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         kept: list[torch.Tensor | None] = []
         for start in range(0, rows, block):
             end = min(start + block, rows)
-            logp = _block_logits(hidden[start:end], weight, bias, temperature, onednn)
+            logp = _block_logits(hidden[start:end], weight, bias, temperature, product)
             logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))  # log-probs, in place
             out[start:end] = logp.gather(1, targets[start:end, None]).squeeze(1)
             probs = logp.exp()
@@ -66,14 +66,14 @@ class _TargetLogprobs(torch.autograd.Function):
             kept.append(probs if size <= keep_bytes else None)
             keep_bytes -= size if kept[-1] is not None else 0
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.block, ctx.kept, ctx.onednn = temperature, block, kept, onednn
+        ctx.temperature, ctx.block, ctx.kept, ctx.product = temperature, block, kept, product
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy):
         hidden, weight, bias, targets = ctx.saved_tensors
-        temperature, block, kept, onednn = ctx.temperature, ctx.block, ctx.kept, ctx.onednn
+        temperature, block, kept, product = ctx.temperature, ctx.block, ctx.kept, ctx.product
         scale = 1.0 / temperature if temperature > 0 else 1.0
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -84,13 +84,12 @@ class _TargetLogprobs(torch.autograd.Function):
             g = grad_out[start:end].float()
             probs = kept[index]
             if probs is None:
-                probs = torch.softmax(_block_logits(hidden[start:end], weight, bias, temperature, onednn), dim=-1)
+                probs = torch.softmax(_block_logits(hidden[start:end], weight, bias, temperature, product), dim=-1)
             grad = probs * (-g * scale)[:, None]  # d/dlogits of g * log p(y): g * (onehot(y) - softmax) / T
             grad.scatter_add_(1, targets[start:end, None], (g * scale)[:, None])
             kept[index] = probs = None  # each block's softmax is freed as soon as it is used
             if need_hidden:
-                g_w = grad.to(weight.dtype)
-                grad_hidden[start:end] = kernels.linear(g_w, weight.t()) if onednn else g_w @ weight
+                grad_hidden[start:end] = product(grad.to(weight.dtype), weight.t(), None)  # grad @ weight
             if need_weight:  # accumulated in fp32 over the blocks
                 grad_weight.addmm_(grad.T, hidden[start:end].float())
             if need_bias:
@@ -120,5 +119,6 @@ def target_logprobs(
     `hidden` and the head's weight and bias; between the passes it keeps at most `keep_mb` of softmax blocks
     (the others are recomputed). Without gradient (reference or teacher log-probs) it keeps nothing."""
     keep = int(keep_mb * 1e6) if torch.is_grad_enabled() else 0
-    onednn = isinstance(head, kernels.OneDNNLinear)  # the model's kernels (model.cpu_linear)
-    return _TargetLogprobs.apply(hidden, head.weight, head.bias, targets, temperature, block, keep, onednn)
+    # the products on the model's kernels (model.cpu_linear)
+    product = kernels.linear if isinstance(head, kernels.OneDNNLinear) else torch.nn.functional.linear
+    return _TargetLogprobs.apply(hidden, head.weight, head.bias, targets, temperature, block, keep, product)
