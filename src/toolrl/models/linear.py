@@ -2,8 +2,8 @@
 `torch.nn.functional.linear` calls (MKL in the pip CPU build).
 
 MKL picks its fast code paths by CPU vendor: on the AMD EPYC this project measures on (2 threads) it ran a
-16 x 576 x 1536 product at 133 GFLOP/s where oneDNN ran it at 262, and a training step's 4096-row products at
-233 against 497 (bench/linear_kernels.py). The same arithmetic in another order: results agree to fp32
+16 x 576 x 1536 product at 126 GFLOP/s where oneDNN ran it at 255, and a training step's 4096-row products at
+225 against 494 (bench/linear_kernels.py). The same arithmetic in another order: results agree to fp32
 rounding (a loss to 2e-6, gradients to 6e-6 relative). Small products keep torch's kernel, where oneDNN's fixed
 cost per call is larger than the work (a decode step of one sequence through a 576 x 192 projection).
 
