@@ -195,6 +195,49 @@ def test_a_local_simulated_user_answers_the_users_that_ask_together_in_one_batch
     assert all(s.tokens == 13 and not s.ended for s in said)
 
 
+def test_a_user_who_asks_while_a_batch_is_being_answered_is_answered_in_the_next_one():
+    """The hang a files-simulated run met: a conversation that reached its user turn while the local user model
+    was answering a batch waited for another ask to flush it; when every other conversation was waiting too,
+    none came and the evaluation stopped for good."""
+    import threading
+
+    from toolrl.envs.users import Scenario, SimulatedUser, Transcript
+    from toolrl.tools.model import Completion
+
+    answering = threading.Event()
+    go_on = threading.Event()
+
+    class Slow:
+        def __init__(self):
+            self.batches = []
+
+        def complete(self, messages):
+            raise AssertionError("asked one by one")
+
+        def complete_batch(self, conversations, seeds=None):
+            self.batches.append(len(conversations))
+            answering.set()
+            go_on.wait(10)
+            return [Completion(f"reply {len(self.batches)}", 1, 1) for _ in conversations]
+
+    model = Slow()
+    user = SimulatedUser(model)
+
+    def ask(i: int):
+        return user.respond(Scenario("Ask for b."), Transcript([("user", "a"), ("assistant", f"said {i}")]))
+
+    async def late_user():
+        first = asyncio.ensure_future(ask(0))
+        await asyncio.to_thread(answering.wait, 10)  # the first batch is being answered
+        second = asyncio.ensure_future(ask(1))
+        await asyncio.sleep(0.05)
+        go_on.set()
+        return await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
+
+    said = asyncio.run(late_user())
+    assert [s.text for s in said] == ["reply 1", "reply 2"] and model.batches == [1, 1]
+
+
 def test_a_sampling_simulated_user_gets_a_seed_per_message_from_the_episode(chat):
     """Each user message has its own named stream (seeds.py: the episode's "user", k): a rerun (a resumed run)
     sends the same seeds, another rollout seed others, and a greedy user model none."""

@@ -130,7 +130,9 @@ class ScriptedUser(User):
 class _Batcher:
     """Gathers the conversations that arrive together (within `window_s`) into one call of a
     `complete_batch(conversations, seeds)` function, run in a thread: a local model answers a group's users in
-    one generate, not one by one."""
+    one generate, not one by one. One flush task runs while anything is pending: conversations that arrive
+    while a batch is being answered go in the next batch (they had waited for a later ask to flush them, and
+    when none came, forever)."""
 
     def __init__(self, batch: Callable[..., list[Completion]], window_s: float = 0.01):
         self.batch, self.window_s = batch, window_s
@@ -145,18 +147,24 @@ class _Batcher:
         return await future
 
     async def _flush(self) -> None:
-        await asyncio.sleep(self.window_s)
-        batch, self.pending = self.pending, []
+        while self.pending:
+            await asyncio.sleep(self.window_s)
+            batch, self.pending = self.pending, []
+            await self._answer(batch)
+
+    async def _answer(self, batch: list[tuple[list[dict[str, str]], int | None, asyncio.Future]]) -> None:
         conversations, seeds = [m for m, _, _ in batch], [s for _, s, _ in batch]
         try:
             given = any(seed is not None for seed in seeds)
             replies = await asyncio.to_thread(self.batch, conversations, seeds if given else None)
         except Exception as exc:  # every user of the batch failed: each trajectory ends as user_failed
             for _, _, future in batch:
-                future.set_exception(exc)
+                if not future.done():
+                    future.set_exception(exc)
         else:
             for (_, _, future), reply in zip(batch, replies, strict=True):
-                future.set_result(reply)
+                if not future.done():  # its conversation was cancelled meanwhile
+                    future.set_result(reply)
 
 
 class SimulatedUser(User):
