@@ -116,7 +116,9 @@ def test_a_new_run_is_refused_a_folder_that_holds_a_run_and_the_old_run_is_kept(
     assert RunDir.create(load_config(overrides=overrides)).path == old
 
 
-@pytest.mark.parametrize("name", ["../escaped", "{tmp}/absolute", "a/b", "..", ".", ".hidden", "x" * 101, "a\nb"])
+@pytest.mark.parametrize(
+    "name", ["../escaped", "{tmp}/absolute", "a/b", "..", ".", ".hidden", "x" * 101, "a\nb", "trailing\n"]
+)
 def test_a_run_name_that_is_not_one_folder_name_is_refused_and_nothing_is_written(name, tmp_path, monkeypatch, capsys):
     """run_name comes from a config file (someone else's, a recipe, a run directory's config.yaml): a path in it
     would put the run, its checkpoints and its logs outside output_dir, over whatever is there."""

@@ -199,7 +199,7 @@ def test_policies_from_the_file_layer_over_the_default(tmp_path):
         ),
         ({"a": {"http": {"x": {"url": "http://h", "methd": "GET"}}}}, "known keys here: url, method, description"),
         ({"a": {"http": {"x": {"url": "http://h", "parameters": {"type": 5}}}}}, "a.http.x.parameters: a.x: not a"),
-        ({"a": {"model": {"model": "m"}}}, "mcpServers.a.model needs exactly one of base_url"),
+        ({"a": {"model": {"model": "m"}}}, "mcpServers.a.model: needs exactly one of base_url"),
         ({"a": {"model": {"base_url": "http://h/v1"}}}, "model (the served model's name) is required"),
         ({"a": {"agent": "tests.fixtures.pytools:Notes"}}, "must be an async function"),
         ({"a": {"url": "http://h/mcp", "transport": "ws"}}, "mcpServers.a.transport must be one of"),

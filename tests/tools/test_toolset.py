@@ -79,7 +79,7 @@ def test_a_server_that_is_down_is_reported_and_the_others_load(tmp_path):
             {"mcpServers": {"a": {"comand": "x"}}},
             "unknown key 'mcpServers.a.comand' (did you mean 'command'?); known keys here: command",
         ),
-        ({"mcpServers": {"a": {"command": "x", "url": "http://h"}}}, "mcpServers.a needs exactly one of command"),
+        ({"mcpServers": {"a": {"command": "x", "url": "http://h"}}}, "mcpServers.a: needs exactly one of command"),
         ({"mcpServers": {"a": {"python": "no_such_module:f"}}}, "mcpServers.a.python: cannot import"),
         ({"mcpServers": {"a": {"python": "os.path"}}}, "must look like package.module:function"),
         ({"servers": {}}, "unknown key 'servers'"),

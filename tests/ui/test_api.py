@@ -164,7 +164,9 @@ def test_validation_gives_the_cli_one_line_errors_and_refuses_plugins(client):
     good = client.post("/api/validate", json={"config": "train:\n  steps: 3\n", "recipe": "default"}, headers=POST)
     assert good.json() == {"ok": True, "steps": 3, "env": "calculator"}
     named = client.post("/api/launch", json={"config": "", "name": "../x"}, headers=POST)
-    assert named.status_code == 400 and "run name" in named.json()["error"]
+    assert named.status_code == 400 and "run name: '../x' is not one folder name" in named.json()["error"]
+    trailing = client.post("/api/launch", json={"config": "", "name": "x\n"}, headers=POST)
+    assert trailing.status_code == 400 and "not one folder name" in trailing.json()["error"]
     taken = client.post("/api/launch", json={"config": "", "name": "done"}, headers=POST)
     assert taken.status_code == 400 and "exists" in taken.json()["error"]
 

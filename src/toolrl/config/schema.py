@@ -8,8 +8,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-"""A run's name: one folder name under output_dir (never '.', '..', a path or hidden)."""
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""A run's name: one folder name under output_dir (never '.', '..', a path or hidden), matched whole (fullmatch:
+with ^...$, a trailing newline got through)."""
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run's folder (one folder name inside output_dir), or None."""
+    if RUN_NAME.fullmatch(name):
+        return None
+    return (f"{name[:60]!r} is not one folder name: use letters, digits, '.', '_' or '-' (up to 100, starting with "
+            "a letter or digit)")  # fmt: skip
 
 
 class Section(BaseModel):
@@ -387,11 +396,9 @@ class RunConfig(Section):
     @classmethod
     def _one_folder_name(cls, name: str | None) -> str | None:
         # a config names its run's folder: `/etc`, `../x` or `a/b` would put the run outside output_dir
-        if name is not None and not RUN_NAME.match(name):
-            raise ValueError(
-                f"{name[:60]!r} is not one folder name: use letters, digits, '.', '_' or '-' "
-                "(up to 100, starting with a letter or digit); output_dir says where runs go"
-            )
+        problem = None if name is None else run_name_problem(name)
+        if problem:
+            raise ValueError(f"{problem}; output_dir says where runs go")
         return name
 
     @property

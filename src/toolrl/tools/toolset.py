@@ -332,8 +332,6 @@ def read_tool_file(path: Path) -> ToolsFile:
         errors = exc.errors()
         error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains the rest
         key = ".".join(str(p) for p in error["loc"])
-        if error["type"] == "value_error":
-            raise ConfigError(f"{path}: {key} {error['msg'].removeprefix('Value error, ')}") from None
         if error["type"] == "extra_forbidden":
             known = _known_keys(error["loc"])
             guess = did_you_mean(error["loc"][-1], known.split(", "))

@@ -21,7 +21,7 @@ from typing import Any
 
 from toolrl.config.loader import config_data, default_config_text
 from toolrl.config.resolve import resolve_data
-from toolrl.config.schema import RUN_NAME
+from toolrl.config.schema import run_name_problem
 from toolrl.errors import ConfigError
 from toolrl.runs.rundir import STOP_FILE, RunDir, run_process
 from toolrl.runs.trust import code_to_run, foreign
@@ -94,8 +94,9 @@ class Launcher:
             )  # fmt: skip
 
     def start(self, name: str, text: str, base: str | None) -> dict[str, Any]:
-        if not RUN_NAME.match(name):
-            raise ConfigError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (at most 100)")
+        problem = run_name_problem(name)
+        if problem:
+            raise ConfigError(f"run name: {problem}")
         validate(text, base)
         with self._lock(name):
             if (self.root / name).exists():
