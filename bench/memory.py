@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -156,10 +157,13 @@ def full_run(recipe: str, tmp: Path, overrides: list[str], interval: float = 0.0
     child = subprocess.Popen([sys.executable, "-m", "toolrl", "train", recipe, *args],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     proc, samples, done = psutil.Process(child.pid), [], threading.Event()
+    loads = [os.getloadavg()[0]]  # other work on the machine stretches the wall time (not the memory): recorded
 
     def sample():
         while not done.is_set():
             samples.append((time.perf_counter() - started, tree_rss_gb(proc)))
+            if len(samples) % 250 == 0:  # every 5 s
+                loads.append(os.getloadavg()[0])
             done.wait(interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -192,6 +196,7 @@ def full_run(recipe: str, tmp: Path, overrides: list[str], interval: float = 0.0
         "revision": revision + (" with uncommitted changes" if dirty else ""),
         "overrides": overrides,
         "wall_s": round(wall, 1),
+        "load_avg_max": round(max(loads), 2),
         "peak_sampled_gb": round(peak, 3),
         "peak_in_process_gb": own["peak_gb"],
         "phases_peak_gb": own["phases_peak_gb"],

@@ -81,6 +81,15 @@ def readme_block() -> str:
     return "\n".join(lines)
 
 
+def busy_note(run: dict) -> str:
+    """Where other work shared the machine (a 1-minute load average above the run's own threads): the wall
+    time is stretched, the memory is not."""
+    load, cores = run.get("load_avg_max"), dig(run, "machine", "cores", default=0)
+    if load is None or not cores or load <= cores + 1:
+        return ""
+    return f" (other work shared the machine, load average up to {load:.1f} on {cores} cores: a longer wall time)"
+
+
 def memory_tables(memory: dict) -> list[str]:
     out = []
     full = dig(memory, "full_runs", "demo_full", default={})
@@ -89,7 +98,7 @@ def memory_tables(memory: dict) -> list[str]:
             f"`make demo` end to end (`python bench/memory.py --full`: `toolrl train recipes/calculator-zero.yaml`, "
             f"a sampler of the process tree every 20 ms and the run's own per-phase meter): peak "
             f"**{full['peak_gb']:.2f} GB** (sampled {full['peak_sampled_gb']:.2f}, in process "
-            f"{full['peak_in_process_gb']:.2f}), {full['wall_s']:.0f} s wall.",
+            f"{full['peak_in_process_gb']:.2f}), {full['wall_s']:.0f} s wall{busy_note(full)}.",
             "",
             "| phase | peak GB |",
             "|---|---:|",

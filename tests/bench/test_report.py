@@ -47,3 +47,13 @@ def test_a_document_without_the_markers_is_a_one_line_error(tmp_path):
     except SystemExit as exc:
         message = str(exc)
     assert "\n" not in message and str(doc) in message and "<!-- speed and memory" in message
+
+
+def test_a_full_run_measured_beside_other_work_says_so_beside_its_wall_time():
+    report = load_report()
+    run = {"peak_gb": 3.7, "peak_sampled_gb": 3.69, "peak_in_process_gb": 3.7, "wall_s": 595.0,
+           "phases_peak_gb": {"update": 3.5}, "machine": {"cores": 2}}  # fmt: skip
+    quiet = "\n".join(report.memory_tables({"full_runs": {"demo_full": {**run, "load_avg_max": 2.4}}}))
+    assert "595 s wall." in quiet and "other work" not in quiet
+    busy = "\n".join(report.memory_tables({"full_runs": {"demo_full": {**run, "load_avg_max": 4.6}}}))
+    assert "595 s wall (other work shared the machine, load average up to 4.6 on 2 cores" in busy
