@@ -286,6 +286,7 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
         "phase_peaks_gb": {"rollout": rollout_peak, "update": update_peak, "eval": eval_peak},
         "rss_after_update_gb": round(after_update, 3),
         "update_s": round(update_s, 1),
+        "load_avg": round(os.getloadavg()[0], 2),  # the machine's other work stretches update_s, not the memory
         "micro_batch_tokens": config.train.micro_batch_tokens,
         "rss_settled_gb": round(settled, 3),
         "live_after_step_gb": round(live, 3),

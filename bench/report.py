@@ -130,7 +130,9 @@ def memory_tables(memory: dict) -> list[str]:
                                     ("evaluation peak", ("phase_peaks_gb", "eval"), "{:.2f}"),
                                     ("train.micro_batch_tokens", ("micro_batch_tokens",), "{}"),
                                     ("trained tokens in the update", ("trained_tokens",), "{}"),
-                                    ("update time, s", ("update_s",), "{:.1f}")):  # fmt: skip
+                                    ("update time, s", ("update_s",), "{:.1f}"),
+                                    ("1-minute load average (other work stretches the time)", ("load_avg",),
+                                     "{:.1f}")):  # fmt: skip
             cells = " | ".join(fmt(dig(c, *key), pattern) for c in columns.values())
             out.append(f"| {label} | {cells} |")
         out.append("")

@@ -21,7 +21,7 @@ from typing import Any
 
 from toolrl.config.loader import config_data, default_config_text
 from toolrl.config.resolve import resolve_data
-from toolrl.config.schema import run_name_problem
+from toolrl.config.run_name import run_name_problem
 from toolrl.errors import ConfigError
 from toolrl.runs.rundir import STOP_FILE, RunDir, run_process
 from toolrl.runs.trust import code_to_run, foreign
