@@ -46,7 +46,11 @@ def built_env(path, *overrides, parser=None):
 
 
 def play(env, chat, tasks, idle=False, seed=None, first=0):
-    rollout = Rollout(env, None, chat, env.syntax, ToolExecutor(env.tools()), RolloutLimits(8, 256, 4000, 200))
+    # Each call of a built tool runs its code in a fresh sandbox process; 80 trajectories' calls at once on a
+    # loaded 2-core machine took 4-10 s each, and the default 10 s timeout failed reference calls. What these
+    # tests check is the scoring, not the latency: a timeout no shared CI machine reaches.
+    executor = ToolExecutor(env.tools(), timeout_s=300.0)
+    rollout = Rollout(env, None, chat, env.syntax, executor, RolloutLimits(8, 256, 4000, 200))
     rollout.engine = scripted_engine("idle" if idle else "reference", chat, env.syntax, env)
     return rollout.run(tasks, seed, first)
 

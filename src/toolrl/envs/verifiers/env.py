@@ -46,6 +46,8 @@ from toolrl.text import clip
 log = logging.getLogger(__name__)
 
 BRIDGE = Path(__file__).with_name("bridge.py")
+CLOSE_GRACE_S = 30.0
+"""How long the bridge has to exit once its input closes before it is killed (a loaded machine has taken over 10 s)."""
 
 
 class VerifiersOptions(EnvOptions):
@@ -185,7 +187,7 @@ class Bridge:
         if self.alive:
             self.process.stdin.close()
             try:
-                self.process.wait(10)
+                self.process.wait(CLOSE_GRACE_S)
             except subprocess.TimeoutExpired:
                 self.process.kill()
 
