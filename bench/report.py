@@ -108,9 +108,10 @@ def memory_tables(memory: dict) -> list[str]:
     before = dig(memory, "full_runs", "demo_full_before", default={})
     if before and full:
         out += [f"Before issue 34's changes (the same command at {before.get('revision', 'the previous commit')}, "
-                f"the same machine, run just before): peak {before['peak_gb']:.2f} GB, {before['wall_s']:.0f} s "
+                f"the same machine): peak {before['peak_gb']:.2f} GB, {before['wall_s']:.0f} s "
                 f"wall; after / before: memory {full['peak_gb'] / before['peak_gb']:.2f}x, wall time "
-                f"{full['wall_s'] / before['wall_s']:.2f}x.", ""]  # fmt: skip
+                + (f"{full['wall_s'] / before['wall_s']:.2f}x." if not busy_note(full) else
+                   "not compared (the run above shared the machine)."), ""]  # fmt: skip
     columns = memory.get("breakdown", {})
     if columns:
         first = next(iter(columns.values()))

@@ -57,3 +57,8 @@ def test_a_full_run_measured_beside_other_work_says_so_beside_its_wall_time():
     assert "595 s wall." in quiet and "other work" not in quiet
     busy = "\n".join(report.memory_tables({"full_runs": {"demo_full": {**run, "load_avg_max": 4.6}}}))
     assert "595 s wall (other work shared the machine, load average up to 4.6 on 2 cores" in busy
+    before = {"peak_gb": 4.4, "wall_s": 150.0, "revision": "abc"}
+    both = {"full_runs": {"demo_full": {**run, "load_avg_max": 4.6}, "demo_full_before": before}}
+    assert "wall time not compared" in "\n".join(report.memory_tables(both))
+    both["full_runs"]["demo_full"]["load_avg_max"] = 2.0
+    assert "wall time 3.97x" in "\n".join(report.memory_tables(both))
