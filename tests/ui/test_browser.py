@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -433,8 +434,26 @@ def test_launch_follow_stop_and_resume_a_run(site):
     stopped_at = run.read_status()["step"]
     assert run.pointed("last").name == f"step-{stopped_at:06d}" and stopped_at < 150
     shot(site, "launch")
+    pid, deadline = run.read_status()["pid"], time.monotonic() + 300
+    while _alive(pid) and time.monotonic() < deadline:  # "stopped" is written before the process exits
+        time.sleep(0.5)
     page.click("#follow-resume")
     # the resumed run's remaining steps: a generous wait, for a shared CI machine under load
     page.wait_for_selector("#follow-state.state-finished", timeout=600_000)
     steps = [m["step"] for m in run.read_metrics() if "eval" not in m]
     assert steps == list(range(1, 151))  # every step once, across the stop
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (an exited child the server has not reaped yet is a zombie: not running)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.parent.parent.exists():
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

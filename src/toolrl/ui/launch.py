@@ -115,8 +115,10 @@ class Launcher:
         run = resolve_run(self.root, name)
         with self._lock(name):  # two clicks cannot start two processes on one run
             process = self.processes.get(name)
-            if run_state(run) == "running" or (process is not None and process.poll() is None):
+            if run_state(run) == "running":
                 raise ConfigError(f"{name}: the run is still running; stop it first")
+            if process is not None and process.poll() is None:  # stopped, its process still writing its last files
+                raise ConfigError(f"{name}: its process (pid {process.pid}) is still running; resume it in a moment")
             if not (run / "last").is_symlink():
                 raise ConfigError(f"{name}: no checkpoint to resume from (train.save_every writes them)")
             starts = code_to_run(config_data((run / "config.yaml").read_text(), f"{name}/config.yaml"))
