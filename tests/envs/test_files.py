@@ -165,22 +165,27 @@ def test_tasks_from_a_file_are_honoured_or_refused_naming_the_field(tmp_path, ch
         files_env(f"env.test_file={tmp_path / 'bad.jsonl'}").tasks("test")
 
 
+class LocalUserModel:
+    """A local user model: it answers in batches only, recording each batch's size; `reply(i, batch)` makes the
+    i-th answer of the batch-th batch, after `first()` (what the model does before it answers)."""
+
+    def __init__(self, reply, first=lambda: None):
+        self.batches, self.reply, self.first = [], reply, first
+
+    def complete(self, messages):
+        raise AssertionError("asked one by one")
+
+    def complete_batch(self, conversations, seeds=None):
+        self.batches.append(len(conversations))
+        self.first()
+        return [self.reply(i, len(self.batches)) for i in range(len(conversations))]
+
+
 def test_a_local_simulated_user_answers_the_users_that_ask_together_in_one_batch():
     from toolrl.envs.users import Scenario, SimulatedUser, Transcript
     from toolrl.tools.model import Completion
 
-    class Local:
-        def __init__(self):
-            self.batches = []
-
-        def complete(self, messages):
-            raise AssertionError("asked one by one")
-
-        def complete_batch(self, conversations, seeds=None):
-            self.batches.append(len(conversations))
-            return [Completion(f"reply {i}", 10, 3) for i in range(len(conversations))]
-
-    model = Local()
+    model = LocalUserModel(lambda i, batch: Completion(f"reply {i}", 10, 3))
     user = SimulatedUser(model)
 
     async def three_users():
@@ -207,20 +212,11 @@ def test_a_user_who_asks_while_a_batch_is_being_answered_is_answered_in_the_next
     answering = threading.Event()
     go_on = threading.Event()
 
-    class Slow:
-        def __init__(self):
-            self.batches = []
+    def slowly():  # the batch is being answered until the test lets it go on
+        answering.set()
+        go_on.wait(10)
 
-        def complete(self, messages):
-            raise AssertionError("asked one by one")
-
-        def complete_batch(self, conversations, seeds=None):
-            self.batches.append(len(conversations))
-            answering.set()
-            go_on.wait(10)
-            return [Completion(f"reply {len(self.batches)}", 1, 1) for _ in conversations]
-
-    model = Slow()
+    model = LocalUserModel(lambda i, batch: Completion(f"reply {batch}", 1, 1), first=slowly)
     user = SimulatedUser(model)
 
     def ask(i: int):
