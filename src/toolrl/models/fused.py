@@ -23,7 +23,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from toolrl.models.linear import linear
+from toolrl.models.linear import OneDNNLinear, linear
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +147,7 @@ class FusedMLP:
         return down(_silu_mul(gate, up))
 
 
-def _plain_forwards() -> tuple:
-    from toolrl.models.linear import OneDNNLinear
-
-    return (torch.nn.Linear.forward, OneDNNLinear.forward)
-
-
-_PLAIN_FORWARDS = _plain_forwards()
+_PLAIN_FORWARDS = (torch.nn.Linear.forward, OneDNNLinear.forward)
 _SUBCLASSES: dict[type, type] = {}
 
 
