@@ -2,9 +2,10 @@
 
 Side by side in one run, alternating, the best of `--repeats` each: (1) the products of one layer at the shapes a
 decode step and a training step give it (rows x in x out), (2) the whole default model: an inference forward of
-8 x 64 tokens, a decode step of 32 sequences after a 405-token prompt (the engine's, with its cache), and a
-training forward + backward of 8 x 256 tokens. Results agree to fp32 rounding (the largest differences are
-printed). Prints a table and writes bench/results/linear_kernels.json.
+8 x 64 tokens, a decode step of 32 sequences after a 405-token prompt (the engine's, with its cache; on oneDNN
+with the engine's packed weights and without them), and a training forward + backward of 8 x 256 tokens.
+Results agree to fp32 rounding (the largest differences are printed). Prints a table and writes
+bench/results/linear_kernels.json.
 """
 
 from __future__ import annotations
@@ -64,12 +65,12 @@ def products(repeats: int) -> list[dict]:
     return rows
 
 
-def decode_step_s(model, prompt: list[int], batch: int, tokens: int) -> float:
+def decode_step_s(model, prompt: list[int], batch: int, tokens: int, pack: bool = True) -> float:
     """Seconds per decode step of `batch` sequences (the HF engine, temperature 1): a run of `tokens` new
     tokens minus a run of one, over tokens - 1."""
     from toolrl.rollout import HFEngine, SamplingParams
 
-    engine = HFEngine(model, [], 0, torch.device("cpu"))
+    engine = HFEngine(model, [], 0, torch.device("cpu"), pack_weights=pack)
 
     def run(n: int, tag: str) -> float:
         async def go():
@@ -105,7 +106,7 @@ def whole_model(repeats: int) -> dict:
         return loss.item()
 
     seen = {kernel: {"forward_s": [], "decode_step_s": [], "train_step_s": []} for kernel in ("torch", "onednn")}
-    outputs = {}
+    outputs, unpacked = {}, []
     for round_ in range(repeats):
         for kernel in ("torch", "onednn") if round_ % 2 == 0 else ("onednn", "torch"):
             (use_onednn_linear if kernel == "onednn" else use_torch_linear)(model)
@@ -114,6 +115,8 @@ def whole_model(repeats: int) -> dict:
             logits = forward()
             seen[kernel]["forward_s"].append(time.perf_counter() - started)
             seen[kernel]["decode_step_s"].append(decode_step_s(model, prompt, 32, 9))
+            if kernel == "onednn":
+                unpacked.append(decode_step_s(model, prompt, 32, 9, pack=False))
             model.train()
             started = time.perf_counter()
             loss = train_step()
@@ -126,6 +129,8 @@ def whole_model(repeats: int) -> dict:
         kernel: {k: round(min(v), 3) for k, v in times.items()} for kernel, times in seen.items()
     }  # fmt: skip
     result["torch_vs_onednn"] = {k: round(result["torch"][k] / result["onednn"][k], 2) for k in result["torch"]}
+    result["onednn_unpacked_decode_step_s"] = round(min(unpacked), 3)
+    result["packed_vs_unpacked_decode"] = round(min(unpacked) / result["onednn"]["decode_step_s"], 2)
     result["logits_max_abs_diff"] = (l0 - l1).abs().max().item()
     result["loss_abs_diff"] = abs(loss0 - loss1)
     result["grad_relative_diff"] = ((g0 - g1).norm() / g0.norm()).item()
@@ -145,6 +150,8 @@ def main() -> None:
                        ("decode_step_s", "decode step, 32 sequences after 405 tokens"),
                        ("train_step_s", "training forward + backward, 8 x 256 tokens")]:  # fmt: skip
         print(f"| {label} | {model['torch'][key]} | {model['onednn'][key]} | {model['torch_vs_onednn'][key]} |")
+    print(f"decode step on oneDNN without packed weights: {model['onednn_unpacked_decode_step_s']} s; packed "
+          f"{model['packed_vs_unpacked_decode']}x faster")  # fmt: skip
     print(f"differences: logits {model['logits_max_abs_diff']:.1e}, loss {model['loss_abs_diff']:.1e}, "
           f"gradient {model['grad_relative_diff']:.1e} relative")  # fmt: skip
     peak = matmul_peak_gflops()

@@ -16,7 +16,8 @@ phase left allocated counts in it, as it does in a real run). Workloads:
   exact peak; `demo_full_run_peak_gb` is the larger of the two.
 - `--breakdown`: where the demo's memory goes, in one process on the demo's config: the interpreter with torch
   and the tokenizer, the weights, gradients and AdamW states (their bytes), the KV cache of a training rollout
-  and of an evaluation batch (the engine's buffers), the forward activations of the largest micro-batch and the
+  and of an evaluation batch (the engine's buffers), the engine's packed copies of the linear weights while it
+  generates (models/linear.py PackedWeights), the forward activations of the largest micro-batch and the
   output layer's scores (measured peaks of those calls), and what the allocator held after a step beyond the
   live tensors (fragmentation). With `--set` overrides, for comparisons.
 Prints a table and writes bench/results/memory.json (`demo_peak_rss_gb` per phase and overall).
@@ -250,6 +251,7 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
         part = trainer.collector.roll_out(1)
     rollout_peak = meter.last["rollout"]
     train_cache = cache_gb(engine)
+    packed = engine.packed.peak_bytes / gb
     for i, traj in enumerate(part.trajs):  # every group carries signal: the update trains on every trajectory
         traj.reward = float(i % 2)
     started = time.perf_counter()
@@ -273,6 +275,7 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
         "AdamW states": 2 * trainable,
         "KV cache, training rollout (engine buffers)": train_cache,
         "KV cache, evaluation batch (engine buffers)": eval_cache,
+        "packed linear weights, while generating": packed,
         "forward activations, largest micro-batch": peaks.get("activations", 0.0),
         "output layer scores (largest micro-batch)": peaks.get("output_layer", 0.0),
         "allocator: held after the step beyond live tensors": max(

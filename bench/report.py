@@ -270,6 +270,10 @@ def kernels_table(kernels: dict) -> list[str]:
     for key, label in labels.items():
         out.append(f"| {label} | {model['torch'][key]:.3f} | {model['onednn'][key]:.3f} | "
                    f"{model['torch_vs_onednn'][key]:.2f}x |")  # fmt: skip
+    if "onednn_unpacked_decode_step_s" in model:
+        out.append(f"| decode step as above, oneDNN without the engine's packed weights | | "
+                   f"{model['onednn_unpacked_decode_step_s']:.3f} | packed {model['packed_vs_unpacked_decode']:.2f}x "
+                   "faster |")  # fmt: skip
     out += ["", f"Largest differences: logits {model['logits_max_abs_diff']:.1e}, loss {model['loss_abs_diff']:.1e}, "
             f"a layer's gradient {model['grad_relative_diff']:.1e} relative.", ""]  # fmt: skip
     return out

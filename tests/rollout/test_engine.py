@@ -160,3 +160,34 @@ def test_a_seeded_sequence_samples_the_same_alone_or_batched(tiny_model, tokeniz
 
     alone = asyncio.run(make_engine(tiny_model, tokenizer, seed=9).generate("s", prompt, seeded))
     assert asyncio.run(batched()).ids == alone.ids
+
+
+def test_slots_hold_only_what_follows_the_shared_prefix_and_get_it_written_when_read_without_it(tiny_model, tokenizer):
+    """A group's prefix is held once, not per slot; every later case that needs it in a slot still gives the
+    full forward's log-probs: a late sequence sharing part of it, a decode step beside a sequence that does not
+    share it (the prefix is written into the slots), and a newer shared prefix taking its place."""
+    engine = make_engine(tiny_model, tokenizer)
+    prefix = list(range(1000, 1300))
+    contexts = {i: prefix + [2000 + i] * (i + 1) for i in range(4)}
+
+    async def turn(seqs, max_new_tokens=3):
+        params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+        outs = await asyncio.gather(*(engine.generate(s, contexts[s], params) for s in seqs))
+        for seq, out in zip(seqs, outs, strict=True):
+            expect = expected_logprobs(tiny_model, contexts[seq], out.ids, 1.0)
+            assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4), seq
+            contexts[seq] = contexts[seq] + out.ids + [3000, 3001]  # a tool's observation
+
+    asyncio.run(turn([0, 1, 2, 3]))
+    assert all(engine.slots[i].shared for i in range(4)) and len(engine.shared) >= len(prefix)
+    assert engine.cache.capacity < len(prefix)  # 4 slots, none holding the 300 shared positions
+    contexts["part"] = prefix[:100] + [5, 6, 7]  # shares only part of it: copied from the shared keys
+    asyncio.run(turn(["part"]))
+    assert not engine.slots["part"].shared and engine.stats["prefix_writes"] == 0
+    contexts["other"] = list(range(4000, 4040))  # shares nothing: decoded beside 0 and 1, which get it written
+    asyncio.run(turn([0, 1, "other"]))
+    assert engine.stats["prefix_writes"] == 2 and engine.slots[2].shared and not engine.slots[0].shared
+    contexts |= {"new0": list(range(6000, 6050)) + [1], "new1": list(range(6000, 6050)) + [2]}
+    asyncio.run(turn(["new0", "new1"]))  # a newer shared prefix: 2 and 3 get the old one written first
+    assert engine.stats["prefix_writes"] == 4 and engine.slots["new0"].shared and not engine.slots[3].shared
+    asyncio.run(turn([0, 1, 2, 3, "part", "other", "new0", "new1"]))

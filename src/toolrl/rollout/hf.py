@@ -7,8 +7,10 @@ that are away running tools simply sit in their slots; when their request arrive
 
 Shared prompt prefixes are computed once: fresh sequences that start alike get the prefix from one forward
 pass, and a sequence that starts like one already cached copies that slot's keys and values. They are also
-read once per step: while every fed sequence starts with the prefix computed once, attention reads its keys
-and values once for the whole batch (`cascade.py`) and each slot only past it.
+read once per step and held once: while every fed sequence starts with the prefix computed once, attention
+reads its keys and values once for the whole batch (`cascade.py`) and each slot holds only what comes after it
+(a slot is written the prefix only when it must be read without it: beside a sequence that does not share it,
+or when a newer prefix takes its place).
 
 The model runs in one worker thread so the event loop keeps serving tool calls while a step computes.
 """
@@ -26,6 +28,7 @@ import torch
 
 from toolrl.memory import trim
 from toolrl.models.cache_arg import cache_arg
+from toolrl.models.linear import PackedWeights
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
@@ -40,6 +43,8 @@ SETTLE_QUIET_S = 0.002
 SETTLE_MAX_S = 0.05
 """Between steps, wait for requests on their way in until 2 ms pass without one (at most 50 ms): small next
 to a decode step of a batch (about 0.25 s for 64 sequences of the default model on 2 cores)."""
+PAD_POSITION = -1
+"""The position given to a padding token of a forward pass."""
 SUBSET_DECODE = 0.5
 """Decode only the decoding slots (gathering their caches) when they are at most this share of the slots in
 use; above it, one pass over every slot in use is cheaper than the gather."""
@@ -53,7 +58,8 @@ class _Slot:
     logits: torch.Tensor | None = None
     """Next-token logits after `ids`."""
     shared: bool = False
-    """Whether `ids` start with the engine's shared prefix."""
+    """Whether `ids` start with the engine's shared prefix, which the slot then does not hold: its column c
+    holds position len(shared) + c."""
 
 
 @dataclass
@@ -87,6 +93,7 @@ class HFEngine(Engine):
         seed: int = 0,
         prefill_tokens: int = 4096,
         cascade: bool = True,
+        pack_weights: bool = True,
     ):
         self.model = model
         self.stop_ids = set(stop_ids)
@@ -97,8 +104,9 @@ class HFEngine(Engine):
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.cache: SlotCache | None = None
-        self._last_cache_size = (8, 1024)
-        """(slots, capacity) of the cache when it was last freed, the size the next one starts at."""
+        self._last_cache_size = (8, 256)
+        """(slots, capacity) of the cache when it was last freed, the size the next one starts at. Slots that read
+        the shared prefix hold only what follows it: a few hundred columns for most tool-use turns."""
         self.cascade = cascade and supports_cascade(model.config)
         """Read the shared prefix once per step (cascade attention) rather than once per sequence."""
         self.shared: SharedPrefix | None = None
@@ -112,6 +120,8 @@ class HFEngine(Engine):
         self._released: list[Hashable] = []
         self._driver: asyncio.Task | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine")
+        self.packed = PackedWeights(model if pack_weights else torch.nn.Module())
+        """The linear weights in oneDNN's layout while a rollout runs (fp32 CPU; freed with the cache)."""
 
     # ---- the async surface -------------------------------------------------------------------------------
 
@@ -135,8 +145,9 @@ class HFEngine(Engine):
         self._released.append(seq)
 
     def free_memory(self) -> None:
-        """Drop the KV cache between rollouts (two engines' caches, training's and evaluation's, kept for the
-        whole run were most of a demo run's resident memory); allocating it again costs far less than a step."""
+        """Drop the KV cache and the packed weights between rollouts (two engines' caches, training's and
+        evaluation's, kept for the whole run were most of a demo run's resident memory); making them again
+        costs far less than a rollout."""
         if self.requests or (self._driver is not None and not self._driver.done()):
             return
         self._worker.submit(self._drop_cache).result()  # the worker thread is the only one touching the cache
@@ -144,6 +155,7 @@ class HFEngine(Engine):
 
     def _drop_cache(self) -> None:
         self._free_released()
+        self.packed.clear()
         if not self.slots:
             if self.cache is not None:
                 self._last_cache_size = (self.cache.num_slots, self.cache.capacity)
@@ -205,9 +217,10 @@ class HFEngine(Engine):
             pending = self._pending(slot, request)
             if pending:
                 prefill[request.seq] = pending
-        if prefill:
-            self._prefill(prefill)
-        self._decode([r for r in batch if not r.done])
+        with self.packed.active():
+            if prefill:
+                self._prefill(prefill)
+            self._decode([r for r in batch if not r.done])
 
     def _free_released(self) -> None:
         while self._released:
@@ -232,6 +245,8 @@ class HFEngine(Engine):
         if tokens[:n] != slot.ids:  # the caller's context diverged from what is cached: start over
             slot.ids, slot.logits, slot.shared, n = [], None, False, 0
         if n == len(tokens) and slot.logits is None and n:  # asked again at the same point: re-feed the last
+            if self._offset(slot) >= n:  # the last is in the shared prefix: the slot needs it written
+                self._materialize(slot)
             slot.ids.pop()
             n -= 1
         return tokens[n:]
@@ -249,26 +264,41 @@ class HFEngine(Engine):
         self.cache.ensure(used, longest)
         return self.cache
 
+    def _offset(self, slot: _Slot) -> int:
+        """Positions of the slot's ids that it does not hold (the shared prefix it reads from elsewhere)."""
+        return len(self.shared) if slot.shared else 0
+
+    def _columns(self, slot: _Slot) -> int:
+        """Columns of the slot in use."""
+        return len(slot.ids) - self._offset(slot)
+
     def _prefill(self, pending: dict[Hashable, list[int]]) -> None:
         self._share_prefixes(pending)
         pending = {seq: ids for seq, ids in pending.items() if ids}
-        cache = self._ensure(max(len(self.slots[s].ids) + len(p) for s, p in pending.items()) + 1)
-        order = sorted(pending, key=lambda s: len(pending[s]))
+        self._ensure(max(self._columns(self.slots[s]) + len(p) for s, p in pending.items()) + 1)
+        # Rows of similar length together, at most prefill_tokens per pass; those that read the shared prefix
+        # apart from those that do not (a pass mixing them would have to write the prefix into the slots).
+        order = sorted(pending, key=lambda s: (self.slots[s].shared, len(pending[s])))
         start = 0
-        while start < len(order):  # rows of similar length together, at most prefill_tokens per pass
+        while start < len(order):
             end = start + 1
-            while end < len(order) and (end + 1 - start) * len(pending[order[end]]) <= self.prefill_tokens:
+            while (
+                end < len(order)
+                and (end + 1 - start) * len(pending[order[end]]) <= self.prefill_tokens
+                and self.slots[order[end]].shared == self.slots[order[start]].shared
+            ):
                 end += 1
             group = order[start:end]
+            shared = self._shared_by(group)
             width = len(pending[group[-1]])
             ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
-            positions = torch.full((len(group), width), cache.scratch, dtype=torch.long)
+            positions = torch.full((len(group), width), PAD_POSITION, dtype=torch.long)
             for row, seq in enumerate(group):
                 slot, new = self.slots[seq], pending[seq]
                 ids[row, width - len(new) :] = torch.tensor(new)  # left padding: the last column is real
                 positions[row, width - len(new) :] = torch.arange(len(slot.ids), len(slot.ids) + len(new))
             slots = torch.tensor([self.slots[s].index for s in group])
-            logits = self._forward(ids, positions, slots, self._shared_by(group))
+            logits = self._forward(ids, positions, slots, shared)
             self.stats["prefill_tokens"] += sum(len(pending[s]) for s in group)
             for row, seq in enumerate(group):
                 slot = self.slots[seq]
@@ -313,33 +343,57 @@ class HFEngine(Engine):
         from transformers import DynamicCache
 
         prefix = pending[group[0]][:n]
-        cache = self._ensure(max(len(pending[s]) for s in group) + 1)
         once = DynamicCache()
         prompt = torch.tensor([prefix], device=self.device)
         self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
         self.stats["prefill_tokens"] += n
         self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
-        slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
-        for layer, source in zip(cache.layers, once.layers, strict=True):
-            layer.copy_prefix((source.keys, source.values), slots)
-        if read_once:
+        if read_once:  # the group's slots hold none of it; those reading the one before get it written
             for slot in self.slots.values():
-                slot.shared = False
+                if slot.shared:
+                    self._materialize(slot)
             keys, values = zip(*((layer.keys, layer.values) for layer in once.layers), strict=True)
             self.shared = SharedPrefix(list(prefix), list(keys), list(values))
+        else:
+            cache = self._ensure(max(len(pending[s]) for s in group) + 1)
+            slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
+            for layer, source in zip(cache.layers, once.layers, strict=True):
+                layer.copy_prefix((source.keys, source.values), slots)
         for seq in group:
             self.slots[seq].ids = list(prefix)
             self.slots[seq].shared = read_once
             pending[seq] = pending[seq][n:]
 
     def _copy_slot_prefix(self, source: _Slot, target: _Slot, n: int) -> None:
-        cache = self._ensure(n + 1)
-        for layer in cache.layers:
-            if layer.is_initialized:
-                layer.keys[target.index, :, :n] = layer.keys[source.index, :, :n]
-                layer.values[target.index, :, :n] = layer.values[source.index, :, :n]
+        """Give `target` the first n ids of `source`: it reads the shared prefix too when they cover it, and
+        otherwise holds them all (from the shared prefix's keys and values where the source reads them)."""
+        offset = self._offset(source)
+        target.shared = source.shared and n >= offset
+        skip = offset if target.shared else 0
+        cache = self._ensure(n - skip + 1)
+        for index, layer in enumerate(cache.layers):
+            if not source.shared or target.shared:  # the source's columns, as they are
+                if layer.is_initialized:
+                    layer.keys[target.index, :, : n - skip] = layer.keys[source.index, :, : n - skip]
+                    layer.values[target.index, :, : n - skip] = layer.values[source.index, :, : n - skip]
+            else:  # n < offset: all n are in the shared prefix
+                keys, values = self.shared.keys[index], self.shared.values[index]
+                layer.copy_prefix((keys[:, :, :n], values[:, :, :n]), torch.tensor([target.index]))
         target.ids, target.logits = source.ids[:n], None
-        target.shared = source.shared and n >= len(self.shared)
+
+    def _materialize(self, slot: _Slot) -> None:
+        """Write the shared prefix into the slot, its own columns moved past it: the slot then holds its whole
+        context and reads it without the shared prefix."""
+        n, held = len(self.shared), self._columns(slot)
+        cache = self._ensure(len(slot.ids) + 1)
+        for layer, keys, values in zip(cache.layers, self.shared.keys, self.shared.values, strict=True):
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            for buffer, prefix in ((layer.keys, keys), (layer.values, values)):
+                buffer[slot.index, :, n : n + held] = buffer[slot.index, :, :held].clone()
+                buffer[slot.index, :, :n] = prefix[0]
+        slot.shared = False
+        self.stats["prefix_writes"] += 1
 
     def _decode(self, batch: list[_Request]) -> None:
         ready = [r for r in batch if self.slots[r.seq].logits is not None]
@@ -361,17 +415,18 @@ class HFEngine(Engine):
             self.slots[request.seq].logits = None
         if not feed:
             return
-        cache = self._ensure(max(len(self.slots[s].ids) for s in feed) + 2)
+        shared = self._shared_by(feed)
+        self._ensure(max(self._columns(self.slots[s]) for s in feed) + 2)
         used = self._slots_in_use()
         subset = len(feed) <= SUBSET_DECODE * used
         rows = {seq: row for row, seq in enumerate(feed)} if subset else {s: self.slots[s].index for s in feed}
         ids = torch.full((len(feed) if subset else used, 1), self.pad_id, dtype=torch.long)
-        positions = torch.full_like(ids, cache.scratch)
+        positions = torch.full_like(ids, PAD_POSITION)
         for seq, token in feed.items():
             ids[rows[seq], 0] = token
             positions[rows[seq], 0] = len(self.slots[seq].ids)
         slots = torch.tensor([self.slots[s].index for s in feed]) if subset else None
-        logits = self._forward(ids, positions, slots, self._shared_by(feed))
+        logits = self._forward(ids, positions, slots, shared)
         self.stats["decode_steps"] += 1
         self.stats["decoded_tokens"] += len(feed)
         for seq, token in feed.items():
@@ -380,25 +435,32 @@ class HFEngine(Engine):
             slot.logits = logits[rows[seq]]
 
     def _shared_by(self, seqs) -> SharedPrefix | None:
-        """The shared prefix, when every one of `seqs` starts with it (their new tokens all come after it)."""
+        """The shared prefix, when every one of `seqs` starts with it (their new tokens all come after it);
+        otherwise None, and those of `seqs` that read it get it written into their slots."""
         if self.shared is not None and all(self.slots[s].shared for s in seqs):
             return self.shared
+        for seq in seqs:
+            if self.slots[seq].shared:
+                self._materialize(self.slots[seq])
         return None
 
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None, shared: SharedPrefix | None
     ) -> torch.Tensor:
-        """Feed `ids` at slot `positions` (scratch = padding); return the logits after each row's last column.
-        With `shared`, attention reads the prefix from it once and each slot from the prefix's end on."""
+        """Feed `ids` at `positions` (PAD_POSITION: padding, written to the scratch column); return the logits
+        after each row's last column.
+        With `shared`, attention reads the prefix from it once, and each slot holds what comes after it: the
+        token at position p goes to column p - len(shared)."""
         cache = self.cache
         positions = positions.to(self.device)
-        real = positions != cache.scratch
-        kv_len = int(positions[real].max()) + 1
-        start = len(shared) if shared is not None else 0
-        cache.feed = Feed(None if slots is None else slots.to(self.device), positions, kv_len, start)
+        real = positions != PAD_POSITION
+        columns = positions - len(shared) if shared is not None else positions
+        columns = torch.where(real, columns, cache.scratch)
+        kv_len = int(columns[real].max()) + 1
+        cache.feed = Feed(None if slots is None else slots.to(self.device), columns, kv_len)
         inputs = dict(
             input_ids=ids.to(self.device),
-            attention_mask=attention_mask(positions, kv_len, cache.scratch, self.model.dtype, start),
+            attention_mask=attention_mask(columns, kv_len, cache.scratch, self.model.dtype),
             position_ids=torch.where(real, positions, torch.zeros_like(positions)),
             **cache_arg(self.model, cache),
             use_cache=True,

@@ -3,9 +3,10 @@
 Transformers' caches grow all rows of a batch together: feeding 30 observation tokens to one row pads every
 other row by 30 columns and runs them through the model. Here each sequence owns a slot (a row of
 preallocated key/value buffers) with its own length. A forward pass names the slots it feeds and the slot
-positions its tokens go to: a decode step feeds one token to every slot in use (a slot with nothing to do
-writes to a scratch column that nobody attends to), a prefill feeds only the slots that have new tokens.
-Attention uses a 4-D mask built here, so each token sees exactly its own slot's positions up to itself.
+columns its tokens go to: a decode step feeds one token to every slot in use (a slot with nothing to do writes
+to a scratch column that nobody attends to), a prefill feeds only the slots that have new tokens. Attention
+uses a 4-D mask built here, so each token sees exactly its own slot's columns up to itself. A slot's column is
+its token's position, or, when the engine reads a shared prefix from elsewhere, the position past that prefix.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ class Feed:
     positions: torch.Tensor
     kv_len: int
     """Columns the attention reads: one past the furthest position written in this pass."""
-    start: int = 0
-    """First column the attention reads from the slots (the length of a shared prefix read elsewhere)."""
 
 
 class SlotLayer(CacheLayerMixin):
@@ -56,7 +55,7 @@ class SlotLayer(CacheLayerMixin):
         # [rows, heads, width, dim] -> [rows, width, heads, dim], the layout advanced indexing writes.
         self.keys[index[0], :, index[1]] = key_states.transpose(1, 2)
         self.values[index[0], :, index[1]] = value_states.transpose(1, 2)
-        columns = slice(feed.start, feed.kv_len)
+        columns = slice(0, feed.kv_len)
         if feed.slots is None:  # every slot in use: views, no copy
             return self.keys[: len(rows), :, columns], self.values[: len(rows), :, columns]
         return self.keys[feed.slots, :, columns], self.values[feed.slots, :, columns]
@@ -126,13 +125,11 @@ class SlotCache(Cache):
         return self.capacity
 
 
-def attention_mask(
-    positions: torch.Tensor, kv_len: int, scratch: int, dtype: torch.dtype, start: int = 0
-) -> torch.Tensor:
-    """Additive mask [rows, 1, width, kv_len - start] over slot columns start..kv_len-1: a token at slot
-    position p sees positions up to p of its slot. Padding tokens (at the scratch column) see position 0
-    only (nothing, when start > 0: a finite floor, never -inf, so their rows stay finite)."""
-    columns = torch.arange(start, kv_len, device=positions.device)
+def attention_mask(positions: torch.Tensor, kv_len: int, scratch: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [rows, 1, width, kv_len] over slot columns 0..kv_len-1: a token at slot position p sees
+    positions up to p of its slot. Padding tokens (at the scratch column) see position 0 only (their rows stay
+    finite)."""
+    columns = torch.arange(kv_len, device=positions.device)
     query = torch.where(positions == scratch, torch.zeros_like(positions), positions)
     allowed = columns[None, None, :] <= query[:, :, None]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
