@@ -5,12 +5,8 @@ new prompt, or the observations after a tool call), feeding only those slots and
 (2) samples one token for every sequence that is decoding and feeds them all in one forward pass. Sequences
 that are away running tools simply sit in their slots; when their request arrives they join the next step.
 
-Shared prompt prefixes are computed once: fresh sequences that start alike get the prefix from one forward
-pass, and a sequence that starts like one already cached copies that slot's keys and values. They are also
-read once per step and held once: while every fed sequence starts with the prefix computed once, attention
-reads its keys and values once for the whole batch (`cascade.py`) and each slot holds only what comes after it
-(a slot is written the prefix only when it must be read without it: beside a sequence that does not share it,
-or when a newer prefix takes its place).
+Shared prompt prefixes are computed once, read once per step and held once (prefixes.py, `PrefixSharing`).
+While it generates, the engine keeps the linear weights packed in oneDNN's layout (models/linear.py).
 
 The model runs in one worker thread so the event loop keeps serving tool calls while a step computes.
 """
@@ -31,14 +27,13 @@ from toolrl.models.cache_arg import cache_arg
 from toolrl.models.linear import PackedWeights
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
-from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
+from toolrl.rollout.engine import Engine, Sampled, register_engine
+from toolrl.rollout.prefixes import PrefixSharing, Slot
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
 
 log = logging.getLogger(__name__)
 
-MIN_SHARED_PREFIX = 16
-"""Shorter common prefixes are simply prefilled per sequence."""
 SETTLE_QUIET_S = 0.002
 SETTLE_MAX_S = 0.05
 """Between steps, wait for requests on their way in until 2 ms pass without one (at most 50 ms): small next
@@ -48,18 +43,6 @@ PAD_POSITION = -1
 SUBSET_DECODE = 0.5
 """Decode only the decoding slots (gathering their caches) when they are at most this share of the slots in
 use; above it, one pass over every slot in use is cheaper than the gather."""
-
-
-@dataclass
-class _Slot:
-    index: int
-    ids: list[int] = field(default_factory=list)
-    """Token ids whose keys and values are in the slot."""
-    logits: torch.Tensor | None = None
-    """Next-token logits after `ids`."""
-    shared: bool = False
-    """Whether `ids` start with the engine's shared prefix, which the slot then does not hold: its column c
-    holds position len(shared) + c."""
 
 
 @dataclass
@@ -83,7 +66,7 @@ class _Request:
                 self.on_tokens = None
 
 
-class HFEngine(Engine):
+class HFEngine(PrefixSharing, Engine):
     def __init__(
         self,
         model,
@@ -110,7 +93,7 @@ class HFEngine(Engine):
         self.cascade = cascade and supports_cascade(model.config)
         """Read the shared prefix once per step (cascade attention) rather than once per sequence."""
         self.shared: SharedPrefix | None = None
-        self.slots: dict[Hashable, _Slot] = {}
+        self.slots: dict[Hashable, Slot] = {}
         self.free: list[int] = []
         self.requests: dict[Hashable, _Request] = {}
         self.stats: Counter[str] = Counter()
@@ -230,15 +213,15 @@ class HFEngine(Engine):
         if self.shared is not None and not any(s.shared for s in self.slots.values()):
             self.shared = None  # nobody reads it; the next prefix is computed with the weights of then
 
-    def _slot(self, seq: Hashable) -> _Slot:
+    def _slot(self, seq: Hashable) -> Slot:
         if seq not in self.slots:
             index = min(self.free) if self.free else len(self.slots)
             if self.free:
                 self.free.remove(index)
-            self.slots[seq] = _Slot(index)
+            self.slots[seq] = Slot(index)
         return self.slots[seq]
 
-    def _pending(self, slot: _Slot, request: _Request) -> list[int]:
+    def _pending(self, slot: Slot, request: _Request) -> list[int]:
         """The request's tokens the slot has not seen: generated ids already fed count as seen."""
         tokens = request.tokens + request.out.ids
         n = len(slot.ids)
@@ -263,14 +246,6 @@ class HFEngine(Engine):
             self.cache = SlotCache(layers, max(used, slots), max(longest, capacity))
         self.cache.ensure(used, longest)
         return self.cache
-
-    def _offset(self, slot: _Slot) -> int:
-        """Positions of the slot's ids that it does not hold (the shared prefix it reads from elsewhere)."""
-        return len(self.shared) if slot.shared else 0
-
-    def _columns(self, slot: _Slot) -> int:
-        """Columns of the slot in use."""
-        return len(slot.ids) - self._offset(slot)
 
     def _prefill(self, pending: dict[Hashable, list[int]]) -> None:
         self._share_prefixes(pending)
@@ -305,95 +280,6 @@ class HFEngine(Engine):
                 slot.ids += pending[seq]
                 slot.logits = logits[row]
             start = end
-
-    def _share_prefixes(self, pending: dict[Hashable, list[int]]) -> None:
-        """Give fresh slots their common prompt prefix without recomputing it per sequence."""
-        fresh = [seq for seq in pending if not self.slots[seq].ids]
-        if not fresh:
-            return
-        cached = [s for s in self.slots.values() if s.ids]
-        remaining = []
-        for seq in fresh:  # a prefix already in another slot: copy it
-            tokens = pending[seq]
-            n, best = max(
-                ((common_prefix_length([s.ids, tokens]), s) for s in cached), default=(0, None), key=lambda x: x[0]
-            )
-            if n >= MIN_SHARED_PREFIX:
-                self._copy_slot_prefix(best, self.slots[seq], n)
-                self.stats["reused_prefix_tokens"] += n
-                pending[seq] = tokens[n:]
-            else:
-                remaining.append(seq)
-        groups: dict[tuple[int, ...], list[Hashable]] = {}
-        for seq in remaining:  # sequences that start alike, each group's prefix computed once
-            groups.setdefault(tuple(pending[seq][:MIN_SHARED_PREFIX]), []).append(seq)
-        largest = True
-        for group in sorted(groups.values(), key=len, reverse=True):
-            n = common_prefix_length([pending[s] for s in group]) if len(group) > 1 else 0
-            if n >= MIN_SHARED_PREFIX:
-                self._compute_prefix_once(group, pending, n, read_once=largest and self.cascade)
-                largest = False
-
-    def _compute_prefix_once(
-        self, group: list[Hashable], pending: dict[Hashable, list[int]], n: int, read_once: bool
-    ) -> None:
-        """One forward pass over the group's common prefix, copied into each slot; with `read_once` it
-        becomes the shared prefix that attention reads once per step (the newest replaces the one before:
-        its sequences keep their copies and read them per slot)."""
-        from transformers import DynamicCache
-
-        prefix = pending[group[0]][:n]
-        once = DynamicCache()
-        prompt = torch.tensor([prefix], device=self.device)
-        self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
-        self.stats["prefill_tokens"] += n
-        self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
-        if read_once:  # the group's slots hold none of it; those reading the one before get it written
-            for slot in self.slots.values():
-                if slot.shared:
-                    self._materialize(slot)
-            keys, values = zip(*((layer.keys, layer.values) for layer in once.layers), strict=True)
-            self.shared = SharedPrefix(list(prefix), list(keys), list(values))
-        else:
-            cache = self._ensure(max(len(pending[s]) for s in group) + 1)
-            slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
-            for layer, source in zip(cache.layers, once.layers, strict=True):
-                layer.copy_prefix((source.keys, source.values), slots)
-        for seq in group:
-            self.slots[seq].ids = list(prefix)
-            self.slots[seq].shared = read_once
-            pending[seq] = pending[seq][n:]
-
-    def _copy_slot_prefix(self, source: _Slot, target: _Slot, n: int) -> None:
-        """Give `target` the first n ids of `source`: it reads the shared prefix too when they cover it, and
-        otherwise holds them all (from the shared prefix's keys and values where the source reads them)."""
-        offset = self._offset(source)
-        target.shared = source.shared and n >= offset
-        skip = offset if target.shared else 0
-        cache = self._ensure(n - skip + 1)
-        for index, layer in enumerate(cache.layers):
-            if not source.shared or target.shared:  # the source's columns, as they are
-                if layer.is_initialized:
-                    layer.keys[target.index, :, : n - skip] = layer.keys[source.index, :, : n - skip]
-                    layer.values[target.index, :, : n - skip] = layer.values[source.index, :, : n - skip]
-            else:  # n < offset: all n are in the shared prefix
-                keys, values = self.shared.keys[index], self.shared.values[index]
-                layer.copy_prefix((keys[:, :, :n], values[:, :, :n]), torch.tensor([target.index]))
-        target.ids, target.logits = source.ids[:n], None
-
-    def _materialize(self, slot: _Slot) -> None:
-        """Write the shared prefix into the slot, its own columns moved past it: the slot then holds its whole
-        context and reads it without the shared prefix."""
-        n, held = len(self.shared), self._columns(slot)
-        cache = self._ensure(len(slot.ids) + 1)
-        for layer, keys, values in zip(cache.layers, self.shared.keys, self.shared.values, strict=True):
-            if not layer.is_initialized:
-                layer.lazy_initialization(keys, values)
-            for buffer, prefix in ((layer.keys, keys), (layer.values, values)):
-                buffer[slot.index, :, n : n + held] = buffer[slot.index, :, :held].clone()
-                buffer[slot.index, :, :n] = prefix[0]
-        slot.shared = False
-        self.stats["prefix_writes"] += 1
 
     def _decode(self, batch: list[_Request]) -> None:
         ready = [r for r in batch if self.slots[r.seq].logits is not None]
@@ -433,16 +319,6 @@ class HFEngine(Engine):
             slot = self.slots[seq]
             slot.ids.append(token)
             slot.logits = logits[rows[seq]]
-
-    def _shared_by(self, seqs) -> SharedPrefix | None:
-        """The shared prefix, when every one of `seqs` starts with it (their new tokens all come after it);
-        otherwise None, and those of `seqs` that read it get it written into their slots."""
-        if self.shared is not None and all(self.slots[s].shared for s in seqs):
-            return self.shared
-        for seq in seqs:
-            if self.slots[seq].shared:
-                self._materialize(self.slots[seq])
-        return None
 
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None, shared: SharedPrefix | None

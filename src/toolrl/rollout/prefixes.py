@@ -1,0 +1,162 @@
+"""The hf engine's shared prompt prefixes: computed once, read once per step, held once.
+
+Fresh sequences that start alike get their common prefix from one forward pass, and a sequence that starts like
+one already cached copies that slot's keys and values. While every sequence fed to a step starts with the
+prefix computed once, attention reads its keys and values once for the whole batch (`cascade.py`), and each slot
+holds only what follows it: a slot's column c holds position len(prefix) + c. The prefix is written into a slot
+(`_materialize`) only when the slot must be read without it: beside a sequence that does not share it, or when
+a newer prefix takes its place.
+
+`PrefixSharing` is the part of `HFEngine` (hf.py) that keeps this bookkeeping; the engine owns the slots, the
+cache and the model.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from toolrl.models.cache_arg import cache_arg
+from toolrl.rollout.cascade import SharedPrefix
+from toolrl.rollout.engine import common_prefix_length
+from toolrl.rollout.slots import SlotCache
+
+MIN_SHARED_PREFIX = 16
+"""Shorter common prefixes are simply prefilled per sequence."""
+
+
+@dataclass
+class Slot:
+    index: int
+    ids: list[int] = field(default_factory=list)
+    """Token ids whose keys and values the slot holds (or, the shared prefix, reads from elsewhere)."""
+    logits: torch.Tensor | None = None
+    """Next-token logits after `ids`."""
+    shared: bool = False
+    """Whether `ids` start with the engine's shared prefix, which the slot then does not hold: its column c
+    holds position len(shared) + c."""
+
+
+class PrefixSharing:
+    """Shared-prefix bookkeeping over the engine's slots, cache and model (HFEngine sets these)."""
+
+    slots: dict[Hashable, Slot]
+    shared: SharedPrefix | None
+    """The prefix that attention reads once per step, or None."""
+    cascade: bool
+    """Whether the model's attention can read a shared prefix once (cascade.supports_cascade)."""
+    model: torch.nn.Module
+    device: torch.device
+    stats: Counter[str]
+    _ensure: Callable[[int], SlotCache]
+    """The engine's cache, grown to at least this many columns per slot."""
+
+    def _offset(self, slot: Slot) -> int:
+        """Positions of the slot's ids that it does not hold (the shared prefix it reads from elsewhere)."""
+        return len(self.shared) if slot.shared else 0
+
+    def _columns(self, slot: Slot) -> int:
+        """Columns of the slot in use."""
+        return len(slot.ids) - self._offset(slot)
+
+    def _share_prefixes(self, pending: dict[Hashable, list[int]]) -> None:
+        """Give fresh slots their common prompt prefix without recomputing it per sequence."""
+        fresh = [seq for seq in pending if not self.slots[seq].ids]
+        if not fresh:
+            return
+        cached = [s for s in self.slots.values() if s.ids]
+        remaining = []
+        for seq in fresh:  # a prefix already in another slot: copy it
+            tokens = pending[seq]
+            n, best = max(
+                ((common_prefix_length([s.ids, tokens]), s) for s in cached), default=(0, None), key=lambda x: x[0]
+            )
+            if n >= MIN_SHARED_PREFIX:
+                self._copy_slot_prefix(best, self.slots[seq], n)
+                self.stats["reused_prefix_tokens"] += n
+                pending[seq] = tokens[n:]
+            else:
+                remaining.append(seq)
+        groups: dict[tuple[int, ...], list[Hashable]] = {}
+        for seq in remaining:  # sequences that start alike, each group's prefix computed once
+            groups.setdefault(tuple(pending[seq][:MIN_SHARED_PREFIX]), []).append(seq)
+        largest = True
+        for group in sorted(groups.values(), key=len, reverse=True):
+            n = common_prefix_length([pending[s] for s in group]) if len(group) > 1 else 0
+            if n >= MIN_SHARED_PREFIX:
+                self._compute_prefix_once(group, pending, n, read_once=largest and self.cascade)
+                largest = False
+
+    def _compute_prefix_once(
+        self, group: list[Hashable], pending: dict[Hashable, list[int]], n: int, read_once: bool
+    ) -> None:
+        """One forward pass over the group's common prefix, copied into each slot; with `read_once` it
+        becomes the shared prefix that attention reads once per step (the newest replaces the one before:
+        its sequences keep their copies and read them per slot)."""
+        from transformers import DynamicCache
+
+        prefix = pending[group[0]][:n]
+        once = DynamicCache()
+        prompt = torch.tensor([prefix], device=self.device)
+        self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
+        self.stats["prefill_tokens"] += n
+        self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
+        if read_once:  # the group's slots hold none of it; those reading the one before get it written
+            for slot in self.slots.values():
+                if slot.shared:
+                    self._materialize(slot)
+            keys, values = zip(*((layer.keys, layer.values) for layer in once.layers), strict=True)
+            self.shared = SharedPrefix(list(prefix), list(keys), list(values))
+        else:
+            cache = self._ensure(max(len(pending[s]) for s in group) + 1)
+            slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
+            for layer, source in zip(cache.layers, once.layers, strict=True):
+                layer.copy_prefix((source.keys, source.values), slots)
+        for seq in group:
+            self.slots[seq].ids = list(prefix)
+            self.slots[seq].shared = read_once
+            pending[seq] = pending[seq][n:]
+
+    def _copy_slot_prefix(self, source: Slot, target: Slot, n: int) -> None:
+        """Give `target` the first n ids of `source`: it reads the shared prefix too when they cover it, and
+        otherwise holds them all (from the shared prefix's keys and values where the source reads them)."""
+        offset = self._offset(source)
+        target.shared = source.shared and n >= offset
+        skip = offset if target.shared else 0
+        cache = self._ensure(n - skip + 1)
+        for index, layer in enumerate(cache.layers):
+            if not source.shared or target.shared:  # the source's columns, as they are
+                if layer.is_initialized:
+                    layer.keys[target.index, :, : n - skip] = layer.keys[source.index, :, : n - skip]
+                    layer.values[target.index, :, : n - skip] = layer.values[source.index, :, : n - skip]
+            else:  # n < offset: all n are in the shared prefix
+                keys, values = self.shared.keys[index], self.shared.values[index]
+                layer.copy_prefix((keys[:, :, :n], values[:, :, :n]), torch.tensor([target.index], device=self.device))
+        target.ids, target.logits = source.ids[:n], None
+
+    def _materialize(self, slot: Slot) -> None:
+        """Write the shared prefix into the slot, its own columns moved past it: the slot then holds its whole
+        context and reads it without the shared prefix."""
+        n, held = len(self.shared), self._columns(slot)
+        cache = self._ensure(len(slot.ids) + 1)
+        for layer, keys, values in zip(cache.layers, self.shared.keys, self.shared.values, strict=True):
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            for buffer, prefix in ((layer.keys, keys), (layer.values, values)):
+                buffer[slot.index, :, n : n + held] = buffer[slot.index, :, :held].clone()
+                buffer[slot.index, :, :n] = prefix[0]
+        slot.shared = False
+        self.stats["prefix_writes"] += 1
+
+    def _shared_by(self, seqs) -> SharedPrefix | None:
+        """The shared prefix, when every one of `seqs` starts with it (their new tokens all come after it);
+        otherwise None, and those of `seqs` that read it get it written into their slots."""
+        if self.shared is not None and all(self.slots[s].shared for s in seqs):
+            return self.shared
+        for seq in seqs:
+            if self.slots[seq].shared:
+                self._materialize(self.slots[seq])
+        return None
