@@ -5,7 +5,7 @@ of tokens) 64 times, once per row. Here attention is split in two parts: all que
 to the one shared prefix together (one [rows x prefix] product per KV head), and each row attends to its own
 suffix in its slot. The two partial softmaxes are merged exactly through their log-sum-exp:
 
-    out = (o_p * exp(lse_p) + o_s * exp(lse_s)) / (exp(lse_p) + exp(lse_s))
+    out = (o_p * exp(lse_p) + o_s * exp(lse_s)) / (exp(lse_p) + exp(lse_s)) = o_s + (o_p - o_s) * sigmoid(lse_p - lse_s)
 
 The function is registered with transformers' `AttentionInterface` as "toolrl_cascade" and is used only
 inside `HFEngine` forward passes (`attention_implementation`); given no `shared_prefix` it is plain SDPA.
@@ -87,10 +87,9 @@ def cascade_attention(
     if mask is not None:  # [b, 1, q, s] -> [b, 1, groups * q, s], the grouped query order
         mask = mask[:, :, None].expand(rows, 1, groups, width, mask.shape[-1]).reshape(rows, 1, groups * width, -1)
     out_s, lse_s = attend_with_lse(grouped, key, value, mask, scale)
-    top = torch.maximum(lse_p, lse_s)
-    weight_p = torch.exp(lse_p - top)[..., None]
-    weight_s = torch.exp(lse_s - top)[..., None]
-    out = (out_p * weight_p + out_s * weight_s) / (weight_p + weight_s)
+    # The prefix's share of the softmax mass, exp(lse_p) / (exp(lse_p) + exp(lse_s)): the merge in 4 operations.
+    share = torch.sigmoid(lse_p - lse_s)[..., None]
+    out = torch.lerp(out_s, out_p, share)
     # [b, kv_heads, groups * q, d] -> [b, q, heads, d], the layout attention modules expect back.
     out = out.reshape(rows, kv_heads, groups, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, heads, dim)
     return out.contiguous(), None
