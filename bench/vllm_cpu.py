@@ -9,13 +9,17 @@ that against the machine's fp32 matmul peak, measured in the same run. `ours_vs_
 figure. vLLM keeps the prompts' keys and values between requests (its prefix cache: the warm-up's and the
 smaller batches' prompts are cached when batch 32 runs), where ours computes each call's shared prefix once; so
 each batch is measured again after the others with vLLM's prefix cache dropped first (`vllm_cold_tokens_per_s`),
-as a rollout right after a weight sync finds it. Prints a table and writes bench/results/vllm_cpu.json.
+as a rollout right after a weight sync finds it. Each engine is warmed up on all 32 prompts first (vLLM
+allocates its KV cache when it starts; ours sizes its cache and packs its weights in that warm-up, as the first
+step of a rollout does), and each figure is the median of `--repeats` runs. Prints a table and writes
+bench/results/vllm_cpu.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 
 import torch
@@ -29,6 +33,16 @@ from toolrl.models.resolve import resolve_model
 from toolrl.rollout import HFEngine, SamplingParams, VLLMEngine
 
 MODEL = "smollm2-135m-instruct"
+
+
+def median_speed(engine, prompts, tokens: int, tag: str, repeats: int, before=None) -> float:
+    """The median of `repeats` speed() runs, each after calling `before` (if given)."""
+    rates = []
+    for i in range(repeats):
+        if before is not None:
+            before()
+        rates.append(speed(engine, prompts, tokens, f"{tag}-{i}"))
+    return statistics.median(rates)
 
 
 def speed(engine, prompts, tokens: int, tag: str) -> float:
@@ -47,6 +61,7 @@ def speed(engine, prompts, tokens: int, tag: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (their median)")
     parser.add_argument("--out", default="bench/results/vllm_cpu.json")
     args = parser.parse_args()
     tokenizer = load_tokenizer(MODEL)
@@ -57,20 +72,21 @@ def main() -> None:
     prompts = [chat.prompt_ids(env.messages(t), tools) for t in env.tasks("train")[:32]]
     # HF first, then vLLM: vLLM's engine process keeps its OpenMP threads spinning on the cores while it lives.
     hf = HFEngine(model, [], tokenizer.pad_token_id, torch.device("cpu"))
-    speed(hf, prompts[:4], 4, "warm")
-    ours = {batch: speed(hf, prompts[:batch], args.tokens, f"hf{batch}") for batch in (1, 8, 32)}
+    speed(hf, prompts, 4, "warm")
+    ours = {batch: median_speed(hf, prompts[:batch], args.tokens, f"hf{batch}", args.repeats) for batch in (1, 8, 32)}
     vllm = VLLMEngine(resolve_model(MODEL), [], dtype="float32", enforce_eager=True, max_model_len=2048)
-    speed(vllm, prompts[:4], 4, "warm")
+    speed(vllm, prompts, 4, "warm")
     rows = []
     for batch in (1, 8, 32):
-        theirs = speed(vllm, prompts[:batch], args.tokens, f"vllm{batch}")
+        theirs = median_speed(vllm, prompts[:batch], args.tokens, f"vllm{batch}", args.repeats)
         rows.append(
             {"batch": batch, "hf_tokens_per_s": round(ours[batch], 1), "vllm_tokens_per_s": round(theirs, 1),
              "hf_vs_vllm": round(ours[batch] / theirs, 2)}
         )  # fmt: skip
     for row in rows:  # again, each batch after dropping vLLM's prefix cache: as after a weight sync
-        vllm.forget_prefixes()
-        cold = speed(vllm, prompts[: row["batch"]], args.tokens, f"vllm-cold{row['batch']}")
+        cold = median_speed(
+            vllm, prompts[: row["batch"]], args.tokens, f"vllm-cold{row['batch']}", args.repeats, vllm.forget_prefixes
+        )
         row |= {"vllm_cold_tokens_per_s": round(cold, 1), "hf_vs_vllm_cold": round(row["hf_tokens_per_s"] / cold, 2)}
         print(f"batch {row['batch']:>2}: hf {row['hf_tokens_per_s']:6.1f} tok/s   vllm-cpu "
               f"{row['vllm_tokens_per_s']:6.1f} tok/s   its prefix cache dropped first {cold:6.1f} tok/s")  # fmt: skip
@@ -90,7 +106,8 @@ def main() -> None:
 
     result = {
         "machine": {**machine(), "vllm": vllm_package.__version__},
-        "workload": {"model": MODEL, "new_tokens": args.tokens, "prompt_tokens": len(prompts[0])},
+        "workload": {"model": MODEL, "new_tokens": args.tokens, "prompt_tokens": len(prompts[0]),
+                     "repeats": args.repeats},
         "generation": rows,
         "matmul_peak_gflops": round(peak, 1),
         "ours_vs_vllm_batch32": rows[-1]["hf_vs_vllm"],

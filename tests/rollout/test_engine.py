@@ -191,3 +191,35 @@ def test_slots_hold_only_what_follows_the_shared_prefix_and_get_it_written_when_
     asyncio.run(turn(["new0", "new1"]))  # a newer shared prefix: 2 and 3 get the old one written first
     assert engine.stats["prefix_writes"] == 4 and engine.slots["new0"].shared and not engine.slots[3].shared
     asyncio.run(turn([0, 1, 2, 3, "part", "other", "new0", "new1"]))
+
+
+def test_a_later_group_reads_the_prefix_computed_before_until_the_weights_change(tiny_model_dir, tokenizer):
+    """The shared prefix outlives the sequences that read it: the next group starting with it is not prefilled
+    again; after an in-place weight change (an optimizer step) it is computed again, from the new weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    engine = make_engine(model, tokenizer)
+    prefix = list(range(1000, 1200))
+
+    def group(tag):
+        prompts = {(tag, i): prefix + [2000 + i] * (i + 1) for i in range(3)}
+        params = SamplingParams(temperature=1.0, max_new_tokens=3)
+
+        async def run():
+            return await asyncio.gather(*(engine.generate(s, p, params) for s, p in prompts.items()))
+
+        fed = engine.stats["prefill_tokens"]
+        for (seq, prompt), out in zip(prompts.items(), asyncio.run(run()), strict=True):
+            expect = expected_logprobs(model, prompt, out.ids, 1.0)
+            assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4), seq
+            engine.release(seq)
+        return engine.stats["prefill_tokens"] - fed
+
+    assert group("a") == len(prefix) + 1 + 2 + 3  # the prefix once, then each row's own tokens
+    assert group("b") == 1 + 2 + 3  # the prefix is read, not computed again
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    assert group("c") == len(prefix) + 1 + 2 + 3
+    engine.free_memory()
+    assert engine.shared is None

@@ -210,8 +210,7 @@ class HFEngine(PrefixSharing, Engine):
             slot = self.slots.pop(self._released.pop(), None)
             if slot is not None:
                 self.free.append(slot.index)
-        if self.shared is not None and not any(s.shared for s in self.slots.values()):
-            self.shared = None  # nobody reads it; the next prefix is computed with the weights of then
+        # The shared prefix outlives its readers while the weights it was computed with are current (prefixes.py).
 
     def _slot(self, seq: Hashable) -> Slot:
         if seq not in self.slots:

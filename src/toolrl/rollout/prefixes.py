@@ -46,6 +46,8 @@ class PrefixSharing:
     slots: dict[Hashable, Slot]
     shared: SharedPrefix | None
     """The prefix that attention reads once per step, or None."""
+    _shared_weights: tuple = ()
+    """`_weights_key()` when `shared` was computed."""
     cascade: bool
     """Whether the model's attention can read a shared prefix once (cascade.supports_cascade)."""
     model: torch.nn.Module
@@ -68,13 +70,19 @@ class PrefixSharing:
         if not fresh:
             return
         cached = [s for s in self.slots.values() if s.ids]
+        shared = self._current_shared()
         remaining = []
-        for seq in fresh:  # a prefix already in another slot: copy it
+        for seq in fresh:  # the shared prefix, or a prefix already in another slot: copy it
             tokens = pending[seq]
             n, best = max(
                 ((common_prefix_length([s.ids, tokens]), s) for s in cached), default=(0, None), key=lambda x: x[0]
             )
-            if n >= MIN_SHARED_PREFIX:
+            if shared is not None and n <= len(shared) < len(tokens) and tokens[: len(shared)] == shared.ids:
+                slot = self.slots[seq]  # reads the prefix computed before, holds nothing of it: no copy
+                slot.ids, slot.logits, slot.shared = list(shared.ids), None, True
+                self.stats["reused_prefix_tokens"] += len(shared)
+                pending[seq] = tokens[len(shared) :]
+            elif n >= MIN_SHARED_PREFIX:
                 self._copy_slot_prefix(best, self.slots[seq], n)
                 self.stats["reused_prefix_tokens"] += n
                 pending[seq] = tokens[n:]
@@ -110,6 +118,7 @@ class PrefixSharing:
                     self._materialize(slot)
             keys, values = zip(*((layer.keys, layer.values) for layer in once.layers), strict=True)
             self.shared = SharedPrefix(list(prefix), list(keys), list(values))
+            self._shared_weights = self._weights_key()
         else:
             cache = self._ensure(max(len(pending[s]) for s in group) + 1)
             slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
@@ -119,6 +128,23 @@ class PrefixSharing:
             self.slots[seq].ids = list(prefix)
             self.slots[seq].shared = read_once
             pending[seq] = pending[seq][n:]
+
+    def _weights_key(self) -> tuple:
+        """Changes whenever a parameter does (its storage, or its in-place version: optimizer steps, syncs)."""
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
+    def _current_shared(self) -> SharedPrefix | None:
+        """The shared prefix, if it was computed with the current weights. It outlives the sequences that read
+        it, so a later group starting with it (the next tasks' prompts, an evaluation's next batch) reads it
+        without computing it again; one computed with earlier weights is not given to new sequences, and is
+        dropped once none reads it."""
+        if self.shared is None:
+            return None
+        if self._weights_key() == self._shared_weights:
+            return self.shared
+        if not any(slot.shared for slot in self.slots.values()):
+            self.shared = None
+        return None
 
     def _copy_slot_prefix(self, source: Slot, target: Slot, n: int) -> None:
         """Give `target` the first n ids of `source`: it reads the shared prefix too when they cover it, and
