@@ -10,10 +10,8 @@ Within a phase the opposite matters: glibc also hands the heap's free top back w
 (twice the mmap threshold), so a decode step's few 6 MB tensors (the output layer's logits, the sampler's
 softmax) were returned at every step and their pages faulted in again at the next, at about 2 us a page on
 this machine: sampling 32 rows took 18 ms instead of 2.7. `keep_freed_memory()` (at model loading, on CPU)
-has glibc keep freed memory for reuse from the start (blocks under 32 MB from the heap, the most its own
-threshold reaches, and its top returned only past 64 MB) and leaves the rest of the returning to `trim()` at
-the end of each phase. Larger thresholds (256 MB and 1 GB) kept the output layer's 100 MB blocks in the heap
-and raised the demo's peak by 0.3 GB. `MALLOC_MMAP_THRESHOLD_` or
+has glibc keep freed memory for reuse (blocks under 256 MB from the heap, its top returned past 1 GB) and
+leaves the returning to `trim()` at the end of each phase. `MALLOC_MMAP_THRESHOLD_` or
 `MALLOC_TRIM_THRESHOLD_` in the environment take precedence (the setting is then left alone).
 
 `meter` measures the peak resident memory of each phase of a run (PeakMeter).
@@ -43,8 +41,8 @@ def _libc():
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None
 
 
-MMAP_THRESHOLD = 32 << 20
-TRIM_THRESHOLD = 64 << 20
+MMAP_THRESHOLD = 256 << 20
+TRIM_THRESHOLD = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
