@@ -6,14 +6,6 @@ served from the heap, and the heap's freed middle is not returned: a run's resid
 step's fragmentation. `trim()` (glibc's malloc_trim) returns free heap pages after a phase; it costs
 milliseconds and changes no result. Elsewhere than glibc it does nothing.
 
-Within a phase the opposite matters: glibc also hands the heap's free top back whenever it passes a threshold
-(twice the mmap threshold), so a decode step's few 6 MB tensors (the output layer's logits, the sampler's
-softmax) were returned at every step and their pages faulted in again at the next, at about 2 us a page on
-this machine: sampling 32 rows took 18 ms instead of 2.7. `keep_freed_memory()` (at model loading, on CPU)
-has glibc keep freed memory for reuse (blocks under 256 MB from the heap, its top returned past 1 GB) and
-leaves the returning to `trim()` at the end of each phase. `MALLOC_MMAP_THRESHOLD_` or
-`MALLOC_TRIM_THRESHOLD_` in the environment take precedence (the setting is then left alone).
-
 `meter` measures the peak resident memory of each phase of a run (PeakMeter).
 """
 
@@ -39,23 +31,6 @@ def _libc():
     except OSError:
         return None
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None
-
-
-MMAP_THRESHOLD = 256 << 20
-TRIM_THRESHOLD = 1 << 30
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc keep freed memory for reuse within a phase (see the module's docstring); True where it does."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallopt"):
-        return False
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
 
 
 def trim() -> bool:

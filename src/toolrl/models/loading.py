@@ -9,7 +9,6 @@ import torch
 from safetensors import SafetensorError
 
 from toolrl.errors import ModelNotFoundError
-from toolrl.memory import keep_freed_memory
 from toolrl.models.linear import use_onednn_linear
 from toolrl.models.resolve import resolve_model
 from toolrl.text import clip, first_line
@@ -65,7 +64,6 @@ def load_model(name: str, device: torch.device, dtype: str = "float32", cpu_line
     from transformers import AutoModelForCausalLM
 
     if device.type == "cpu":
-        keep_freed_memory()  # no page faults for the tensors each step allocates again (toolrl.memory)
         # transformers repeats grouped key/value heads for masked multi-token attention unless told that the
         # kernel takes them grouped; PyTorch's CPU kernels do. Measured here: prefilling 64 sequences with the
         # engine's masks 1.9x faster. Not on CUDA, where a mask with grouped heads can fall back to a slow kernel.
