@@ -134,6 +134,12 @@ def use_torch_linear(model: torch.nn.Module) -> int:
     return switched
 
 
+def weight_version(tensor: torch.Tensor) -> tuple[int, int]:
+    """What changes when a weight does: its storage, or its in-place version counter (optimizer steps,
+    `load_state_dict`, weight syncs)."""
+    return tensor.data_ptr(), tensor._version
+
+
 class PackedWeights:
     """oneDNN-layout copies of a model's OneDNNLinear weights, used by their forward passes without autograd
     inside `active()` (an inference engine's steps). A copy is made on first use and made again when its weight
@@ -160,7 +166,7 @@ class PackedWeights:
                 layer.packed = None
 
     def _copy(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+        key = (*weight_version(weight), tuple(weight.shape))
         held = self._copies.get(name)
         if held is None or held[0] != key:
             with torch.inference_mode():

@@ -210,7 +210,6 @@ class HFEngine(PrefixSharing, Engine):
             slot = self.slots.pop(self._released.pop(), None)
             if slot is not None:
                 self.free.append(slot.index)
-        # The shared prefix outlives its readers while the weights it was computed with are current (prefixes.py).
 
     def _slot(self, seq: Hashable) -> Slot:
         if seq not in self.slots:
@@ -323,9 +322,8 @@ class HFEngine(PrefixSharing, Engine):
         self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None, shared: SharedPrefix | None
     ) -> torch.Tensor:
         """Feed `ids` at `positions` (PAD_POSITION: padding, written to the scratch column); return the logits
-        after each row's last column.
-        With `shared`, attention reads the prefix from it once, and each slot holds what comes after it: the
-        token at position p goes to column p - len(shared)."""
+        after each row's last column. With `shared`, attention reads the prefix from it once, and each slot
+        holds what comes after it: the token at position p goes to column p - len(shared)."""
         cache = self.cache
         positions = positions.to(self.device)
         real = positions != PAD_POSITION

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from toolrl.models.cache_arg import cache_arg
+from toolrl.models.linear import weight_version
 from toolrl.rollout.cascade import SharedPrefix
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.slots import SlotCache
@@ -101,9 +102,9 @@ class PrefixSharing:
     def _compute_prefix_once(
         self, group: list[Hashable], pending: dict[Hashable, list[int]], n: int, read_once: bool
     ) -> None:
-        """One forward pass over the group's common prefix, copied into each slot; with `read_once` it
-        becomes the shared prefix that attention reads once per step (the newest replaces the one before:
-        its sequences keep their copies and read them per slot)."""
+        """One forward pass over the group's common prefix. With `read_once` it becomes the shared prefix that
+        attention reads once per step and the group's slots hold none of it (the newest replaces the one before,
+        whose readers get it written into their slots first); otherwise it is copied into each slot."""
         from transformers import DynamicCache
 
         prefix = pending[group[0]][:n]
@@ -112,7 +113,7 @@ class PrefixSharing:
         self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
         self.stats["prefill_tokens"] += n
         self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
-        if read_once:  # the group's slots hold none of it; those reading the one before get it written
+        if read_once:
             for slot in self.slots.values():
                 if slot.shared:
                     self._materialize(slot)
@@ -130,8 +131,8 @@ class PrefixSharing:
             pending[seq] = pending[seq][n:]
 
     def _weights_key(self) -> tuple:
-        """Changes whenever a parameter does (its storage, or its in-place version: optimizer steps, syncs)."""
-        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        """Changes whenever a parameter does."""
+        return tuple(weight_version(p) for p in self.model.parameters())
 
     def _current_shared(self) -> SharedPrefix | None:
         """The shared prefix, if it was computed with the current weights. It outlives the sequences that read
@@ -153,6 +154,7 @@ class PrefixSharing:
         target.shared = source.shared and n >= offset
         skip = offset if target.shared else 0
         cache = self._ensure(n - skip + 1)
+        rows = torch.tensor([target.index], device=self.device)
         for index, layer in enumerate(cache.layers):
             if not source.shared or target.shared:  # the source's columns, as they are
                 if layer.is_initialized:
@@ -160,7 +162,7 @@ class PrefixSharing:
                     layer.values[target.index, :, : n - skip] = layer.values[source.index, :, : n - skip]
             else:  # n < offset: all n are in the shared prefix
                 keys, values = self.shared.keys[index], self.shared.values[index]
-                layer.copy_prefix((keys[:, :, :n], values[:, :, :n]), torch.tensor([target.index], device=self.device))
+                layer.copy_prefix((keys[:, :, :n], values[:, :, :n]), rows)
         target.ids, target.logits = source.ids[:n], None
 
     def _materialize(self, slot: Slot) -> None:
