@@ -14,11 +14,17 @@ from toolrl.errors import ConfigError
 from toolrl.text import clip, first_line
 
 
+def _from_here() -> None:
+    """Modules in the current folder import whichever way toolrl was started (as `python -m` and `python` do)."""
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
 def import_modules(modules: Sequence[str], key: str) -> None:
     """Import each module, from the current folder too (a package next to the config is found whichever way
     toolrl was started); a module that fails is one line naming `key`."""
-    if modules and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+    if modules:
+        _from_here()
     for module in modules:
         try:
             importlib.import_module(module)
@@ -35,7 +41,12 @@ def import_object(where: str, target: str) -> Any:
     module, _, name = target.partition(":")
     if not module or not name:
         raise ConfigError(f"{where}: {clip(target, 80)!r} must look like package.module:function")
+    _from_here()
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{where}: cannot import {clip(target, 80)!r} ({first_line(exc)})") from None
+    except Exception as exc:  # the module itself fails as it imports
+        raise ConfigError(
+            f"{where}: importing {clip(module, 80)!r} failed ({type(exc).__name__}: {clip(first_line(exc), 200)})"
+        ) from None

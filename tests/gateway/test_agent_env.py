@@ -63,25 +63,61 @@ def test_an_agent_is_run_per_sample_and_its_failures_fail_its_sample_only(tmp_pa
         bench.close()
 
 
-@pytest.mark.parametrize("agent", ["calculator_agent", "agents_sdk_agent", "langgraph_agent"])
-def test_an_agent_trains_two_steps_from_the_command_line(tmp_path, tiny_model_dir, agent):
-    """The openai SDK, the OpenAI Agents SDK and LangGraph agents of tests/fixtures/agents.py, unchanged."""
+def train_command(tmp_path, tiny_model_dir, agent: list[str], *more: str) -> list[str]:
+    """`toolrl train` of an agent environment for 2 steps of 2 x 2 samples on the tiny model; `agent`: the --set
+    that names the agent."""
     path = tasks_file(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "toolrl", "train",
-               "--set", "env.name=agent", "--set", f"env.train_file={path}", "--set", f"env.test_file={path}",
-               "--set", f"env.options.agent=tests.fixtures.agents:{agent}",
-               "--set", "env.options.reward=tests.fixtures.agents:score",
-               "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=2",
-               "--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--set", "rollout.max_new_tokens=16",
-               "--set", "eval.at_start=false", "--set", "eval.at_end=false",
-               "--set", f"output_dir={tmp_path / 'runs'}", "--set", "run_name=run"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return [sys.executable, "-m", "toolrl", "train",
+            "--set", "env.name=agent", "--set", f"env.train_file={path}", "--set", f"env.test_file={path}", *agent,
+            "--set", "env.options.reward=tests.fixtures.agents:varied_score",
+            "--set", f"model.name={tiny_model_dir}", "--set", "device=cpu", "--set", "train.steps=2",
+            "--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--set", "rollout.max_new_tokens=16",
+            "--set", "eval.at_start=false", "--set", "eval.at_end=false",
+            "--set", f"output_dir={tmp_path / 'runs'}", "--set", "run_name=run", *more]  # fmt: skip
+
+
+def trained_steps(tmp_path, command: list[str], timeout: int = 900, **env: str) -> list[dict]:
+    """Run `command` (as a user does, from its own folder); the steps it wrote, after checking it trained 2."""
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = [json.loads(line) for line in (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "step" in s and "eval" not in s]
+    lines = (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [s for s in map(json.loads, lines) if "step" in s and "eval" not in s]
     assert [s["step"] for s in steps] == [1, 2]
-    assert all("reward/reward" in s and s.get("reward/requests", 0) >= 4 for s in steps), steps[-1]
+    assert all(s["trained_trajectories"] > 0 and s["generated_tokens"] > 0 for s in steps), steps[-1]
+    return steps
+
+
+def test_an_agent_function_trains_two_steps_from_the_command_line(tmp_path, tiny_model_dir):
+    """The openai SDK agent of tests/fixtures/agents.py, run in toolrl's process (env.options.agent)."""
+    agent = ["--set", "env.options.agent=tests.fixtures.agents:calculator_agent"]
+    steps = trained_steps(tmp_path, train_command(tmp_path, tiny_model_dir, agent))
+    assert all(s.get("reward/requests", 0) >= 4 and s.get("reward/requests/chat", 0) >= 4 for s in steps), steps[-1]
+
+
+@pytest.mark.parametrize(("client", "protocol"), [("pydantic-ai-openai", "responses"), ("smolagents", "chat")])
+def test_an_agent_library_in_a_venv_of_its_own_trains_two_steps_from_the_command_line(
+    tmp_path, tiny_model_dir, client, protocol
+):
+    """pydantic-ai (its default openai: model speaks the Responses API) and smolagents (stop strings and a forced
+    call at every step, which the tiny model samples under the call grammar), unchanged, as programs run per
+    sample (env.options.command) in their own venvs."""
+    from tests.gateway.clients import PROGRAMS, client_python
+    from tests.gateway.test_clients import CLIENTS
+
+    venv, program, _, _ = CLIENTS[client]
+    agent = ["--set", f"env.options.command=[{client_python(venv)}, {PROGRAMS / program}]"]
+    more = [
+        "--set",
+        "rollout.max_new_tokens=48",
+        "--set",
+        "rollout.max_response_tokens=4096",
+        "--set",
+        "env.options.timeout_s=300",
+    ]
+    steps = trained_steps(tmp_path, train_command(tmp_path, tiny_model_dir, agent, *more))
+    assert all(s.get(f"reward/requests/{protocol}", 0) >= 4 for s in steps), steps[-1]
+    assert all(not s.get("reward/agent_failures") for s in steps), steps[-1]
 
 
 def test_toolrl_serve_serves_a_trained_run_to_an_unpatched_openai_client(tmp_path, tiny_model_dir):

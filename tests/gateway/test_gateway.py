@@ -80,8 +80,8 @@ def test_the_key_is_required_and_bad_requests_are_one_line_naming_the_field(gate
     assert error.status_code == 400 and error.json()["error"]["param"] == "messages"
     error = post(gateway, "/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}).json()["error"]
     assert "messages: Value error, messages[0].role must be" in error["message"]
-    error = post(gateway, "/chat/completions", {"messages": messages, "stop": ["\n"]}).json()["error"]
-    assert error["param"] == "stop" and "end-of-turn token" in error["message"]
+    error = post(gateway, "/chat/completions", {"messages": messages, "stop": ["x" * 300]}).json()["error"]
+    assert error["param"] == "stop" and "at most 256 characters" in error["message"]
     error = post(gateway, "/chat/completions", {"messages": messages, "functions": []}).json()["error"]
     assert error["message"] == "functions: not supported by this gateway"
     gone = post(gateway, "/chat/completions", {"messages": messages}, base=gateway.base_url("nosuchsample"))
@@ -106,11 +106,11 @@ def test_n_choices_streaming_and_completions(gateway_for):
     assert done["choices"][0]["text"] == "four" and done["object"] == "text_completion"
 
 
-def test_a_streamed_turn_that_may_call_tools_comes_parsed_and_a_plain_one_as_it_is_sampled(gateway_for, chat):
-    """With tools a turn is streamed once parsed (its calls as tool_calls deltas, never the call's markup as
-    text); without, each step's tokens are a delta (here one character per token: one delta each), and a
-    character split across tokens waits for its last one."""
-    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+def test_a_streamed_call_streams_its_arguments_and_a_plain_turn_streams_as_it_is_sampled(gateway_for, chat):
+    """With tools, a call is announced (id, name) once its head names an offered tool and its arguments follow as
+    they are written, never the call's markup as text; without, each step's tokens are a delta (here one character
+    per token: one delta each), and a character split across tokens waits for its last one."""
+    call = 'Let me check.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 
     class Stepwise(Scripted):  # tells its tokens one by one, as the hf engine does after each step
         async def generate_stream(self, seq, tokens, params, on_tokens):
@@ -131,13 +131,15 @@ def test_a_streamed_turn_that_may_call_tools_comes_parsed_and_a_plain_one_as_it_
         return [json.loads(e)["choices"][0] for e in events[:-1] if json.loads(e)["choices"]]
 
     with_tools = stream({"messages": messages, "tools": [WEATHER]})
-    assert not any(c["delta"].get("content") for c in with_tools)
-    (calls,) = [c["delta"]["tool_calls"] for c in with_tools if "tool_calls" in c["delta"]]
-    assert calls[0]["function"]["name"] == "weather" and with_tools[-1]["finish_reason"] == "tool_calls"
+    assert "".join(c["delta"].get("content") or "" for c in with_tools) == "Let me check.\n"  # the markup: never
+    calls = [c["delta"]["tool_calls"][0] for c in with_tools if "tool_calls" in c["delta"]]
+    assert calls[0]["function"] == {"name": "weather", "arguments": ""} and calls[0]["id"].startswith("call_")
+    assert len(calls) > 3 and "".join(c["function"]["arguments"] for c in calls) == '{"city": "Oslo"}'
+    assert with_tools[-1]["finish_reason"] == "tool_calls"
     plain = stream({"messages": messages})
     deltas = [c["delta"]["content"] for c in plain if c["delta"].get("content")]
     assert "".join(deltas) == "Sunny 🌞, 21 °C." and len(deltas) == len("Sunny 🌞, 21 °C.")
-    assert plain[-1]["finish_reason"] == "stop" and gateway.stats["token_streams"] == 1
+    assert plain[-1]["finish_reason"] == "stop" and gateway.stats["streams"] == 2
 
 
 def test_a_sample_records_its_turns_token_exactly_and_a_request_that_does_not_extend_starts_a_segment(
@@ -206,10 +208,11 @@ def test_hostile_requests_are_refused_in_one_line_and_the_gateway_goes_on(gatewa
     )
 
 
-@pytest.mark.parametrize("agent", ["calculator_agent", "agents_sdk_agent", "langgraph_agent"])
-def test_unpatched_clients_run_their_tool_loop_through_one_captured_segment(gateway_for, agent):
-    """The openai SDK, the OpenAI Agents SDK and LangGraph (ChatOpenAI + bind_tools) each get a call, run their
-    tool, send the result back in their own way: one segment, continued, the tool's result recorded."""
+def test_an_agent_function_runs_its_tool_loop_through_one_captured_segment(gateway_for):
+    """An agent function in toolrl's process (the openai SDK, env.options.agent) gets a call, runs its tool, sends
+    the result back: one segment, continued, the tool's result recorded (other libraries, each in a venv of its
+    own: test_clients.py)."""
+    agent = "calculator_agent"
     import asyncio
 
     from tests.fixtures import agents

@@ -43,7 +43,20 @@ def step_line(m: dict[str, Any], total: int, eta_s: float | None) -> str:
         line += f"  eta {eta_s / 60:.1f} min"
     if m.get("tools/infra_faults"):  # a tool's timeouts or crashes: not the model's doing
         line += f"  tool faults {m['tools/infra_faults']} ({m.get('fault_masked', 0)} masked)"
+    if failures := agent_failures(m):
+        line += f"  agent failures {failures}"
     return line
+
+
+def agent_failures(m: dict[str, Any]) -> str:
+    """An agent environment's failed samples and their causes ('3/8: 2 http 404, 1 timeout'), or ''."""
+    prefix = next((k[: -len("agent_failures")] for k in m if k.endswith("/agent_failures")), None)
+    if prefix is None or not m[prefix + "agent_failures"]:
+        return ""
+    causes = sorted(((v, k[len(prefix) + len("agent_failures/") :]) for k, v in m.items()
+                     if k.startswith(prefix + "agent_failures/") and v), reverse=True)  # fmt: skip
+    told = ", ".join(f"{v:.0f} {cause.replace('_', ' ')}" for v, cause in causes)
+    return f"{m[prefix + 'agent_failures']:.0f}/{m.get('trajectories', '?')}" + (f": {told}" if told else "")
 
 
 class StepReporter:

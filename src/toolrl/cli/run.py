@@ -304,9 +304,9 @@ def serve(
         int | None, typer.Option(help="Most tokens per reply (default rollout.max_new_tokens).")
     ] = None,
 ) -> None:
-    """Serve the policy (a trained checkpoint, or the configured model: the default model out of the box) on an
-    OpenAI-compatible endpoint, as the gateway does during training: /v1/chat/completions with tools,
-    /v1/completions, /v1/models. Prints the base URL and the key (TOOLRL_SERVE_KEY sets it)."""
+    """Serve the policy (a trained checkpoint, or the configured model: the default model out of the box) as the
+    gateway does during training: OpenAI's /v1/chat/completions and /v1/responses, Anthropic's /v1/messages, with
+    tools, /v1/completions and /v1/models. Prints the base URLs and the key (TOOLRL_SERVE_KEY sets it)."""
     import os
 
     from toolrl.chat import ChatFormat
@@ -340,6 +340,8 @@ def serve(
     console.print(f"serving {served} (calls parsed as {syntax.name})", highlight=False)
     console.print(f"OPENAI_BASE_URL={gateway.base_url()}", highlight=False, soft_wrap=True)
     console.print(f"OPENAI_API_KEY={gateway.key}", highlight=False, soft_wrap=True)
+    console.print(f"ANTHROPIC_BASE_URL={gateway.anthropic_base_url()}", highlight=False, soft_wrap=True)
+    console.print(f"ANTHROPIC_API_KEY={gateway.key}", highlight=False, soft_wrap=True)
     try:
         gateway.wait()
     except KeyboardInterrupt:

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.chat.format import ChatFormat
 from toolrl.envs.base import Task
+from toolrl.gateway.turns import GatewayError
 from toolrl.parsers.base import CallSyntax
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools.call import ToolCall
 
-CONTINUING_ROLES = ("tool", "user")
-"""What an agent may add after the assistant turn for its request to continue the segment."""
+CONTINUING_ROLES = ("tool", "user", "system", "developer")
+"""What an agent may add after the assistant turn for its request to continue the segment (a harness may add a
+system note between turns, as Claude Code does)."""
 
 
 def _arguments(raw: Any) -> Any:
@@ -61,19 +64,28 @@ def text_of(message: dict[str, Any]) -> str:
     return content or ""
 
 
+def template_role(role: Any) -> str:
+    """The role a chat template is given: OpenAI's `developer` is the system role."""
+    return "system" if role == "developer" else str(role)
+
+
 def template_messages(messages: Sequence[dict[str, Any]], syntax: CallSyntax) -> list[dict[str, str]]:
     """OpenAI messages as the chat template takes them: an assistant turn's calls written in the run's call
-    syntax after its text (how the model would have written them), every content as text."""
+    syntax after its text (how the model would have written them), every content as text. A call whose
+    arguments are not a JSON object cannot be written so: refused, naming it."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         text = text_of(m)
         if m.get("role") == "assistant" and m.get("tool_calls"):
-            calls = [
-                ToolCall(c["function"]["name"], _arguments(c["function"].get("arguments")) or {})
-                for c in m["tool_calls"]
-            ]
+            calls = []
+            for k, c in enumerate(m["tool_calls"]):
+                arguments = _arguments(c["function"].get("arguments") or "{}")
+                if not isinstance(arguments, dict):
+                    raise GatewayError(f"messages[{i}].tool_calls[{k}].function.arguments must be a JSON object",
+                                       param=f"messages[{i}].tool_calls[{k}].function.arguments")  # fmt: skip
+                calls.append(ToolCall(c["function"]["name"], arguments))
             text = (text + "\n" if text else "") + syntax.render(calls)
-        out.append({"role": str(m.get("role")), "content": text})
+        out.append({"role": template_role(m.get("role")), "content": text})
     return out
 
 
@@ -91,6 +103,8 @@ class Segment:
     """The engine's key for this sequence."""
     calls: dict[str, ToolCall] = field(default_factory=dict)
     """The calls of its model turns by the id the gateway gave them (a tool message names the one it answers)."""
+    turn_calls: dict[int, frozenset[str]] = field(default_factory=dict)
+    """The ids of the calls of each model turn that made any, by the turn's position in `messages`."""
 
 
 @dataclass
@@ -105,6 +119,16 @@ class Sample:
     """Requests that extended a segment (only the new messages tokenized)."""
     format_errors: int = 0
     tool_calls: int = 0
+    refusals: Counter[int] = field(default_factory=Counter)
+    """Requests the gateway refused, by HTTP status (a failing agent's likely cause)."""
+    first_refusal: str = ""
+    """The first refusal's line: 'HTTP 404 POST /v1/...: why'."""
+    protocols: Counter[str] = field(default_factory=Counter)
+    """Requests by wire protocol (chat, responses, messages, completions)."""
+
+    def refused(self, status: int, line: str) -> None:
+        self.refusals[status] += 1
+        self.first_refusal = self.first_refusal or line
 
     def trajectories(self) -> list[Trajectory]:
         return [s.traj for s in self.segments if s.traj.num_turns]
@@ -115,26 +139,41 @@ def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
 
 
 def find_segment(sample: Sample, messages: Sequence[dict[str, Any]], tools: str) -> Segment | None:
-    """The segment these messages extend, the longest first; None: a new segment."""
+    """The segment these messages extend, the longest first; None: a new segment. A model turn that made calls
+    matches the client's rendering of it as long as that keeps the ids the gateway gave its calls, in tool_calls or
+    in its text (smolagents sends its turns back as "Calling tools: [...]" text): the segment goes on with the
+    tokens the policy sampled."""
     wanted = [normal(m) for m in messages]
     for segment in sorted(sample.segments, key=lambda s: -len(s.messages)):
         known = segment.messages
-        if segment.tools_key != tools or len(wanted) <= len(known) or wanted[: len(known)] != known:
+        if segment.tools_key != tools or len(wanted) <= len(known):
+            continue
+        if not all(w == k or _renders(messages[i], segment.turn_calls.get(i)) for i, (w, k) in
+                   enumerate(zip(wanted, known, strict=False))):  # fmt: skip
             continue
         if known[-1][0] == "assistant" and all(m[0] in CONTINUING_ROLES for m in wanted[len(known) :]):
             return segment
     return None
 
 
+def _renders(message: dict[str, Any], ids: frozenset[str] | None) -> bool:
+    """Whether `message` is a client's own rendering of the model turn whose calls had `ids`."""
+    if not ids or message.get("role") != "assistant":
+        return False
+    given = {c.get("id") for c in message.get("tool_calls") or [] if isinstance(c, dict)}
+    text = text_of(message)
+    return ids <= given or all(i in text for i in ids)
+
+
 def continuation_ids(chat: ChatFormat, added: Sequence[dict[str, Any]], ended: bool) -> list[int]:
     """Ids of the messages an agent added after the model's turn: tool results in the template's tool framing,
-    user turns as user messages, up to the next assistant header."""
+    user and system turns as such, up to the next assistant header."""
     framed: list[dict[str, str]] = []
     for m in added:
         if m.get("role") == "tool":
             framed += chat.tool_messages([text_of(m)])
         else:
-            framed.append({"role": "user", "content": text_of(m)})
+            framed.append({"role": template_role(m.get("role")), "content": text_of(m)})
     return chat.continuation_ids(framed, ended)
 
 
@@ -143,4 +182,5 @@ def branch(segment: Segment) -> Segment:
     traj = copy.copy(segment.traj)
     for name in ("token_ids", "loss_mask", "logprobs", "spans", "texts", "results", "turn_rewards", "infos"):
         setattr(traj, name, list(getattr(traj, name)))
-    return Segment(traj, list(segment.messages), segment.tools_key, segment.ended, calls=dict(segment.calls))
+    return Segment(traj, list(segment.messages), segment.tools_key, segment.ended, calls=dict(segment.calls),
+                   turn_calls=dict(segment.turn_calls))  # fmt: skip

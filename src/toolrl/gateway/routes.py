@@ -1,20 +1,22 @@
-"""The gateway's HTTP routes: `/v1/chat/completions`, `/v1/completions` and `/v1/models`, plain and under
-`/s/SAMPLE/` (one agent run's base URL): the key checked, the body bounded and validated into the wire types,
-refusals as OpenAI error bodies, streams as server-sent events."""
+"""The gateway's HTTP routes: each wire protocol (protocols.py) at its path under `/v1`, plain and under
+`/s/SAMPLE/` (one agent run's base URL), with `/v1/completions` and `/v1/models`. Every request is checked the same
+way: the key (`Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`), the sample, the body bounded and
+parsed; refusals in the protocol's own error shape, each counted (per sample too: a failing agent's cause)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 from typing import Any
 
 from pydantic import ValidationError
 
-from toolrl.gateway.protocol import ChatRequest, CompletionRequest, GatewayError, stream_chunks
-from toolrl.text import first_line
+from toolrl.gateway.completions import complete, completion_events
+from toolrl.gateway.protocols import PROTOCOLS, Protocol, validation_error
+from toolrl.gateway.turns import GatewayError
+from toolrl.text import clip, first_line
 
 log = logging.getLogger("toolrl.gateway.server")
 
@@ -24,73 +26,125 @@ MAX_BODY_BYTES = 32 << 20
 def make_app(gateway):
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    chat = PROTOCOLS["chat"]
+    served = ", ".join(f"POST /v1{PROTOCOLS[name].path}" for name in PROTOCOLS)
+
     def authorised(request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {gateway.key}".encode())
+        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        return hmac.compare_digest(given.encode(), gateway.key.encode())
 
-    def failed(error: GatewayError) -> JSONResponse:
+    def failed(protocol: Protocol, error: GatewayError, request: Request, sample=None) -> JSONResponse:
         gateway.stats["refused"] += 1
-        return JSONResponse(error.body(), status_code=error.status)
+        if sample is not None:
+            sample.refused(error.status, f"HTTP {error.status} {request.method} {_path(request)}: {error}")
+        return JSONResponse(protocol.error(error), status_code=error.status)
 
-    async def handle(request: Request, model, run) -> Any:
-        if not authorised(request):
-            return failed(GatewayError("a valid API key is required (Authorization: Bearer KEY)", 401,
-                                       kind="authentication_error"))  # fmt: skip
+    def check(request: Request):
+        """The request's sample (None: plain paths) once its key and sample are good; else the GatewayError."""
         sid = request.path_params.get("sample")
         with gateway.lock:
             sample = gateway.samples.get(sid) if sid else None
-        if sid and sample is None:
-            return failed(GatewayError(f"no open sample {sid[:40]!r}: its agent run has ended", 404))
-        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-            return failed(GatewayError(f"the body is over {MAX_BODY_BYTES >> 20} MiB", 413))
-        try:
-            body = await request.json()
-            req = model.model_validate(body)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(p) for p in error["loc"]) or "(body)"
-            return failed(GatewayError(f"{where}: {error['msg']}", param=where))
-        except ValueError:
-            return failed(GatewayError("the body is not JSON"))
-        if unknown := req.unsupported():
-            return failed(GatewayError(f"{unknown[0]}: not supported by this gateway", param=unknown[0]))
-        gateway.stats["requests"] += 1
-        gateway.stats["unbound" if sample is None else "bound"] += 1
-        if req.stream and isinstance(req, ChatRequest) and not req.schemas():
-            try:
-                work = gateway.prepare_chat(req, sample)
-            except GatewayError as exc:
-                return failed(exc)
-            gateway.stats["token_streams"] += 1
-            return StreamingResponse(gateway.token_stream(work), media_type="text/event-stream")
-        try:
-            response = await run(req, sample)
-        except GatewayError as exc:
-            return failed(exc)
-        except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
-            log.exception("gateway: a request failed")
-            gateway.stats["errors"] += 1
-            return failed(GatewayError(f"the gateway failed: {first_line(exc)}", 500, kind="server_error"))
-        if req.stream:
-            chunks = stream_chunks(response) if "message" in response["choices"][0] else _completion_chunks(response)
-            return StreamingResponse(iter(chunks), media_type="text/event-stream")
-        return JSONResponse(response)
-
-    async def chat(request: Request):
-        return await handle(request, ChatRequest, gateway.chat_completion)
-
-    async def complete(request: Request):
-        return await handle(request, CompletionRequest, gateway.completion)
-
-    async def models(request: Request):
         if not authorised(request):
-            return failed(GatewayError("a valid API key is required (Authorization: Bearer KEY)", 401,
-                                       kind="authentication_error"))  # fmt: skip
+            return sample, GatewayError("a valid API key is required (Authorization: Bearer KEY, or x-api-key)", 401,
+                                        kind="authentication_error")  # fmt: skip
+        if sid and sample is None:
+            return None, GatewayError(f"no open sample {clip(sid, 40)!r}: its agent run has ended", 404,
+                                      kind="not_found_error")  # fmt: skip
+        return sample, None
+
+    async def body_of(request: Request) -> Any:
+        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+            raise GatewayError(f"the body is over {MAX_BODY_BYTES >> 20} MiB", 413, kind="request_too_large")
+        try:
+            return await request.json()
+        except ValueError:
+            raise GatewayError("the body is not JSON") from None
+
+    def endpoint(protocol: Protocol):
+        async def handle(request: Request):
+            sample, refusal = check(request)
+            if refusal is not None:
+                return failed(protocol, refusal, request, sample)
+            try:
+                req = protocol.parse(await body_of(request), gateway, sample)
+                work = gateway.prepare(req, sample)
+            except ValidationError as exc:
+                return failed(protocol, validation_error(exc), request, sample)
+            except GatewayError as exc:
+                return failed(protocol, exc, request, sample)
+            gateway.stats["requests"] += 1
+            gateway.stats[f"requests/{protocol.name}"] += 1
+            gateway.stats["unbound" if sample is None else "bound"] += 1
+            if sample is not None:
+                sample.protocols[protocol.name] += 1
+            headers = _ignored(gateway, req.ignored)
+            if req.stream:
+                gateway.stats["streams"] += 1
+                events = protocol.stream(gateway, work, gateway.events(work))
+                return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            try:
+                turns = await gateway.run(work)
+            except GatewayError as exc:
+                return failed(protocol, exc, request, sample)
+            except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
+                log.exception("gateway: a request failed")
+                gateway.stats["errors"] += 1
+                error = GatewayError(f"the gateway failed: {first_line(exc)}", 500, kind="server_error")
+                return failed(protocol, error, request, sample)
+            return JSONResponse(protocol.reply(gateway, work, turns), headers=headers)
+
+        return handle
+
+    def extra(protocol: Protocol, handler):
+        async def handle(request: Request):
+            sample, refusal = check(request)
+            if refusal is not None:
+                return failed(protocol, refusal, request, sample)
+            try:
+                body = await body_of(request) if request.method == "POST" else None
+                return JSONResponse(await handler(gateway, body, sample, request.path_params))
+            except ValidationError as exc:
+                return failed(protocol, validation_error(exc), request, sample)
+            except GatewayError as exc:
+                return failed(protocol, exc, request, sample)
+
+        return handle
+
+    async def completions_route(request: Request):
+        sample, refusal = check(request)
+        if refusal is not None:
+            return failed(chat, refusal, request, sample)
+        try:
+            req, reply = await complete(gateway, await body_of(request), sample)
+        except ValidationError as exc:
+            return failed(chat, validation_error(exc), request, sample)
+        except GatewayError as exc:
+            return failed(chat, exc, request, sample)
+        gateway.stats["requests"] += 1
+        if sample is not None:
+            sample.protocols["completions"] += 1
+        if req.stream:
+            return StreamingResponse(iter(completion_events(reply)), media_type="text/event-stream")
+        return JSONResponse(reply)
+
+    async def models(gateway_, body, sample, params):
         card = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "toolrl"}
-        return JSONResponse({"object": "list", "data": [card]})
+        return {"object": "list", "data": [card]}
+
+    async def unknown(request: Request):
+        sample, refusal = check(request)
+        if refusal is None:
+            asked = f"{request.method} {clip(_path(request), 80)}"
+            refusal = GatewayError(f"no such endpoint: {asked}; the gateway serves {served}, POST /v1/completions "
+                                   "and GET /v1/models", 404, kind="not_found_error")  # fmt: skip
+        protocol = PROTOCOLS["messages"] if "/messages" in request.url.path else chat
+        return failed(protocol, refusal, request, sample)
+
+    async def alive(request: Request):  # a harness's connectivity check (Claude Code sends HEAD /)
+        return Response(status_code=200)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -99,14 +153,36 @@ def make_app(gateway):
 
     routes = []
     for prefix in ("", "/s/{sample}"):
+        routes += [Route(f"{prefix}/v1{PROTOCOLS[name].path}", endpoint(PROTOCOLS[name]), methods=["POST"])
+                   for name in PROTOCOLS]  # fmt: skip
+        for name in PROTOCOLS:
+            protocol = PROTOCOLS[name]
+            routes += [Route(f"{prefix}/v1{path}", extra(protocol, handler), methods=[method])
+                       for method, path, handler in protocol.endpoints()]  # fmt: skip
         routes += [
-            Route(f"{prefix}/v1/chat/completions", chat, methods=["POST"]),
-            Route(f"{prefix}/v1/completions", complete, methods=["POST"]),
-            Route(f"{prefix}/v1/models", models, methods=["GET"]),
+            Route(f"{prefix}/v1/completions", completions_route, methods=["POST"]),
+            Route(f"{prefix}/v1/models", extra(chat, models), methods=["GET"]),
+            Route(f"{prefix}/", alive, methods=["HEAD", "GET"]),
         ]
+    for prefix in ("/s/{sample}", ""):  # last: what no route above serves (the per-sample paths first)
+        routes.append(Route(f"{prefix}/{{rest:path}}", unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]))
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def _completion_chunks(response: dict[str, Any]) -> list[str]:
-    chunk = {**response, "object": "text_completion"}
-    return [f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n", "data: [DONE]\n\n"]
+def _path(request) -> str:
+    """The path a client asked for, without the per-sample prefix (what the agent itself named)."""
+    path = request.url.path
+    sid = request.path_params.get("sample")
+    return path.removeprefix(f"/s/{sid}") if sid else path
+
+
+def _ignored(gateway, ignored: list[str]) -> dict[str, str]:
+    if not ignored:
+        return {}
+    for what in ignored:
+        gateway.stats["ignored"] += 1
+        if gateway.stats[f"ignored/{what}"] == 0:
+            log.warning("gateway: %s (the first time; counted in the gateway's stats, told in x-toolrl-ignored)", what)
+        gateway.stats[f"ignored/{what}"] += 1
+    told = clip("; ".join(dict.fromkeys(ignored)), 500)
+    return {"x-toolrl-ignored": told.encode("ascii", "backslashreplace").decode()}

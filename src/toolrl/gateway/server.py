@@ -1,19 +1,19 @@
-"""The gateway: an OpenAI-compatible HTTP server in front of the policy, so agent programs written for any
-OpenAI client run unchanged while their turns are recorded token-exactly for training.
+"""The gateway: an HTTP server in front of the policy that speaks the wire protocols agents are written for
+(OpenAI chat completions and Responses, Anthropic Messages: routes.py and one adapter per protocol), so agent
+programs and harnesses run unchanged while their turns are recorded token-exactly for training (capture.py).
 
-`/v1/chat/completions` (tools, tool_choice, n, stream: token by token without tools), `/v1/completions` and
-`/v1/models`, served by the run's engine (the one rollouts use: it batches the concurrent requests of every
-agent), its chat format and its call syntax (`rollout.parser`): tool calls the model writes come back as OpenAI
-`tool_calls`; a malformed one comes back as the text the model wrote, and is counted. Every request needs the
-gateway's key (`Authorization: Bearer KEY`); it listens on 127.0.0.1. `/s/SAMPLE/v1/...` (the base URL
-`open_sample` gives one agent run) ties requests to one sample, whose segments capture.py records; plain
-`/v1/...` serves without recording (`toolrl serve`).
+This is the protocol-free core: a `TurnRequest` (turns.py) is made ready (`prepare`: the segment it continues or
+starts, the tools shown, the grammar a forced call or a structured reply samples under, stop strings), sampled by
+the run's engine (the one rollouts use: it batches the concurrent requests of every agent), and each choice comes
+back as a `Turn`, whole (`run`) or as events while it is sampled (`events`). Tool calls are parsed in the run's
+call syntax (`rollout.parser`). Every request needs the gateway's key; it listens on 127.0.0.1. `/s/SAMPLE/...`
+(the base URL `open_sample` gives one agent run) ties requests to one sample; plain paths serve without
+recording (`toolrl serve`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import secrets
@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.chat.format import ChatFormat
@@ -37,42 +37,54 @@ from toolrl.gateway.capture import (
     template_messages,
     tools_key,
 )
-from toolrl.gateway.protocol import (
-    ChatRequest,
-    Chunks,
-    CompletionRequest,
-    GatewayError,
-    chat_response,
-    tool_calls_json,
-)
-from toolrl.parsers.base import CallSyntax
-from toolrl.rollout.engine import Engine
+from toolrl.gateway.streaming import TurnText, reply_text
+from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest
+from toolrl.parsers.base import JSON_STYLE, CallSyntax
+from toolrl.rollout.engine import Engine, Sampled
+from toolrl.rollout.guidance import cut_at_stop, grammar_problem
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.text import first_line
 from toolrl.tools.call import ToolResult
 
 log = logging.getLogger(__name__)
 
 UNBOUND = Task("unbound", "", "", {})
 """The task of a request made outside any sample (served, not recorded)."""
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 @dataclass
-class ChatWork:
-    """A chat request made ready to sample: its segments (one per choice) and their sampling."""
+class TurnWork:
+    """A request made ready to sample: its segments (one per choice), their sampling, the tools shown."""
 
-    req: ChatRequest
+    req: TurnRequest
     sample: Sample | None
     segments: list[Segment]
     params: list[SamplingParams]
     schemas: list[dict[str, Any]]
     rid: str
+    prompt_tokens: int
+    """The context the turn continues (the conversation as a prompt): what usage calls input tokens."""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class _Commit:
+    """What makes a prepared request part of its sample once it is accepted: `ids` are the tokens it adds to a
+    segment it continues."""
+
+    apply: Callable[[], None]
+    ids: list[int]
+    continued: bool
+
+    def __call__(self) -> None:
+        self.apply()
 
 
 class Gateway:
-    """The policy behind an OpenAI-compatible endpoint. `start()` serves it from a thread of its own, whose event
-    loop runs the engine; `open_sample(task)` gives an agent run its base URL; `close_sample` its segments."""
+    """The policy behind the agents' endpoints. `start()` serves it from a thread of its own, whose event loop runs
+    the engine; `open_sample(task)` gives an agent run its base URL; `close_sample` its segments."""
 
     def __init__(
         self,
@@ -87,9 +99,12 @@ class Gateway:
         context_length: int = 2**31,
         sampling: SamplingParams | None = None,
         max_calls_per_turn: int = 16,
+        max_stored_responses: int = 1024,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
+        from toolrl.gateway.responses import ResponseStore
+
         self.engine, self.chat, self.syntax, self.model_name = engine, chat, syntax, model_name
         self.key = key or secrets.token_urlsafe(24)
         self.max_new_tokens, self.context_length = max_new_tokens, context_length
@@ -99,6 +114,8 @@ class Gateway:
         self.max_calls_per_turn = max_calls_per_turn
         self.host, self.port = host, port
         self.samples: dict[str, Sample] = {}
+        self.responses = ResponseStore(max_stored_responses)
+        """Responses kept for `previous_response_id` (the Responses API's `store`), per sample, bounded."""
         self.stats: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -114,31 +131,98 @@ class Gateway:
         return sample
 
     def close_sample(self, sample_id: str) -> Sample:
-        """The sample's record; its sequences are released in the engine and later requests to it refused."""
+        """The sample's record; its sequences are released in the engine, its stored responses dropped and later
+        requests to it refused."""
         with self.lock:
             sample = self.samples.pop(sample_id)
+        self.responses.drop(sample_id)
         self._release([s.seq for s in sample.segments])
         return sample
 
     def base_url(self, sample: Sample | str | None = None) -> str:
+        """The OpenAI base URL (…/v1); an Anthropic client takes it without the /v1 (`anthropic_base_url`)."""
+        return self.anthropic_base_url(sample) + "/v1"
+
+    def anthropic_base_url(self, sample: Sample | str | None = None) -> str:
         sid = sample.id if isinstance(sample, Sample) else sample
-        return f"http://{self.host}:{self.port}" + (f"/s/{sid}" if sid else "") + "/v1"
+        return f"http://{self.host}:{self.port}" + (f"/s/{sid}" if sid else "")
 
     def _release(self, seqs: list[object]) -> None:
         if self.loop is None or not seqs:
             return
         self.loop.call_soon_threadsafe(lambda: [self.engine.release(seq) for seq in seqs])
 
-    # ---- requests -----------------------------------------------------------------------------------------
+    # ---- a request made ready -----------------------------------------------------------------------------
 
-    def _params(self, req, n_index: int = 0, prompt_len: int = 0, response_len: int = 0) -> SamplingParams:
-        wanted = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
+    def prepare(self, req: TurnRequest, sample: Sample | None) -> TurnWork:
+        """The segments a request continues or starts and how each choice samples. Refusals raise here, before any
+        reply is sent and before the sample changes (a refused request leaves no trace in the capture)."""
+        if len(req.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in req.stop):
+            raise GatewayError(f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} "
+                               "characters", param="stop")  # fmt: skip
+        schemas = req.shown_tools()
+        grammar = self._grammar(req, schemas)
+        first, commit = self._segment(sample, req, schemas)
+        prompt_len = len(first.traj.token_ids) + len(commit.ids)
+        response_len = prompt_len - first.traj.prompt_length if commit.continued else 0
+        params = [self._params(req, i, prompt_len, response_len, grammar) for i in range(req.n)]
+        commit()
+        segments = [first] + [branch(first) for _ in range(req.n - 1)]
+        if sample is not None:
+            sample.requests += 1
+            sample.segments += segments[1:]
+        return TurnWork(req, sample, segments, params, schemas, uuid.uuid4().hex[:24], prompt_len)
+
+    def prompt_tokens(self, req: TurnRequest) -> int:
+        """How many tokens the request's conversation is as a prompt (Anthropic's count_tokens)."""
+        messages = template_messages(req.messages, self.syntax)
+        return len(self.chat.prompt_ids(messages, req.shown_tools(), self.syntax.instructions))
+
+    def _grammar(self, req: TurnRequest, schemas: list[dict[str, Any]]) -> str | None:
+        """The grammar the turn samples under: a forced call (tool_choice required / a named function), a
+        structured reply (a JSON schema), or a call or such a reply; None when nothing constrains it."""
+        choice = req.tool_choice
+        if choice.forced and not schemas:
+            raise GatewayError("tool_choice: a call is required but no function tools are offered", param="tool_choice")
+        if not choice.forced and req.json_schema is None:
+            return None
+        param = "tool_choice" if choice.forced else req.format_param
+        if not self.engine.follows_grammars:
+            raise GatewayError(f"{param}: the policy's engine ({type(self.engine).__name__}) cannot constrain a turn; "
+                               "use rollout.engine hf or vllm", param=param)  # fmt: skip
+        alternatives, rules = [], []
+        if schemas and (choice.forced or req.json_schema is not None):
+            tools = [(t["function"]["name"], t["function"].get("parameters") or {"type": "object"}) for t in schemas
+                     if choice.name is None or t["function"]["name"] == choice.name]  # fmt: skip
+            if not tools:
+                raise GatewayError(f"tool_choice: no offered function is named {choice.name!r}", param="tool_choice")
+            if self.syntax.grammar is None:
+                raise GatewayError(f"{param}: rollout.parser {self.syntax.name} has no grammar of its calls, so a "
+                                   "call cannot be forced; use hermes, llama3-json or search-r1",
+                                   param=param)  # fmt: skip
+            try:
+                rules.append(self.syntax.grammar(tools, req.parallel_tool_calls))
+            except ValueError as exc:
+                raise GatewayError(f"tool_choice: {exc}", param="tool_choice") from None
+            alternatives.append("calls")
+        if req.json_schema is not None and not choice.forced:
+            schema = {**req.json_schema, "x-guidance": {**JSON_STYLE, **req.json_schema.get("x-guidance", {})}}
+            rules.append(f"answer: %json {json.dumps(schema)}")
+            alternatives.append("answer")
+        grammar = f"start: {' | '.join(alternatives)}\n" + "\n".join(rules)
+        if problem := grammar_problem(grammar):
+            raise GatewayError(f"{param}: the schema cannot be followed: {problem}", param=param)
+        return grammar
+
+    def _params(self, req: TurnRequest, n_index: int, prompt_len: int, response_len: int, grammar: str | None):
+        wanted = req.max_tokens or self.max_new_tokens
         budget = min(wanted, self.max_new_tokens, self.context_length - prompt_len)
         if budget < 1:
             raise GatewayError(
                 f"the prompt is {prompt_len:,} tokens, the model's context {self.context_length:,}: nothing can be "
-                "generated; send a shorter conversation",
+                "generated; send a shorter conversation or serve a model with a longer context (docs/agents.md)",
                 param="messages",
+                code="context_length_exceeded",
             )
         room = self.max_response_tokens - response_len
         if room < 1:
@@ -146,34 +230,43 @@ class Gateway:
                 f"this conversation has {response_len:,} tokens after its first prompt, "
                 f"rollout.max_response_tokens is {self.max_response_tokens:,}: start a new one",
                 param="messages",
+                code="context_length_exceeded",
             )
-        budget = min(budget, room)
         s = self.sampling
         seed = None if req.seed is None else req.seed + n_index
         temperature = s.temperature if req.temperature is None else req.temperature
-        return SamplingParams(temperature, s.top_p if req.top_p is None else req.top_p, s.top_k, budget, seed)
+        top_p = s.top_p if req.top_p is None else req.top_p
+        top_k = s.top_k if req.top_k is None else req.top_k
+        return SamplingParams(temperature, top_p, top_k, min(budget, room), seed, tuple(req.stop), grammar)
 
-    def _segment(self, sample: Sample | None, req: ChatRequest, schemas: list[dict]) -> Segment:
-        """The segment this request continues (only its new messages tokenized), or a new one."""
+    def _segment(self, sample: Sample | None, req: TurnRequest, schemas: list[dict]) -> tuple[Segment, _Commit]:
+        """The segment this request continues (only its new messages tokenized), or a new one; and what makes it
+        so once the request is accepted (the new messages added, or the new segment kept in the sample)."""
         key = tools_key(schemas)
         if sample is not None and (segment := find_segment(sample, req.messages, key)) is not None:
             added = req.messages[len(segment.messages) :]
             ids = continuation_ids(self.chat, added, segment.ended)
-            self._results(segment, added)
-            if any(m["role"] == "user" for m in added):
-                segment.traj.add_user_message(ids, "\n".join(str(m.get("content") or "") for m in added))
-            else:
-                segment.traj.add_observation(ids)
-            segment.messages += [normal(m) for m in added]
-            sample.continued += 1
-            return segment
+
+            def extend() -> None:
+                self._results(segment, added)
+                if any(m["role"] == "user" for m in added):
+                    segment.traj.add_user_message(ids, "\n".join(str(m.get("content") or "") for m in added))
+                else:
+                    segment.traj.add_observation(ids)
+                segment.messages += [normal(m) for m in added]
+                sample.continued += 1
+
+            return segment, _Commit(extend, ids, continued=True)
         messages = template_messages(req.messages, self.syntax)
         prompt = self.chat.prompt_ids(messages, schemas, self.syntax.instructions)
         segment = Segment(Trajectory.start(sample.task if sample else UNBOUND, prompt), [], key)
         segment.messages = [normal(m) for m in req.messages]
-        if sample is not None:
-            sample.segments.append(segment)
-        return segment
+
+        def keep() -> None:
+            if sample is not None:
+                sample.segments.append(segment)
+
+        return segment, _Commit(keep, [], continued=False)
 
     @staticmethod
     def _results(segment: Segment, added: list[dict[str, Any]]) -> None:
@@ -183,138 +276,87 @@ class Gateway:
             if call is not None:
                 segment.traj.results.append(ToolResult(call, str(m.get("content") or "")))
 
-    def _turn(self, segment: Segment, sampled, schemas: list[dict], prefix: str) -> dict[str, Any]:
-        """Record a sampled turn in its segment; the OpenAI message and finish reason for it."""
-        traj = segment.traj
-        text = self.chat.tokenizer.decode(sampled.ids, skip_special_tokens=True)
-        traj.add_model_turn(sampled.ids, sampled.logprobs, text)
-        segment.ended = sampled.ended
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        finish = "stop" if sampled.ended else "length"
-        if schemas:
+    # ---- sampling -----------------------------------------------------------------------------------------
+
+    def _presenter(self, work: TurnWork, index: int, streamed: bool) -> TurnText:
+        known = None
+        if work.schemas:
             known = {t["function"]["name"]: list(t["function"].get("parameters", {}).get("properties", {}))
-                     for t in schemas}  # fmt: skip
-            parsed = self.syntax(text, known).within(self.max_calls_per_turn)
+                     for t in work.schemas}  # fmt: skip
+        max_calls = self.max_calls_per_turn if work.req.parallel_tool_calls else 1
+        prefix = f"call_{work.rid[-8:]}_{index}"
+        return TurnText(index, self.chat.tokenizer, self.syntax, known, work.req.stop, max_calls, prefix, streamed)
+
+    def _finish(self, work: TurnWork, index: int, sampled: Sampled, presenter: TurnText) -> tuple[list[Event], Turn]:
+        """Record a choice's sampled turn in its segment, cut at its first stop string (what was sampled after it
+        is dropped: the client never gets it); the rest of its events and the turn."""
+        segment, req = work.segments[index], work.req
+        ids, logprobs, ended = sampled.ids, sampled.logprobs, sampled.ended
+        cut = cut_at_stop(self.chat.tokenizer, ids, req.stop) if req.stop else None
+        if cut is not None:
+            ids, logprobs, ended, text = ids[: cut.tokens], logprobs[: cut.tokens], False, cut.text
+        else:
+            text = reply_text(self.chat.tokenizer, ids)
+        events = presenter.finish(text)
+        traj = segment.traj
+        written = reply_text(self.chat.tokenizer, ids)
+        traj.add_model_turn(list(ids), list(logprobs), written)
+        segment.ended = ended
+        if work.schemas:
+            parsed = self.syntax(text, presenter.tools).within(presenter.max_calls)
             traj.num_format_errors += parsed.not_run
+            traj.num_tool_calls += len(parsed.calls)
             self.stats["format_errors"] += parsed.not_run
-            if parsed.calls:
-                calls = tool_calls_json(parsed.calls, prefix)
-                segment.calls.update({c["id"]: call for c, call in zip(calls, parsed.calls, strict=True)})
-                traj.num_tool_calls += len(calls)
-                message["tool_calls"] = calls
-                if not parsed.errors:  # every call well formed: the text is the calls
-                    message["content"] = None
-                    finish = "tool_calls"
-        segment.messages.append(normal(message))
-        return {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        segment.calls.update({c.id: c.call for c in presenter.calls if c.call is not None})
+        finish = "stop_sequence" if cut else "length" if not ended else "tool_calls" if presenter.calls else "stop"
+        turn = Turn(index, presenter.text, presenter.calls, finish, len(ids), cut.stop if cut else None)
+        if turn.calls:
+            segment.turn_calls[len(segment.messages)] = frozenset(c.id for c in turn.calls)
+        segment.messages.append(normal(turn.chat_message()))
+        return [*events, TurnDone(turn)], turn
 
-    def prepare_chat(self, req: ChatRequest, sample: Sample | None) -> ChatWork:
-        """The segments a chat request continues or starts and how each choice samples (refusals raise here,
-        before any reply is sent)."""
-        schemas = req.schemas()
-        first = self._segment(sample, req, schemas)
-        segments = [first] + [branch(first) for _ in range(req.n - 1)]
-        if sample is not None:
-            sample.requests += 1
-            sample.segments += segments[1:]
-        prompt_len = len(first.traj.token_ids)
-        params = [self._params(req, i, prompt_len, first.traj.response_length) for i in range(req.n)]
-        return ChatWork(req, sample, segments, params, schemas, f"chatcmpl-{uuid.uuid4().hex[:24]}")
-
-    async def chat_completion(self, req: ChatRequest, sample: Sample | None) -> dict[str, Any]:
-        return await self._run_chat(self.prepare_chat(req, sample))
-
-    async def _run_chat(self, work: ChatWork, on_tokens: Callable[[int, list[int]], None] | None = None) -> dict:
-        """Sample every choice (telling `on_tokens(choice, ids)` the ids as they come), record the turns."""
-        pairs = list(zip(work.segments, work.params, strict=True))
-        if on_tokens is None:
-            runs = [self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in pairs]
-        else:
-            runs = [self.engine.generate_stream(s.seq, s.traj.token_ids, p, functools.partial(on_tokens, i))
-                    for i, (s, p) in enumerate(pairs)]  # fmt: skip
-        prompt_len = len(work.segments[0].traj.token_ids)
-        sampled = await asyncio.gather(*runs)
-        choices = []
-        for i, (segment, result) in enumerate(zip(work.segments, sampled, strict=True)):
-            choice = self._turn(segment, result, work.schemas, f"{work.rid[-8:]}_{i}")
-            choices.append({**choice, "index": i})
-        if work.sample is None:
-            self._release([s.seq for s in work.segments])
-        completion = sum(len(r.ids) for r in sampled)
-        return chat_response(work.rid, work.req.model or self.model_name, choices, prompt_len, completion)
-
-    async def token_stream(self, work: ChatWork) -> AsyncIterator[str]:
-        """A turn without tools streamed as it is sampled: each choice's text grows by the characters its new
-        tokens complete (a character split across tokens waits for its last one); the finish and usage follow
-        the recorded turn. (A turn that may call tools comes whole: stream_chunks.)"""
-        queue: asyncio.Queue = asyncio.Queue()
-        job = asyncio.ensure_future(self._run_chat(work, lambda i, ids: queue.put_nowait((i, ids))))
-        job.add_done_callback(lambda _: queue.put_nowait(None))
-        chunks = Chunks(work.rid, work.req.model or self.model_name)
-        ids: list[list[int]] = [[] for _ in work.segments]
-        sent = [""] * len(work.segments)
-        for i in range(len(work.segments)):
-            yield chunks.opening(i)
-        while (item := await queue.get()) is not None:
-            i, new = item
-            ids[i] += new
-            text = self.chat.tokenizer.decode(ids[i], skip_special_tokens=True)
-            if text.endswith("\ufffd") or len(text) <= len(sent[i]) or not text.startswith(sent[i]):
-                continue
-            yield chunks.delta(i, {"content": text[len(sent[i]) :]})
-            sent[i] = text
+    async def run(self, work: TurnWork) -> list[Turn]:
+        """Sample every choice at once; the turns."""
         try:
-            response = job.result()
-        except Exception as exc:  # after the headers: the error is the stream's last event
-            log.exception("gateway: a streamed request failed")
-            self.stats["errors"] += 1
-            error = exc if isinstance(exc, GatewayError) else GatewayError(f"the gateway failed: {first_line(exc)}")
-            yield f"data: {json.dumps(error.body())}\n\n"
-            yield "data: [DONE]\n\n"
-            return
-        for choice in response["choices"]:
-            for event in chunks.ending(choice, sent[choice["index"]]):
+            sampled = await asyncio.gather(
+                *(self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(work.segments, work.params,
+                                                                                       strict=True))
+            )  # fmt: skip
+            return [
+                self._finish(work, i, r, self._presenter(work, i, streamed=False))[1] for i, r in enumerate(sampled)
+            ]
+        finally:
+            if work.sample is None:
+                self._release([s.seq for s in work.segments])
+
+    async def events(self, work: TurnWork) -> AsyncIterator[Event]:
+        """Sample every choice, yielding its events as its tokens come (text deltas, calls as they begin and their
+        arguments), then each choice's TurnDone. The turns are recorded whether or not the stream is read to
+        its end (a client that hangs up loses nothing from the capture)."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def one(index: int) -> None:
+            segment, presenter = work.segments[index], self._presenter(work, index, streamed=True)
+
+            def heard(ids: list[int]) -> None:
+                queue.put_nowait(presenter.feed(ids))
+
+            sampled = await self.engine.generate_stream(segment.seq, segment.traj.token_ids, work.params[index], heard)
+            queue.put_nowait(self._finish(work, index, sampled, presenter)[0])
+
+        async def every() -> None:
+            try:
+                await asyncio.gather(*(one(i) for i in range(len(work.segments))))
+            finally:
+                if work.sample is None:
+                    self._release([s.seq for s in work.segments])
+
+        job = asyncio.ensure_future(every())
+        job.add_done_callback(lambda _: queue.put_nowait(None))
+        while (batch := await queue.get()) is not None:
+            for event in batch:
                 yield event
-        for event in chunks.closing(response["usage"]):
-            yield event
-
-    async def completion(self, req: CompletionRequest, sample: Sample | None) -> dict[str, Any]:
-        ids = self.chat.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-        if req.stop_token_ids and not set(req.stop_token_ids) <= set(self.chat.stop_ids):
-            raise GatewayError("stop_token_ids: only the policy's own end-of-turn ids "
-                               f"{sorted(self.chat.stop_ids)} end a turn here", param="stop_token_ids")  # fmt: skip
-        segments = [Segment(Trajectory.start(sample.task if sample else UNBOUND, ids), [], "raw")
-                    for _ in range(req.n)]  # fmt: skip
-        params = [self._params(req, i, len(ids)) for i in range(req.n)]
-        sampled = await asyncio.gather(
-            *(self.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(segments, params, strict=True))
-        )
-        choices = []
-        for i, (segment, result) in enumerate(zip(segments, sampled, strict=True)):
-            text = self.chat.tokenizer.decode(result.ids, skip_special_tokens=req.skip_special_tokens)
-            segment.traj.add_model_turn(result.ids, result.logprobs, text)
-            choices.append({"index": i, "text": text, "logprobs": self._token_logprobs(req, result),
-                            "finish_reason": "stop" if result.ended else "length"})  # fmt: skip
-        if sample is not None:
-            sample.requests += 1
-            sample.segments += segments
-        else:
-            self._release([s.seq for s in segments])
-        completion = sum(len(r.ids) for r in sampled)
-        usage = {"prompt_tokens": len(ids), "completion_tokens": completion, "total_tokens": len(ids) + completion}
-        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-                "model": req.model or self.model_name, "choices": choices, "usage": usage}  # fmt: skip
-
-    def _token_logprobs(self, req: CompletionRequest, result) -> dict[str, Any] | None:
-        """The sampled tokens' log-probs when asked (`logprobs`), each token as `token_id:N` with vLLM's
-        `return_tokens_as_token_ids` (toolrl's own OpenAI engine asks so: a run can learn from a served one)."""
-        if req.logprobs is None:
-            return None
-        if req.return_tokens_as_token_ids:
-            tokens = [f"token_id:{i}" for i in result.ids]
-        else:
-            tokens = [self.chat.tokenizer.decode([i]) for i in result.ids]
-        return {"tokens": tokens, "token_logprobs": list(result.logprobs)}
+        job.result()  # a failure: raised here, for the protocol to write as its stream's error
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
 

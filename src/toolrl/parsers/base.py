@@ -52,17 +52,39 @@ Parser = Callable[[str, Collection[str] | None], ParseResult]
 """(model text, known tools) -> calls and errors. Known tools may be a mapping from each tool's name to its
 parameter names in order (parsers that take positional arguments bind them with it), or None (any name)."""
 Render = Callable[[Sequence[ToolCall]], str]
+CallGrammar = Callable[[Sequence[tuple[str, dict[str, Any]]], bool], str]
+"""(tools as (name, JSON schema of its arguments), several calls allowed) -> Lark rules (llguidance's dialect,
+schemas embedded with %json) whose rule `calls` derives exactly the calls of those tools the parser reads:
+what an engine samples under when a call is forced (`tool_choice: required`). Rule names other than `calls`
+start with the syntax's own prefix, so that a caller can add rules beside them."""
+
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+"""How constrained JSON is written: as json.dumps writes it (the renderers' and most models' spacing); keywords
+llguidance does not know are ignored rather than refused."""
+
+
+@dataclass(frozen=True)
+class CallFraming:
+    """Where a call stands in the text, for streaming it as it is written: `opening`, then a JSON object whose
+    "name" comes first and whose arguments (under one of `argument_keys`) come second, then `closing`."""
+
+    opening: str
+    closing: str
+    argument_keys: tuple[str, ...] = ("arguments", "parameters")
 
 
 @dataclass(frozen=True)
 class CallSyntax:
-    """One way of writing tool calls: parse, render, and the instructions the fallback prompt gives."""
+    """One way of writing tool calls: parse, render, and the instructions the fallback prompt gives; optionally
+    the grammar of its calls (to force one) and its framing (to stream one as it is written)."""
 
     name: str
     parse: Parser
     render: Render
     instructions: str
     """How to call a tool, shown after the tools' schemas when the chat template does not show them."""
+    grammar: CallGrammar | None = None
+    framing: CallFraming | None = None
 
     def __call__(self, text: str, known_tools: Collection[str] | None = None) -> ParseResult:
         return self.parse(text, known_tools)
@@ -71,9 +93,18 @@ class CallSyntax:
 PARSERS: Registry[CallSyntax] = Registry("parser", "rollout.parser")
 
 
-def register_parser(name: str, render: Render | None = None, instructions: str | None = None):
+def register_parser(
+    name: str,
+    render: Render | None = None,
+    instructions: str | None = None,
+    *,
+    grammar: CallGrammar | None = None,
+    framing: CallFraming | None = None,
+):
     """Register a parser function under `name`, with how to write its calls (`render`, `instructions`).
-    Without them, prompts show Hermes-style calls and a warning says so."""
+    Without them, prompts show Hermes-style calls and a warning says so. `grammar`: the Lark rules of its calls
+    (CallGrammar), without which a forced call is refused; `framing`: where its calls stand in the text (for
+    streaming their arguments as they are written; without it a turn that may call tools streams at its end)."""
 
     def add(parse: Parser) -> Parser:
         fallback = render is None or instructions is None
@@ -85,10 +116,35 @@ def register_parser(name: str, render: Render | None = None, instructions: str |
             parse,
             render or (hermes.render if hermes else _json_lines),
             instructions or (hermes.instructions if hermes else ""),
+            grammar,
+            framing,
         )
         return parse
 
     return add
+
+
+def lark_literal(text: str) -> str:
+    """`text` as a Lark string literal ('' for no text: Lark has no empty literal)."""
+    return json.dumps(text) if text else ""
+
+
+def json_calls_grammar(prefix: str, opening: str, closing: str, separator: str, arguments_key: str) -> CallGrammar:
+    """The CallGrammar of calls written `opening` + {"name": NAME, arguments_key: {...}} + `closing`, several
+    joined by `separator`: each tool's arguments under its own schema."""
+
+    def grammar(tools: Sequence[tuple[str, dict[str, Any]]], several: bool) -> str:
+        bodies = [
+            {"type": "object", "properties": {"name": {"const": name}, arguments_key: parameters or {"type": "object"}},
+             "required": ["name", arguments_key], "additionalProperties": False}
+            for name, parameters in tools
+        ]  # fmt: skip
+        schema = {"anyOf": bodies, "x-guidance": JSON_STYLE}
+        repeat = f" ({json.dumps(separator)} {prefix}_call)*" if several else ""
+        call = " ".join(part for part in (lark_literal(opening), f"{prefix}_body", lark_literal(closing)) if part)
+        return f"calls: {prefix}_call{repeat}\n{prefix}_call: {call}\n{prefix}_body: %json {json.dumps(schema)}\n"
+
+    return grammar
 
 
 def get_parser(name: str) -> CallSyntax:

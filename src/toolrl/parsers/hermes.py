@@ -6,7 +6,14 @@ import json
 import re
 from collections.abc import Collection, Sequence
 
-from toolrl.parsers.base import ParseResult, call_from_object, decode_error, register_parser
+from toolrl.parsers.base import (
+    CallFraming,
+    ParseResult,
+    call_from_object,
+    decode_error,
+    json_calls_grammar,
+    register_parser,
+)
 from toolrl.tools.call import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -32,7 +39,11 @@ def render_hermes(calls: Sequence[ToolCall]) -> str:
     return "\n".join(f"{OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n{CLOSE}" for c in calls)
 
 
-@register_parser("hermes", render_hermes, INSTRUCTIONS)
+GRAMMAR = json_calls_grammar("hermes", f"{OPEN}\n", f"\n{CLOSE}", "\n", "arguments")
+"""Calls as render_hermes writes them."""
+
+
+@register_parser("hermes", render_hermes, INSTRUCTIONS, grammar=GRAMMAR, framing=CallFraming(OPEN, CLOSE))
 def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> ParseResult:
     """Each `<tool_call>` opens a call that ends at its `</tool_call>` (or at the next `<tool_call>`, an error);
     a `</tool_call>` that closes nothing is an error too: no span that looks like a call goes unreported."""

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Collection, Sequence
 
-from toolrl.parsers.base import ParseResult, call_from_object, decode_error, register_parser
+from toolrl.parsers.base import ParseResult, call_from_object, decode_error, json_calls_grammar, register_parser
 from toolrl.tools.call import ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
@@ -28,7 +28,8 @@ def render_llama3_json(calls: Sequence[ToolCall]) -> str:
     return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls)
 
 
-@register_parser("llama3-json", render_llama3_json, INSTRUCTIONS)
+@register_parser("llama3-json", render_llama3_json, INSTRUCTIONS,
+                 grammar=json_calls_grammar("llama3", "", "", "; ", "parameters"))  # fmt: skip
 def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> ParseResult:
     """Every top-level JSON object with a "name" key is a call; an object that opens with `{"name":` and does not
     decode is a format error. A reply that starts like a call (a `{` or the python tag) but holds no decodable

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
-from toolrl.parsers.base import Parser, ParseResult, register_parser
+from toolrl.parsers.base import CallGrammar, Parser, ParseResult, lark_literal, register_parser
 from toolrl.tools.call import ToolCall, unknown_tool_error
 
 
@@ -33,6 +34,25 @@ def tag_parser(tags: Mapping[str, tuple[str, str]]) -> Parser:
     return parse
 
 
+def tag_grammar(tags: Mapping[str, tuple[str, str]]) -> CallGrammar:
+    """The CallGrammar of `tag_parser(tags)`: `<tag>text</tag>` for each offered tool that has a tag, the text
+    without `<`."""
+    by_tool = {tool: tag for tag, (tool, _) in tags.items()}
+
+    def grammar(tools: Sequence[tuple[str, dict[str, Any]]], several: bool) -> str:
+        offered = [by_tool[name] for name, _ in tools if name in by_tool]
+        if not offered:
+            raise ValueError(f"no offered tool has a tag ({', '.join(sorted(by_tool))} do)")
+        repeat = ' ("\\n" tag_call)*' if several else ""
+        lines = [f"calls: tag_call{repeat}", "tag_call: " + " | ".join(f"tag_{k}" for k in range(len(offered)))]
+        lines += [
+            f"tag_{k}: {lark_literal(f'<{tag}>')} /[^<]+/ {lark_literal(f'</{tag}>')}" for k, tag in enumerate(offered)
+        ]
+        return "\n".join(lines) + "\n"
+
+    return grammar
+
+
 def tag_syntax(tags: Mapping[str, tuple[str, str]]) -> tuple[Callable[[Sequence[ToolCall]], str], str]:
     """(render, instructions) for the tags of `tag_parser(tags)`."""
     by_tool = {tool: (tag, argument) for tag, (tool, argument) in tags.items()}
@@ -49,4 +69,4 @@ def tag_syntax(tags: Mapping[str, tuple[str, str]]) -> tuple[Callable[[Sequence[
 
 
 SEARCH_R1 = {"search": ("search", "query")}
-register_parser("search-r1", *tag_syntax(SEARCH_R1))(tag_parser(SEARCH_R1))
+register_parser("search-r1", *tag_syntax(SEARCH_R1), grammar=tag_grammar(SEARCH_R1))(tag_parser(SEARCH_R1))

@@ -4,25 +4,35 @@ gateway; the turns the gateway recorded are the sample's trajectory.
 A sample whose agent made several unrelated requests (a sub-agent, a retry with a summarised history) has
 several segments: the one with the most sampled tokens is the sample's trajectory, the others ride along in its
 `extra` and share its reward (trained with its advantage by a sequence-level estimator: grpo, dr_grpo, rloo).
-An agent that fails (raises, exits non-zero, outlives env.options.timeout_s) fails its sample: reward 0, its
-reason in the trajectory's env_fault.
+An agent that fails (raises, exits non-zero, outlives env.options.timeout_s, or had every request refused by
+the gateway) fails its sample: reward 0, its reason in the trajectory's env_fault, its cause counted. A rollout in
+which every agent failed is a warning naming the most common cause with an example line;
+env.options.max_failed_steps such rollouts in a row stop the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from toolrl.envs.agent.env import AgentEnv, AgentOutcome
 from toolrl.envs.base import Task
+from toolrl.errors import ToolRLError
 from toolrl.gateway import Gateway, Sample
 from toolrl.rewards.rubric import mark_suspects
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.text import first_line
+from toolrl.text import clip
 
 log = logging.getLogger(__name__)
+
+
+def cause_key(cause: str) -> str:
+    """A failure's cause as a metric name: 'HTTP 404' -> http_404, 'raised ValueError' -> raised_valueerror."""
+    return re.sub(r"[^a-z0-9]+", "_", cause.lower()).strip("_") or "unknown"
 
 
 class AgentRollout:
@@ -32,6 +42,8 @@ class AgentRollout:
         self.env, self.gateway, self.executor, self.chat = env, gateway, executor, chat
         self.engine = gateway.engine
         self.stats = env.counts.stats
+        self.failed_in_a_row = 0
+        """Rollouts in a row in which every agent failed."""
 
     def refuse_long_prompts(self, tasks: Sequence[Task], context: int) -> None:
         """The agent writes its own prompts: the gateway refuses one past the context, per request."""
@@ -52,22 +64,40 @@ class AgentRollout:
                 try:
                     result = await self.env.run_agent(task, self.gateway.base_url(sample), self.gateway.key)
                     outcome = AgentOutcome(result)
-                except TimeoutError:
-                    outcome = AgentOutcome(
-                        error=f"the agent ran past env.options.timeout_s ({self.env.options.timeout_s:g} s)"
-                    )
                 except Exception as exc:  # the agent's own failure: its sample fails, the run goes on
-                    outcome = AgentOutcome(error=first_line(exc) or type(exc).__name__)
+                    outcome = AgentOutcome.failed(exc, self.env.options.timeout_s)
             outcome.seconds = time.perf_counter() - started
-            return self.gateway.close_sample(sample.id), outcome
+            sample = self.gateway.close_sample(sample.id)
+            blame_refusals(sample, outcome)
+            return sample, outcome
 
         done = await asyncio.gather(*(one(task) for task in tasks))
         trajs = [self._trajectory(sample, outcome) for sample, outcome in done]
+        self._judge_failures([outcome for _, outcome in done])
         await self.env.rubric.score_all(trajs)
         mark_suspects(self.env, trajs)
         for traj in trajs:
             traj.episode = None
         return trajs
+
+    def _judge_failures(self, outcomes: list[AgentOutcome]) -> None:
+        """A warning when every agent failed (its most common cause, an example line), and the run stopped after
+        env.options.max_failed_steps such rollouts in a row."""
+        failed = [o for o in outcomes if o.error is not None]
+        if not failed or len(failed) < len(outcomes):
+            self.failed_in_a_row = 0
+            if failed:
+                log.info("env agent: %d of %d agents failed (%s)", len(failed), len(outcomes), _causes(failed))
+            return
+        self.failed_in_a_row += 1
+        top = Counter(o.cause for o in failed).most_common(1)[0][0]
+        example = next(o.example for o in failed if o.cause == top)
+        told = f"every agent failed ({len(failed)} of {len(outcomes)}: {_causes(failed)}); e.g. {clip(example, 300)}"
+        log.warning("env agent: %s", told)
+        limit = self.env.options.max_failed_steps
+        if limit and self.failed_in_a_row >= limit:
+            raise ToolRLError(f"env.options.max_failed_steps: {told}, in {self.failed_in_a_row} rollouts in a row; "
+                              "fix the agent (or raise max_failed_steps)")  # fmt: skip
 
     def _trajectory(self, sample: Sample, outcome: AgentOutcome) -> Trajectory:
         segments = sample.trajectories()
@@ -88,15 +118,33 @@ class AgentRollout:
         traj.episode = outcome
         traj.timings["agent_s"] = outcome.seconds
         traj.infos.append({"segments": len(segments), "requests": sample.requests})
+        for protocol, count in sample.protocols.items():
+            self.stats[f"requests/{protocol}"] += count
         if outcome.error is not None:
             self.stats["agent_failures"] += 1
-            log.warning("env agent: task %s failed: %s", sample.task.id, outcome.error)
+            self.stats[f"agent_failures/{cause_key(outcome.cause)}"] += 1
+            log.debug("env agent: task %s failed: %s", sample.task.id, outcome.error)
             traj.env_fault, traj.stop_reason = outcome.error, "agent_failed"
             for other in traj.extra:  # the sample failed: every sequence of it did
                 other.env_fault = outcome.error
         else:
             traj.stop_reason = "agent_done"
         return traj
+
+
+def blame_refusals(sample: Sample, outcome: AgentOutcome) -> None:
+    """An agent the gateway refused: a failed agent's cause is the refusal (its own exit or exception follows from
+    it), and an agent none of whose requests was served failed even when it exited 0."""
+    if not sample.refusals or (outcome.error is None and sample.requests):
+        return
+    status = sample.refusals.most_common(1)[0][0]
+    outcome.cause, outcome.example = f"HTTP {status}", sample.first_refusal
+    if outcome.error is None:
+        outcome.error = f"every request was refused by the gateway: {clip(sample.first_refusal, 300)}"
+
+
+def _causes(failed: list[AgentOutcome]) -> str:
+    return ", ".join(f"{n} {cause}" for cause, n in Counter(o.cause for o in failed).most_common())
 
 
 async def _free(engine) -> None:

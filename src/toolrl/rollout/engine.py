@@ -41,6 +41,13 @@ class Sampled:
 class Engine(ABC):
     """Generates continuations; `generate` calls from many trajectories run concurrently on one event loop."""
 
+    follows_grammars = False
+    """Whether it samples under `SamplingParams.grammar` (forced tool calls, structured replies); one that does not
+    is never given a grammar (the gateway refuses such requests in one line)."""
+    stops_at_strings = False
+    """Whether it ends a turn at a `SamplingParams.stop` string itself; for one that does not, what it sampled
+    past the stop string is cut off afterwards (rollout/guidance.py, cut_at_stop) and never recorded."""
+
     @abstractmethod
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         """Sample up to params.max_new_tokens tokens after `tokens`, the sequence's whole context so far."""

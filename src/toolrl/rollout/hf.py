@@ -28,6 +28,7 @@ from toolrl.models.linear import PackedWeights
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, register_engine
+from toolrl.rollout.guidance import TurnGuide, Vocabulary
 from toolrl.rollout.prefixes import PrefixSharing, Slot
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
@@ -55,6 +56,8 @@ class _Request:
     done: bool = False
     on_tokens: Callable[[list[int]], None] | None = None
     told: int = 0  # how many of out.ids on_tokens has heard
+    guide: TurnGuide | None = None
+    """Its stop strings and grammar (rollout/guidance.py), when it has any."""
 
     def tell(self) -> None:
         if self.on_tokens is not None and len(self.out.ids) > self.told:
@@ -67,6 +70,9 @@ class _Request:
 
 
 class HFEngine(PrefixSharing, Engine):
+    follows_grammars = True
+    stops_at_strings = True
+
     def __init__(
         self,
         model,
@@ -77,8 +83,11 @@ class HFEngine(PrefixSharing, Engine):
         prefill_tokens: int = 4096,
         cascade: bool = True,
         pack_weights: bool = True,
+        tokenizer=None,
     ):
         self.model = model
+        self.vocabulary = Vocabulary(tokenizer, model.config.vocab_size) if tokenizer is not None else None
+        """The tokenizer, for requests with stop strings or a grammar."""
         self.stop_ids = set(stop_ids)
         self.pad_id = pad_id
         self.device = device
@@ -118,7 +127,12 @@ class HFEngine(PrefixSharing, Engine):
         if self._driver is not None and not self._driver.done() and self._driver.get_loop() is not loop:
             raise RuntimeError("HFEngine serves one event loop at a time; this one is busy on another")
         future = loop.create_future()
-        self.requests[seq] = _Request(seq, list(tokens), params, future, on_tokens=on_tokens)
+        guide = None
+        if params.stop or params.grammar is not None:
+            if self.vocabulary is None:
+                raise RuntimeError("this HFEngine has no tokenizer: stop strings and grammars need one")
+            guide = TurnGuide(self.vocabulary, params.stop, params.grammar)
+        self.requests[seq] = _Request(seq, list(tokens), params, future, on_tokens=on_tokens, guide=guide)
         if self._driver is None or self._driver.done():
             self._driver = loop.create_task(self._drive())
         return await future
@@ -285,14 +299,16 @@ class HFEngine(PrefixSharing, Engine):
             return
         logits = torch.stack([self.slots[r.seq].logits for r in ready])
         positions = [len(r.tokens) + len(r.out.ids) for r in ready]
-        tokens, logprobs = sample_tokens(logits, [r.params for r in ready], self.generator, positions)
+        allowed = _masks([r.guide for r in ready], logits.shape[-1])
+        tokens, logprobs = sample_tokens(logits, [r.params for r in ready], self.generator, positions, allowed)
         feed = {}
         for request, token, logprob in zip(ready, tokens.tolist(), logprobs.tolist(), strict=True):
             out = request.out
             out.ids.append(token)
             out.logprobs.append(logprob)
             out.ended = token in self.stop_ids
-            if out.ended or len(out.ids) >= request.params.max_new_tokens:
+            stopped = request.guide is not None and request.guide.accept(token)
+            if out.ended or stopped or len(out.ids) >= request.params.max_new_tokens:
                 request.done = True
             else:
                 feed[request.seq] = token
@@ -349,7 +365,21 @@ class HFEngine(PrefixSharing, Engine):
         return out.logits[:, -1].float()
 
 
+def _masks(guides: list[TurnGuide | None], width: int) -> torch.Tensor | None:
+    """[rows, width] bool: the tokens each row may draw (its grammar's mask; any for a row without one), or None
+    when no row has a grammar."""
+    masks = [g.allowed() if g is not None else None for g in guides]
+    if all(m is None for m in masks):
+        return None
+    allowed = torch.ones(len(masks), width, dtype=torch.bool)
+    for row, mask in enumerate(masks):
+        if mask is not None:
+            allowed[row] = False
+            allowed[row, : len(mask)] = mask[:width]
+    return allowed
+
+
 @register_engine("hf", supports_training=True)
 def hf_engine(model, chat, device, seed: int = 0, **_: object) -> HFEngine:
     """The in-process engine on the run's own model (the weights being trained)."""
-    return HFEngine(model, chat.stop_ids, chat.tokenizer.pad_token_id, device, seed=seed)
+    return HFEngine(model, chat.stop_ids, chat.tokenizer.pad_token_id, device, seed=seed, tokenizer=chat.tokenizer)

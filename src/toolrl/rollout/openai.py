@@ -136,6 +136,8 @@ class OpenAIEngine(Engine):
         }
         if params.top_k:
             body["top_k"] = params.top_k
+        if params.stop:  # the server stops there too; what it sends past a stop string is cut off by the gateway
+            body["stop"] = list(params.stop)
         if params.seed is not None:
             body["seed"] = request_seed(params, len(tokens))
         return body

@@ -21,6 +21,11 @@ class SamplingParams:
     """The sequence's own seed: the draw for the token at context position p depends only on (seed, p), so a
     sequence samples the same tokens whatever else shares its batch (reproducible runs, exact resume).
     None: draws come from the engine's generator in batch order."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the turn ends at the first one in its text (the token that completes it is its last)."""
+    grammar: str | None = None
+    """A grammar the turn must follow (llguidance's Lark dialect, JSON schemas embedded with %json): forced tool
+    calls and structured replies (rollout/guidance.py). Only engines with `follows_grammars` take one."""
 
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -52,14 +57,19 @@ def sample_tokens(
     params: Sequence[SamplingParams],
     generator: torch.Generator | None = None,
     positions: Sequence[int] | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `logits` [rows, vocab] and its log-prob. `positions`: each row's context length
-    (where its token goes), used by rows whose params have a seed.
+    (where its token goes), used by rows whose params have a seed. `allowed` [rows, vocab] (bool): the tokens a
+    row may take (a grammar's mask); the others are never drawn.
 
     The log-prob is under softmax(logits / temperature) over the whole vocabulary (the untempered softmax for
-    greedy rows): the quantity the trainer recomputes for its importance ratio, whatever top-k or top-p cut
-    from the distribution that was actually sampled."""
+    greedy rows), or over the allowed tokens when a mask is given (the distribution the token was drawn from):
+    the quantity the trainer recomputes for its importance ratio, whatever top-k or top-p cut from the
+    distribution that was actually sampled."""
     logits = logits.float()
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
     temps = torch.tensor([p.temperature for p in params], device=logits.device)
     greedy = temps == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]

@@ -31,6 +31,10 @@ from toolrl.rollout.weights import shared_folder, write_weights
 
 
 class VLLMEngine(Engine):
+    follows_grammars = True
+    """Through vLLM's structured outputs, on its llguidance backend (the grammars are llguidance's Lark)."""
+    stops_at_strings = True
+
     def __init__(self, model_path: str, stop_ids: Sequence[int], seed: int = 0, dtype: str = "auto", **engine_args):
         try:
             from vllm import AsyncEngineArgs
@@ -44,6 +48,7 @@ class VLLMEngine(Engine):
         self._sync_dir = shared_folder("toolrl-vllm-")
         self._loop = LoopThread("toolrl-vllm")
         engine_args.setdefault("logprobs_mode", "processed_logprobs")
+        engine_args.setdefault("structured_outputs_config", {"backend": "guidance"})
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, seed=seed, **engine_args)
 
         async def start() -> Any:
@@ -61,8 +66,10 @@ class VLLMEngine(Engine):
             max_tokens=params.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
             stop_token_ids=self.stop_ids,
+            stop=list(params.stop) or None,
             skip_special_tokens=False,
             seed=request_seed(params, position),
+            **_structured(params.grammar),
         )
 
     async def _generate(self, tokens: list[int], params: SamplingParams, tell=None) -> Sampled:
@@ -140,6 +147,15 @@ class VLLMEngine(Engine):
         self.llm = None
         self._loop.stop()
         shutil.rmtree(self._sync_dir, ignore_errors=True)
+
+
+def _structured(grammar: str | None) -> dict[str, Any]:
+    """The sampling argument that makes vLLM follow `grammar` (its structured outputs, vLLM 0.11 and later)."""
+    if grammar is None:
+        return {}
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {"structured_outputs": StructuredOutputsParams(grammar=grammar)}
 
 
 @register_engine("vllm", supports_training=True, loads_weights=True)

@@ -24,6 +24,7 @@ import asyncio
 import inspect
 import json
 import os
+import shutil
 import signal
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,51 +37,84 @@ from toolrl.envs.tasks import TaskSplits
 from toolrl.errors import ConfigError
 from toolrl.plugins import import_object
 from toolrl.rewards.rubric import Criterion, Rubric
-from toolrl.text import clip
+from toolrl.text import clip, first_line
 
 
 class AgentOptions(EnvOptions):
     agent: str | None = None
     """`package.module:function`: async def f(task, base_url, api_key) -> result (or a plain function)."""
     command: list[str] | None = None
-    """A program run per sample with OPENAI_BASE_URL, OPENAI_API_KEY and TOOLRL_TASK set; its result is the last
-    line of its output (JSON when it parses)."""
+    """A program run per sample with OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY,
+    TOOLRL_TASK (JSON) and TOOLRL_QUESTION set; its result is the last line of its output (JSON when it parses)."""
     reward: str
     """`package.module:function`: f(task, result, calls) -> float, calls as [{"name", "arguments", "result"}]."""
     timeout_s: float = Field(120.0, gt=0)
     concurrency: int = Field(64, ge=1)
     """Agents running at once (their requests are batched by the engine)."""
+    max_failed_steps: int = Field(3, ge=0)
+    """Rollouts in a row in which every agent failed before the run stops with an error (0: never)."""
 
     @model_validator(mode="after")
     def one_agent(self) -> AgentOptions:
+        """Exactly one agent, found before anything starts: the functions imported, the program on PATH."""
         if (self.agent is None) == (self.command is None):
             raise ValueError("give exactly one of agent (package.module:function) and command (a program)")
+        if self.agent is not None:
+            import_target("env.options.agent", self.agent)
+        elif not self.command or not shutil.which(self.command[0]):
+            program = clip(self.command[0], 80) if self.command else "(empty)"
+            raise ConfigError(f"env.options.command: the program {program!r} is not found (on PATH, or as a path); "
+                              "install it or give its path")  # fmt: skip
+        import_target("env.options.reward", self.reward)
         return self
 
 
 def import_target(where: str, target: str) -> Any:
-    """A function the config names (plugins.import_object), refused when it is not one."""
+    """A function the config names (plugins.import_object, from the current folder too), refused when it is not
+    one."""
     value = import_object(where, target)
     if not callable(value):
         raise ConfigError(f"{where}: {clip(target, 80)!r} is not a function")
     return value
 
 
+class AgentFailed(Exception):
+    """An agent's run failed: `cause` sorts it (exit 3, timeout, HTTP 404, raised ValueError), `example` is the line
+    that shows it (the last line of its stderr, the gateway's refusal)."""
+
+    def __init__(self, message: str, cause: str, example: str = ""):
+        super().__init__(message)
+        self.cause, self.example = cause, example or message
+
+
 @dataclass
 class AgentOutcome:
     """What one agent run gave: its result, the calls the model made (with the results the agent sent back), or
-    why it failed."""
+    why it failed (`error`, its `cause` and an `example` line)."""
 
     result: Any = None
     calls: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    cause: str = ""
+    example: str = ""
+
+    @classmethod
+    def failed(cls, exc: BaseException, timeout_s: float) -> AgentOutcome:
+        if isinstance(exc, TimeoutError):
+            message = f"the agent ran past env.options.timeout_s ({timeout_s:g} s)"
+            return cls(error=message, cause="timeout", example=message)
+        if isinstance(exc, AgentFailed):
+            return cls(error=str(exc), cause=exc.cause, example=exc.example)
+        line = first_line(exc) or type(exc).__name__
+        return cls(error=line, cause=f"raised {type(exc).__name__}", example=line)
 
 
 class AgentReward:
     """The user's reward on a sample's outcome (0 for a failed agent); `stats` are the gateway's counts for the
     step's metrics (reward/segments, reward/extra_segments, reward/requests, reward/continued_requests,
-    reward/agent_failures)."""
+    reward/agent_failures and, by cause, reward/agent_failures/CAUSE: exit_3, timeout, http_404, raised_valueerror;
+    reward/requests/PROTOCOL: chat, responses, messages, completions)."""
 
     def __init__(self, score):
         self.score = score
@@ -129,7 +163,9 @@ class AgentEnv(Environment):
     async def _run_command(self, task: Task, base_url: str, api_key: str) -> Any:
         assert self.options.command is not None
         env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
-               "TOOLRL_TASK": json.dumps({"id": task.id, "question": task.question, "meta": task.meta})}  # fmt: skip
+               "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": api_key,
+               "TOOLRL_TASK": json.dumps({"id": task.id, "question": task.question, "meta": task.meta}),
+               "TOOLRL_QUESTION": task.question}  # fmt: skip
         process = await asyncio.create_subprocess_exec(
             *self.options.command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
@@ -141,8 +177,8 @@ class AgentEnv(Environment):
             await process.wait()
             raise
         if process.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"]
-            raise RuntimeError(f"the agent exited with {process.returncode}: {clip(tail[0], 200)}")
+            tail = clip((err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"])[0], 200)
+            raise AgentFailed(f"the agent exited with {process.returncode}: {tail}", f"exit {process.returncode}", tail)
         lines = out.decode("utf-8", "replace").strip().splitlines()
         last = lines[-1] if lines else ""
         try:

@@ -1,0 +1,393 @@
+"""The gateway's three wire protocols (OpenAI chat completions and Responses, Anthropic Messages) over one capture
+core: the official SDKs parse every reply and stream event, a forced call and a structured reply follow their
+grammar on a real model, stop strings end the turn (streamed or not, on an engine that stops there itself or one
+cut afterwards) with nothing past them captured, text streams as it is sampled, and what is not supported is
+refused in one line in each protocol's own error shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import httpx
+import jsonschema
+import pytest
+import torch
+
+from tests.gateway import policies
+from tests.gateway.clients import PROGRAMS, client_python
+from tests.gateway.policies import RulePolicy, StepwisePolicy
+from toolrl.envs.base import Task
+from toolrl.gateway import Gateway
+from toolrl.parsers import get_parser
+from toolrl.rollout import HFEngine
+from toolrl.rollout.guidance import cut_at_stop
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+           "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+ANSWER = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["answer"], "additionalProperties": False}  # fmt: skip
+
+
+@pytest.fixture
+def serve(chat):
+    made = []
+
+    def start(engine, **kwargs) -> Gateway:
+        made.append(Gateway(engine, chat, get_parser("hermes"), "tiny", **kwargs).start())
+        return made[-1]
+
+    yield start
+    for gateway in made:
+        gateway.stop()
+
+
+@pytest.fixture
+def hf(tiny_model, tokenizer):
+    return HFEngine(tiny_model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"),
+                    tokenizer=tokenizer)  # fmt: skip
+
+
+def post(gateway, path, body, base=None, anthropic=False):
+    headers = {"x-api-key": gateway.key} if anthropic else {"Authorization": f"Bearer {gateway.key}"}
+    return httpx.post(f"{base or gateway.base_url()}{path}", json=body, headers=headers, timeout=120)
+
+
+def events(gateway, path, body, base=None, anthropic=False) -> list[dict]:
+    headers = {"x-api-key": gateway.key} if anthropic else {"Authorization": f"Bearer {gateway.key}"}
+    with httpx.stream("POST", f"{base or gateway.base_url()}{path}", json={**body, "stream": True}, headers=headers,
+                      timeout=120) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
+
+
+def streamed_text(protocol: str, stream: list[dict]) -> str:
+    if protocol == "chat":
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in stream if c["choices"])
+    if protocol == "responses":
+        return "".join(e["delta"] for e in stream if e["type"] == "response.output_text.delta")
+    return "".join(e["delta"]["text"] for e in stream if e["type"] == "content_block_delta" and "text" in e["delta"])
+
+
+def test_the_official_sdks_parse_every_reply_and_stream_event(serve, chat, tmp_path):
+    """Validated in the SDKs' own venvs against their pydantic models, over a policy that streams token by token."""
+    gateway = serve(StepwisePolicy(chat, policies.calculator))
+    env = {"OPENAI_BASE_URL": gateway.base_url(), "OPENAI_API_KEY": gateway.key, "PATH": "/usr/bin:/bin",
+           "ANTHROPIC_BASE_URL": gateway.anthropic_base_url(), "ANTHROPIC_API_KEY": gateway.key}  # fmt: skip
+    for venv, program, kinds in [
+        ("openai", "check_openai_types.py", ["response.function_call_arguments.delta", "response.output_text.delta",
+                                              "chat.completion.chunk", "error"]),
+        ("anthropic", "check_anthropic_types.py", ["content_block_delta", "message_delta", "count_tokens", "error"]),
+    ]:  # fmt: skip
+        done = subprocess.run([client_python(venv), str(PROGRAMS / program)], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        checked = dict(line.split(": ") for line in done.stdout.strip().splitlines())
+        assert all(int(checked.get(kind, 0)) > 0 for kind in kinds), checked
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+def test_a_forced_call_follows_the_offered_schema_on_a_real_model(serve, hf, protocol):
+    """A random tiny model, forced: the turn is a call of the named tool with arguments valid under its schema."""
+    gateway = serve(hf)
+    question = [{"role": "user", "content": "Weather in Oslo?"}]
+    other = {"type": "object", "properties": {"q": {"type": "string"}}}
+    if protocol == "chat":
+        tools = [
+            {"type": "function", "function": {"name": n, "parameters": p}}
+            for n, p in [("search", other), ("weather", WEATHER)]
+        ]
+        body = {"messages": question, "tools": tools, "max_tokens": 96, "temperature": 1.0,
+                "tool_choice": {"type": "function", "function": {"name": "weather"}}}  # fmt: skip
+        message = post(gateway, "/chat/completions", body).json()["choices"][0]["message"]
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]]
+    elif protocol == "responses":
+        tools = [{"type": "function", "name": n, "parameters": p} for n, p in [("search", other), ("weather", WEATHER)]]
+        body = {
+            "input": question,
+            "tools": tools,
+            "max_output_tokens": 96,
+            "tool_choice": {"type": "function", "name": "weather"},
+        }
+        output = post(gateway, "/responses", body).json()["output"]
+        calls = [(i["name"], json.loads(i["arguments"])) for i in output if i["type"] == "function_call"]
+    else:
+        tools = [{"name": n, "input_schema": p} for n, p in [("search", other), ("weather", WEATHER)]]
+        body = {
+            "messages": question,
+            "tools": tools,
+            "max_tokens": 96,
+            "tool_choice": {"type": "tool", "name": "weather"},
+        }
+        reply = post(gateway, "/messages", body, anthropic=True).json()
+        assert reply["stop_reason"] == "tool_use"
+        calls = [(b["name"], b["input"]) for b in reply["content"] if b["type"] == "tool_use"]
+    assert [name for name, _ in calls] == ["weather"]
+    jsonschema.validate(calls[0][1], WEATHER)
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+def test_a_structured_reply_validates_against_its_schema_on_a_real_model(serve, hf, protocol):
+    gateway = serve(hf)
+    question = [{"role": "user", "content": "What is 2 + 2? Reply in JSON."}]
+    if protocol == "chat":
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+        body = {"messages": question, "response_format": fmt, "max_tokens": 64}
+        text = post(gateway, "/chat/completions", body).json()["choices"][0]["message"]["content"]
+    elif protocol == "responses":
+        body = {"input": question, "max_output_tokens": 64,
+                "text": {"format": {"type": "json_schema", "name": "answer", "schema": ANSWER}}}  # fmt: skip
+        text = post(gateway, "/responses", body).json()["output"][0]["content"][0]["text"]
+    else:
+        body = {
+            "messages": question,
+            "max_tokens": 64,
+            "output_config": {"format": {"type": "json_schema", "schema": ANSWER}},
+        }
+        text = post(gateway, "/messages", body, anthropic=True).json()["content"][0]["text"]
+    jsonschema.validate(json.loads(text), ANSWER)
+
+
+def test_json_object_asks_for_any_object(serve, chat):
+    policy = RulePolicy(chat, lambda context, params: '{"a": 1}')
+    gateway = serve(policy)
+    body = {"messages": [{"role": "user", "content": "JSON?"}], "response_format": {"type": "json_object"}}
+    assert post(gateway, "/chat/completions", body).json()["choices"][0]["message"]["content"] == '{"a": 1}'
+    assert '"type": "object"' in policy.seen[-1][2].grammar
+
+
+def stop_request(protocol: str, stop: str, stream: bool = False) -> tuple[str, dict, dict]:
+    question = [{"role": "user", "content": "Tell me a story."}]
+    if protocol == "chat":
+        return "/chat/completions", {"messages": question, "stop": [stop], "max_tokens": 40, "temperature": 0}, {}
+    if protocol == "responses":  # the Responses API has no stop strings: the one protocol without
+        raise AssertionError
+    body = {"messages": question, "stop_sequences": [stop], "max_tokens": 40, "temperature": 0}
+    return "/messages", body, {"anthropic": True}
+
+
+def reply_text(protocol: str, reply: dict) -> str:
+    if protocol == "chat":
+        return reply["choices"][0]["message"]["content"]
+    return "".join(b["text"] for b in reply["content"] if b["type"] == "text")
+
+
+@pytest.mark.parametrize("protocol", ["chat", "messages"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_ends_the_turn_and_nothing_after_it_is_sent_or_captured(serve, hf, tokenizer, protocol, stream):
+    """On the hf engine (it stops there itself): the reply is the greedy reply cut before the stop string (which
+    no delta ever shows), and the captured turn ends with the token that completed it."""
+    gateway = serve(hf)
+    sample = gateway.open_sample(Task("t", "story", "", {}))
+    base = gateway.base_url(sample)
+    path, body, how = stop_request(protocol, "x")
+    free = {**body, "stop": None, "stop_sequences": None}
+    full = reply_text(protocol, post(gateway, path, {k: v for k, v in free.items() if v is not None}, base=base,
+                                     **how).json())  # fmt: skip
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    path, body, how = stop_request(protocol, stop)
+    if stream:
+        stream_events = events(gateway, path, body, base=base, **how)
+        text = streamed_text(protocol, stream_events)
+        assert not any(stop in streamed_text(protocol, [e]) for e in stream_events)  # no delta shows it
+    else:
+        reply = post(gateway, path, body, base=base, **how).json()
+        text = reply_text(protocol, reply)
+        if protocol == "messages":
+            assert reply["stop_reason"] == "stop_sequence" and reply["stop_sequence"] == stop
+        else:
+            assert reply["choices"][0]["finish_reason"] == "stop"
+    assert text == full[: full.index(stop)]
+    record = gateway.close_sample(sample.id)
+    first, second = record.segments[0].traj, record.segments[1].traj  # the free turn, the stopped one
+    (a, b), (c, d) = first.model_spans()[0], second.model_spans()[0]
+    cut = cut_at_stop(tokenizer, first.token_ids[a:b], [stop])
+    assert second.token_ids[c:d] == first.token_ids[a : a + cut.tokens]  # up to the completing token, no further
+
+
+def test_an_engine_that_samples_past_a_stop_string_is_cut_and_what_follows_is_not_captured(serve, chat):
+    """A policy that does not stop at strings (a served model, a test double): its turn is cut at the token that
+    completes the stop string; the tokens after it are neither sent nor recorded (no token the client did not
+    receive enters the loss), and the segment continues from the cut."""
+    policy = RulePolicy(chat, lambda context, params: "Thought: add them.\nObservation: 4\nFinal: 4")
+    gateway = serve(policy)
+    sample = gateway.open_sample(Task("t", "q", "4", {}))
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    reply = post(gateway, "/chat/completions", {"messages": messages, "stop": ["Observation:"]},
+                 base=gateway.base_url(sample)).json()  # fmt: skip
+    assert reply["choices"][0]["message"]["content"] == "Thought: add them.\n"
+    messages += [reply["choices"][0]["message"], {"role": "user", "content": "Observation: 4"}]
+    post(gateway, "/chat/completions", {"messages": messages, "stop": ["Observation:"]}, base=gateway.base_url(sample))
+    record = gateway.close_sample(sample.id)
+    (segment,) = record.segments
+    a, b = segment.traj.model_spans()[0]
+    assert chat.tokenizer.decode(segment.traj.token_ids[a:b]) == "Thought: add them.\nObservation:"
+    assert not segment.ended or record.continued == 1
+    assert segment.traj.loss_mask[a:b] == [1] * (b - a) and policies.drift(policy, segment) == 0
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+def test_the_first_delta_of_a_64_token_answer_arrives_before_its_last_token_is_sampled(serve, chat, protocol):
+    answer = "".join(f"{i % 10}" for i in range(63))  # one token a character: 63 tokens and the end of turn
+    policy = StepwisePolicy(chat, lambda context, params: answer, delay=0.01)
+    gateway = serve(policy)
+    question = [{"role": "user", "content": "Count."}]
+    path, body, how = {
+        "chat": ("/chat/completions", {"messages": question}, {}),
+        "responses": ("/responses", {"input": question}, {}),
+        "messages": ("/messages", {"messages": question, "max_tokens": 100}, {"anthropic": True}),
+    }[protocol]
+    base = None
+    headers = {"x-api-key": gateway.key} if how else {"Authorization": f"Bearer {gateway.key}"}
+    arrivals, text = [], ""
+    with httpx.stream("POST", f"{base or gateway.base_url()}{path}", json={**body, "stream": True}, headers=headers,
+                      timeout=60) as response:  # fmt: skip
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                piece = streamed_text(protocol, [json.loads(line[6:])])
+                if piece:
+                    arrivals.append(time.monotonic())
+                    text += piece
+    assert text == answer and len(arrivals) > 30
+    assert arrivals[0] < policy.told_last - 0.3  # the first delta came ~0.6 s before the last token
+
+
+def test_responses_are_kept_per_sample_bounded_and_only_with_store(serve, chat):
+    gateway = serve(RulePolicy(chat, policies.calculator), max_stored_responses=2)
+    tools = [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}]
+    one, two = gateway.open_sample(Task("a", "q", "", {})), gateway.open_sample(Task("b", "q", "", {}))
+    first = post(gateway, "/responses", {"input": "2 + 2?", "tools": tools}, base=gateway.base_url(one)).json()
+    assert first["store"] is True and first["output"][0]["type"] == "function_call"
+    got = httpx.get(
+        f"{gateway.base_url(one)}/responses/{first['id']}", headers={"Authorization": f"Bearer {gateway.key}"}
+    )
+    assert got.json()["id"] == first["id"]
+    elsewhere = post(
+        gateway, "/responses", {"input": "x", "previous_response_id": first["id"]}, base=gateway.base_url(two)
+    )
+    assert elsewhere.status_code == 404 and elsewhere.json()["error"]["param"] == "previous_response_id"
+    unstored = post(gateway, "/responses", {"input": "2 + 2?", "store": False}, base=gateway.base_url(one)).json()
+    gone = post(
+        gateway, "/responses", {"input": "x", "previous_response_id": unstored["id"]}, base=gateway.base_url(one)
+    )
+    assert gone.status_code == 404 and "no stored response" in gone.json()["error"]["message"]
+    for _ in range(2):  # two more stored: the first is dropped (the bound is 2)
+        post(gateway, "/responses", {"input": "2 + 2?"}, base=gateway.base_url(one))
+    late = post(gateway, "/responses", {"input": "x", "previous_response_id": first["id"]}, base=gateway.base_url(one))
+    assert late.status_code == 404
+    gateway.close_sample(one.id)
+    assert not gateway.responses.kept  # a closed sample's responses go with it
+
+
+def test_what_the_gateway_does_not_do_is_refused_in_one_line_or_left_out_and_told(serve, chat):
+    gateway = serve(RulePolicy(chat, policies.calculator))
+    image = {"type": "input_image", "image_url": "file:///etc/shadow"}
+    refused = post(gateway, "/responses", {"input": [{"role": "user", "content": [image]}]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[0].content[0]"
+    assert post(gateway, "/responses", {"input": "x", "background": True}).json()["error"]["param"] == "background"
+    reference = post(gateway, "/responses", {"input": [{"type": "item_reference", "id": "msg_1"}]}).json()["error"]
+    assert "item_reference is not supported" in reference["message"]
+    base = gateway.base_url()
+    picture = {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}
+    error = post(gateway, "/messages", {"messages": [picture], "max_tokens": 8}, base=base, anthropic=True).json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert "image is not supported" in error["error"]["message"]
+    prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
+    assert "prefill" in post(gateway, "/messages", {"messages": prefill}, base=base, anthropic=True).text
+    wrong = post(gateway, "/messages", {"messages": prefill[:1]}, base=base, anthropic=False)  # bearer works as well
+    assert wrong.status_code == 200
+    bad_key = httpx.post(f"{base}/v1/messages", json={"messages": prefill[:1]}, headers={"x-api-key": "nope"})
+    assert bad_key.status_code == 401 and bad_key.json()["error"]["type"] == "authentication_error"
+    hosted = [{"type": "web_search"}, {"type": "function", "name": "calculator", "parameters": {"type": "object"}}]
+    served = post(gateway, "/responses", {"input": "2 + 2?", "tools": hosted})
+    assert served.status_code == 200 and "web_search" in served.headers["x-toolrl-ignored"]
+    assert gateway.stats["ignored/tools[0] web_search (a hosted tool the gateway does not run)"] == 1
+    reasoning = [{"type": "reasoning", "summary": []}, {"role": "user", "content": "2 + 2?"}]
+    assert "reasoning" in post(gateway, "/responses", {"input": reasoning}).headers["x-toolrl-ignored"]
+    unknown = post(gateway, "/embeddings", {"input": "x"})
+    assert unknown.status_code == 404 and "no such endpoint: POST /v1/embeddings" in unknown.json()["error"]["message"]
+
+
+def test_a_namespaced_tool_is_offered_by_its_full_name_and_comes_back_with_its_namespace(serve, chat):
+    """Codex groups tools in namespaces: the model sees `namespace.name`; the call comes back as name + namespace,
+    and sent back so, continues the segment."""
+    policy = RulePolicy(chat, lambda c, p: "Done." if policies.answered(c) else policies.call("agents.spawn", task="x"))
+    gateway = serve(policy)
+    sample = gateway.open_sample(Task("t", "q", "", {}))
+    tools = [{"type": "namespace", "name": "agents", "description": "Sub-agents.",
+              "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object"}}]}]  # fmt: skip
+    first = post(gateway, "/responses", {"input": "go", "tools": tools, "store": False}, base=gateway.base_url(sample))
+    (item,) = first.json()["output"]
+    assert (item["name"], item["namespace"]) == ("spawn", "agents")
+    replay = [{"role": "user", "content": "go"}, item, {"type": "function_call_output", "call_id": item["call_id"],
+                                                        "output": "spawned"}]  # fmt: skip
+    second = post(gateway, "/responses", {"input": replay, "tools": tools}, base=gateway.base_url(sample)).json()
+    assert second["output"][0]["content"][0]["text"] == "Done."
+    record = gateway.close_sample(sample.id)
+    assert record.continued == 1 and len(record.segments) == 1
+
+
+def test_a_prompt_past_the_context_is_refused_naming_both_lengths_in_each_shape(serve, chat):
+    gateway = serve(RulePolicy(chat, policies.calculator), context_length=64)
+    long = [{"role": "user", "content": "word " * 200}]
+    chat_error = post(gateway, "/chat/completions", {"messages": long}).json()["error"]
+    assert chat_error["code"] == "context_length_exceeded" and "the model's context 64" in chat_error["message"]
+    error = post(gateway, "/messages", {"messages": long}, anthropic=True).json()
+    assert error["error"]["message"].startswith("prompt is too long: the prompt is ")  # the words harnesses look for
+    count = post(gateway, "/messages/count_tokens", {"messages": long}, anthropic=True)
+    assert count.json()["input_tokens"] > 200
+
+
+def test_a_stream_that_fails_after_its_first_event_ends_with_the_protocols_error_event(serve, chat):
+    class Failing(StepwisePolicy):
+        async def generate_stream(self, seq, tokens, params, on_tokens):
+            on_tokens(self.chat.encode("Hel"))
+            raise RuntimeError("the engine broke")
+
+    gateway = serve(Failing(chat, policies.calculator))
+    question = [{"role": "user", "content": "hi"}]
+    last = events(gateway, "/chat/completions", {"messages": question})[-1]
+    assert "the engine broke" in last["error"]["message"]
+    assert events(gateway, "/responses", {"input": question})[-1]["type"] == "response.failed"
+    last = events(gateway, "/messages", {"messages": question}, anthropic=True)[-1]
+    assert last["type"] == "error" and "the engine broke" in last["error"]["message"]
+    assert gateway.stats["errors"] == 3
+
+
+def test_concurrent_streams_of_many_samples_each_land_in_their_own_segment(serve, chat):
+    gateway = serve(StepwisePolicy(chat, policies.calculator, delay=0.001))
+    samples = [gateway.open_sample(Task(str(i), "q", "", {})) for i in range(6)]
+    failures: list[BaseException] = []
+
+    def run(sample):
+        try:
+            messages = [{"role": "user", "content": f"Sum {sample.task.id} + 2?"}]
+            tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+            chunks = events(gateway, "/chat/completions", {"messages": messages, "tools": tools},
+                            base=gateway.base_url(sample))  # fmt: skip
+            calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if c["choices"] and
+                     "tool_calls" in c["choices"][0]["delta"]]  # fmt: skip
+            call = {
+                "id": calls[0]["id"],
+                "type": "function",
+                "function": {"name": "calculator", "arguments": "".join(c["function"]["arguments"] for c in calls)},
+            }
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": "4"}]  # fmt: skip
+            events(gateway, "/chat/completions", {"messages": messages, "tools": tools}, base=gateway.base_url(sample))
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in samples]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    for sample in samples:
+        record = gateway.close_sample(sample.id)
+        assert len(record.segments) == 1 and record.continued == 1 and record.segments[0].traj.num_turns == 2
