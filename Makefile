@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz faults before-after sandbox-probe env-builder test-vllm test-verifiers ui-screenshots
+.PHONY: install install-test demo test lint format fuzz faults before-after sandbox-probe env-builder test-vllm test-verifiers ui-screenshots clients harnesses test-harnesses
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,9 +50,33 @@ format:
 	$(BIN)/ruff check --fix src tests bench
 	$(BIN)/ruff format src tests bench
 
-test: install-test lint
+test: install-test clients harnesses lint
 	$(BIN)/toolrl model fetch
-	TOOLRL_BROWSER_TESTS=$$([ "$$(id -u)" = 0 ] && echo required) $(BIN)/pytest -q
+	TOOLRL_BROWSER_TESTS=$$([ "$$(id -u)" = 0 ] && echo required) TOOLRL_CLIENT_TESTS=required \
+		TOOLRL_HARNESS_TESTS=$$(command -v node >/dev/null && echo required) $(BIN)/pytest -q
+
+# Agent libraries the gateway's tests drive unchanged (tests/gateway/test_clients.py), each in a venv of its own so
+# that their pins never touch toolrl's: .venv-clients/NAME from tests/clients/requirements/NAME.txt, built in parallel.
+CLIENTS := $(basename $(notdir $(wildcard tests/clients/requirements/*.txt)))
+CLIENT_VENVS ?= .venv-clients
+clients:
+	@$(MAKE) --no-print-directory -j 4 $(foreach c,$(CLIENTS),$(CLIENT_VENVS)/$(c)/.installed)
+
+$(CLIENT_VENVS)/%/.installed: tests/clients/requirements/%.txt
+	$(PYTHON) -m venv $(CLIENT_VENVS)/$*
+	$(CLIENT_VENVS)/$*/bin/pip install -q -r $<
+	touch $@
+
+# Agent harness programs from npm (Codex CLI, Claude Code, opencode) in a folder of their own, at the exact versions
+# of tests/clients/harnesses/package.json (npm install: npm ci refuses the lock npm writes for opencode's optional
+# platform binaries); skipped with a note where node is missing (their tests say so).
+harnesses:
+	@if command -v npm >/dev/null; then npm install --prefix tests/clients/harnesses --no-audit --no-fund --silent; \
+	else echo "note: npm is not installed; the harness tests will skip (install Node.js 20 or later)"; fi
+
+test-harnesses: install-test clients harnesses
+	TOOLRL_CLIENT_TESTS=required TOOLRL_HARNESS_TESTS=required $(BIN)/pytest -q tests/gateway/test_harnesses.py \
+		tests/gateway/test_clients.py
 
 # The UI's browser tests, writing the screenshots that docs/ui.md shows.
 ui-screenshots: install-test

@@ -3,6 +3,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -107,17 +108,18 @@ def test_an_agent_library_in_a_venv_of_its_own_trains_two_steps_from_the_command
 
     venv, program, _, _ = CLIENTS[client]
     agent = ["--set", f"env.options.command=[{client_python(venv)}, {PROGRAMS / program}]"]
-    more = [
-        "--set",
-        "rollout.max_new_tokens=48",
-        "--set",
-        "rollout.max_response_tokens=4096",
-        "--set",
-        "env.options.timeout_s=300",
-    ]
+    more = ["--set", "rollout.max_new_tokens=48", "--set", "rollout.max_response_tokens=4096",
+            "--set", "env.options.timeout_s=300"]  # fmt: skip
     steps = trained_steps(tmp_path, train_command(tmp_path, tiny_model_dir, agent, *more))
     assert all(s.get(f"reward/requests/{protocol}", 0) >= 4 for s in steps), steps[-1]
     assert all(not s.get("reward/agent_failures") for s in steps), steps[-1]
+    # the engine's log-probs of forced calls are under the grammar's mask; the trainer's, the policy's own: the
+    # mismatch check sees the mass the grammar took away (KL(engine || trainer) > 0), never the other way round
+    kl = [s["mismatch/kl"] for s in steps]
+    if client == "smolagents":
+        assert all(k > 0.05 for k in kl) and all(s["mismatch/max_ratio"] <= 1.0 + 1e-3 for s in steps), kl
+    else:
+        assert all(abs(k) < 1e-3 for k in kl), kl
 
 
 def test_toolrl_serve_serves_a_trained_run_to_an_unpatched_openai_client(tmp_path, tiny_model_dir):
@@ -178,3 +180,98 @@ def test_an_agent_program_runs_with_the_gateway_in_its_environment(tmp_path, tin
         assert failed[0].env_fault == "the agent exited with 3: the program could not parse its input"
     finally:
         bench.close()
+
+
+def command_config(tmp_path, tiny_model_dir, *arguments: str, **options):
+    program = str(ROOT / "tests" / "fixtures" / "agent_program.py")
+    path = tasks_file(tmp_path)
+    overrides = {"env.name": "agent", "env.train_file": path, "env.test_file": path, "model.name": tiny_model_dir,
+                 "env.options.command": f"[{sys.executable}, {program}{''.join(', ' + a for a in arguments)}]",
+                 "env.options.reward": "tests.fixtures.agents:score", "device": "cpu", "rollout.max_new_tokens": 8,
+                 **{f"env.options.{k}": v for k, v in options.items()}}  # fmt: skip
+    return load_config(overrides=[f"{k}={v}" for k, v in overrides.items()])
+
+
+def test_agent_failures_are_counted_by_cause_and_a_rollout_where_all_failed_is_one_warning(
+    tmp_path, tiny_model_dir, caplog
+):
+    """Each failed sample's cause: its exit code (its last stderr line the example), a refusal of the gateway (an
+    agent that dies of a 404, or one that swallows it and exits 0 without a served request), its timeout."""
+    bench = Workbench.load(command_config(tmp_path, tiny_model_dir, "fail", max_failed_steps=0))
+    stats = bench.env.counts.stats
+    try:
+        with caplog.at_level("WARNING", logger="toolrl.rollout.agent"):
+            failed = bench.evaluation(num_tasks=2)
+        assert [t.env_fault for t in failed] == ["the agent exited with 3: the program could not parse its input"] * 2
+        assert stats["agent_failures/exit_3"] == 2
+        warnings = [r.getMessage() for r in caplog.records if "every agent failed" in r.getMessage()]
+        assert warnings == ["env agent: every agent failed (2 of 2: 2 exit 3); e.g. the program could not parse "
+                            "its input"]  # fmt: skip
+        bench.env.options.command[-1] = "typo"
+        refused = bench.evaluation(num_tasks=2)
+        assert stats["agent_failures/http_404"] == 2 and all("exited with 1" in t.env_fault for t in refused)
+        bench.env.options.command[-1] = "typo-quiet"
+        quiet = bench.evaluation(num_tasks=2)
+        assert stats["agent_failures/http_404"] == 4
+        assert all(t.env_fault.startswith("every request was refused by the gateway: HTTP 404 POST "
+                                          "/v1/chat/completion: no such endpoint") for t in quiet)  # fmt: skip
+        bench.env.options.command = [sys.executable, "-c", "import time; time.sleep(60)"]
+        bench.env.options.timeout_s = 0.5
+        bench.evaluation(num_tasks=1)
+        assert stats["agent_failures/timeout"] == 1 and stats["agent_failures"] == 7
+    finally:
+        bench.close()
+
+
+def test_a_run_whose_agents_all_fail_stops_after_max_failed_steps_with_one_line(tmp_path, tiny_model_dir):
+    """The 404 run of the issue: each step line counts the failures by cause; the second step in a row in which
+    every agent failed stops the run, exit 2, one line naming the cause and an example."""
+    program = str(ROOT / "tests" / "fixtures" / "agent_program.py")
+    agent = ["--set", f"env.options.command=[{sys.executable}, {program}, typo]",
+             "--set", "env.options.max_failed_steps=2", "--set", "train.steps=5"]  # fmt: skip
+    done = subprocess.run(train_command(tmp_path, tiny_model_dir, agent), cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)  # fmt: skip
+    assert done.returncode == 2
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: env.options.max_failed_steps: every agent failed (4 of 4: 4 HTTP 404); e.g. HTTP "
+                           "404 POST /v1/chat/completion: no such endpoint")  # fmt: skip
+    assert "in 2 rollouts in a row" in line
+    progress = (tmp_path / "runs" / "run" / "progress.log").read_text().splitlines()
+    assert len(progress) == 1 and progress[0].endswith("agent failures 4/4: 4 http 404")
+    status = json.loads((tmp_path / "runs" / "run" / "status.json").read_text())
+    assert status["state"] == "failed" and "max_failed_steps" in status["error"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [("env.options.agent=no_such_module:answer", "env.options.agent: cannot import 'no_such_module:answer'"),
+     ("env.options.command=[no-such-program, --flag]", "env.options.command: the program 'no-such-program' is not "
+                                                        "found")],
+)  # fmt: skip
+def test_a_wrong_agent_is_one_line_exit_2_and_no_run_folder(tmp_path, tiny_model_dir, setting, said):
+    command = train_command(tmp_path, tiny_model_dir, ["--set", setting])
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().startswith(f"error: {said}"), done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+    wrong_reward = [*command, "--set", "env.options.reward=my_rewards:nothing"]
+    done = subprocess.run(wrong_reward, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and not (tmp_path / "runs").exists()
+
+
+def test_the_docs_example_runs_as_written_from_a_fresh_folder(tmp_path, tiny_model_dir):
+    """docs/agents.md: its agent module and task file written to an empty folder, its command run there with no
+    PYTHONPATH (the module is found in the current folder), on the tiny model for one short step."""
+    from tests.docs.test_docs import blocks, tiny_overrides
+
+    page = blocks(ROOT / "docs" / "agents.md")
+    module = next(body for language, body in page if language == "python" and body.startswith("# file: my_agents.py"))
+    (tmp_path / "my_agents.py").write_text(module)
+    tasks = next(body for language, body in page if language == "python" and "tasks.jsonl" in body)
+    subprocess.run([sys.executable, "-c", tasks], cwd=tmp_path, check=True, timeout=60)
+    line = next(body for language, body in page if language == "bash" and "env.name=agent" in body).strip()
+    assert line.startswith("toolrl train ")
+    extra = [f"--set={o}" for o in tiny_overrides(tiny_model_dir, tmp_path)]
+    command = [sys.executable, "-m", "toolrl", *shlex.split(line)[1:], *extra, f"--set=output_dir={tmp_path / 'runs'}"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -20,7 +20,7 @@ from tests.gateway import policies
 from tests.gateway.clients import PROGRAMS, client_python
 from tests.gateway.policies import RulePolicy, StepwisePolicy
 from toolrl.envs.base import Task
-from toolrl.gateway import Gateway
+from toolrl.gateway import PROTOCOLS, Gateway
 from toolrl.parsers import get_parser
 from toolrl.rollout import HFEngine
 from toolrl.rollout.guidance import cut_at_stop
@@ -391,3 +391,97 @@ def test_concurrent_streams_of_many_samples_each_land_in_their_own_segment(serve
     for sample in samples:
         record = gateway.close_sample(sample.id)
         assert len(record.segments) == 1 and record.continued == 1 and record.segments[0].traj.num_turns == 2
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+    "</think>\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
+
+
+def test_reasoning_in_a_history_is_passed_through_where_the_template_shows_it(serve, tokenizer):
+    """A Responses reasoning item and an Anthropic thinking block reach the prompt as the turn's reasoning_content
+    with a template that renders it (a Qwen3-like one); with one that does not (SmolLM2's) they are left out and
+    told (test_what_the_gateway_does_not_do_...)."""
+    import copy
+
+    from toolrl.chat import ChatFormat
+
+    thinking = copy.deepcopy(tokenizer)
+    thinking.chat_template = THINKING_TEMPLATE
+    chat = ChatFormat(thinking)
+    assert chat.template_shows_reasoning and not ChatFormat(tokenizer).template_shows_reasoning
+    policy = RulePolicy(chat, lambda context, params: "ok")
+    gateway = Gateway(policy, chat, get_parser("hermes"), "tiny").start()
+    try:
+        items = [{"role": "user", "content": "2 + 2?"},
+                 {"type": "reasoning", "summary": [{"type": "summary_text", "text": "add two and two"}]},
+                 {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3 + 3?"}]  # fmt: skip
+        reply = post(gateway, "/responses", {"input": items})
+        assert reply.status_code == 200 and "x-toolrl-ignored" not in reply.headers
+        assert "<think>add two and two</think>\n4" in tokenizer.decode(policy.seen[-1][1])
+        blocks = [{"type": "thinking", "thinking": "three and three", "signature": "s"}, {"type": "text", "text": "6"}]
+        history = [{"role": "user", "content": "3 + 3?"}, {"role": "assistant", "content": blocks},
+                   {"role": "user", "content": "thanks"}]  # fmt: skip
+        assert post(gateway, "/messages", {"messages": history}, anthropic=True).status_code == 200
+        assert "<think>three and three</think>\n6" in tokenizer.decode(policy.seen[-1][1])
+    finally:
+        gateway.stop()
+
+
+def test_a_parser_and_a_protocol_of_ones_own_serve_forced_calls_and_requests(serve, hf, chat, tokenizer):
+    """From outside the package: a call syntax registered with its grammar and framing forces and streams calls in
+    its own markup; a wire protocol registered beside the built-in ones is served at its path."""
+    from toolrl.gateway import Protocol, register_protocol
+    from toolrl.gateway.turns import TurnRequest
+    from toolrl.parsers import ParseResult, register_parser
+    from toolrl.parsers.base import CallFraming, call_from_object, json_calls_grammar
+
+    def parse(text, known_tools=None):
+        result = ParseResult()
+        for body in text.split("<call>")[1:]:
+            call, error = call_from_object(
+                json.loads(body.split("</call>")[0]), known_tools, "write <call>{...}</call>"
+            )
+            result.calls.append(call) if call else result.errors.append(error)
+        return result
+
+    register_parser("xml-calls", lambda calls: "", "Write <call>{...}</call>", replace=True,
+                    grammar=json_calls_grammar("xml", "<call>", "</call>", "", "arguments"),
+                    framing=CallFraming("<call>", "</call>"))(parse)  # fmt: skip
+
+    class Echo(Protocol):  # one user message in, the turn's text out
+        name, path = "echo", "/echo"
+
+        def parse(self, body, gateway, sample):
+            return TurnRequest([{"role": "user", "content": str(body["say"])}], max_tokens=8)
+
+        def reply(self, gateway, work, turns):
+            return {"said": turns[0].text}
+
+        async def stream(self, gateway, work, events):
+            yield ""
+
+        def error(self, error):
+            return {"oops": str(error)}
+
+    register_protocol(Echo(), replace=True)
+    gateway = Gateway(hf, chat, get_parser("xml-calls"), "tiny").start()
+    try:
+        tools = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}}]
+        body = {"messages": [{"role": "user", "content": "Oslo?"}], "tools": tools, "tool_choice": "required",
+                "max_tokens": 96}  # fmt: skip
+        (call,) = post(gateway, "/chat/completions", body).json()["choices"][0]["message"]["tool_calls"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+        streamed = events(gateway, "/chat/completions", body)
+        pieces = [c["choices"][0]["delta"]["tool_calls"][0] for c in streamed if c["choices"] and
+                  "tool_calls" in c["choices"][0]["delta"]]  # fmt: skip
+        assert len(pieces) > 2 and pieces[0]["function"]["name"] == "weather"  # announced, then argument pieces
+        jsonschema.validate(json.loads("".join(p["function"]["arguments"] for p in pieces)), WEATHER)
+        assert isinstance(post(gateway, "/echo", {"say": "hello"}).json()["said"], str)
+        broken = post(gateway, "/echo", {"nothing": 1})  # the protocol's own bug: a 500 in its shape, one line
+        assert broken.status_code == 500 and broken.json() == {"oops": "the gateway failed: 'say'"}
+    finally:
+        gateway.stop()
+        dict.__delitem__(PROTOCOLS, "echo")

@@ -75,3 +75,42 @@ def test_after_a_weight_sync_vllm_scores_sequences_as_the_trainer_does():
         assert torch.allclose(synced, after, atol=2e-3)
     finally:
         engine.close()
+
+
+def test_vllm_stops_at_a_stop_string_and_follows_a_grammar_as_the_hf_engine_does():
+    """Stop strings through vLLM's own stop, grammars through its structured outputs (the llguidance backend, the
+    same Lark text the hf engine takes): the greedy turn stops where the hf engine's does, and a forced call is
+    a call of the offered tool with arguments valid under its schema."""
+    import json
+
+    import jsonschema
+
+    from toolrl.parsers import get_parser
+
+    tokenizer = load_tokenizer(MODEL)
+    model = load_model(MODEL, torch.device("cpu")).eval()
+    messages = [{"role": "user", "content": "Tell me about Paris in two sentences."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    hf = HFEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"), tokenizer=tokenizer)
+    free = asyncio.run(hf.generate("free", prompt, SamplingParams(temperature=0.0, max_new_tokens=32)))
+    text = tokenizer.decode(free.ids, skip_special_tokens=True)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    params = SamplingParams(temperature=0.0, max_new_tokens=32, stop=(stop,))
+    expected = asyncio.run(hf.generate("stop", prompt, params))
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+              "additionalProperties": False}  # fmt: skip
+    grammar = "start: calls\n" + get_parser("hermes").grammar([("weather", schema)], False)
+    engine = VLLMEngine(
+        resolve_model(MODEL), [tokenizer.eos_token_id], dtype="float32", enforce_eager=True, max_model_len=2048
+    )
+    try:
+        stopped = asyncio.run(engine.generate("a", prompt, params))
+        forced = asyncio.run(engine.generate("b", prompt, SamplingParams(temperature=1.0, max_new_tokens=64,
+                                                                         grammar=grammar)))  # fmt: skip
+    finally:
+        engine.close()
+    assert stopped.ids == expected.ids and stop in tokenizer.decode(stopped.ids)
+    parsed = get_parser("hermes")(tokenizer.decode(forced.ids, skip_special_tokens=True), {"weather": ["city"]})
+    assert [c.name for c in parsed.calls] == ["weather"] and not parsed.errors
+    jsonschema.validate(parsed.calls[0].arguments, schema)
+    assert json.dumps(parsed.calls[0].arguments)

@@ -27,6 +27,7 @@ the parser's own (`CallSyntax.instructions`: how to write a call in the syntax t
 TOOL_RESPONSE_FALLBACK = "<tool_response>\n{content}\n</tool_response>"
 """How a tool result is wrapped in a user message when the chat template has no `tool` role."""
 _TOOL_SENTINEL = "TOOLRL_TOOL_SENTINEL_93"
+_REASONING_SENTINEL = "TOOLRL_REASONING_SENTINEL_57"
 
 
 class ChatFormat:
@@ -46,6 +47,9 @@ class ChatFormat:
         )
         self.stop_ids = [self.end_of_turn_id]
         self.template_has_tool_role = self._renders_tool_role()
+        self.template_shows_reasoning = self._renders_reasoning()
+        """Whether the template shows an assistant turn's `reasoning_content` (Qwen3's does, SmolLM2's not): the
+        gateway passes a history's reasoning items through only then."""
 
     def _renders_tool_role(self) -> bool:
         """Whether the template renders `tool` messages (some raise on unknown roles, some drop them)."""
@@ -53,6 +57,15 @@ class ChatFormat:
         try:
             return _TOOL_SENTINEL in self._render(messages)
         except Exception:  # jinja's raise_exception, or any template error on the unknown role
+            return False
+
+    def _renders_reasoning(self) -> bool:
+        messages = [{"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "reasoning_content": _REASONING_SENTINEL},
+                    {"role": "user", "content": "q"}]  # fmt: skip
+        try:
+            return _REASONING_SENTINEL in self._render(messages)
+        except Exception:  # a template that refuses the key
             return False
 
     def tool_messages(self, contents: Sequence[str]) -> list[dict[str, str]]:

@@ -27,6 +27,8 @@ from toolrl.parsers.base import CallSyntax
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools.call import ToolCall
 
+UNBOUND = Task("unbound", "", "", {})
+"""The task of a request made outside any sample (served, not recorded)."""
 CONTINUING_ROLES = ("tool", "user", "system", "developer")
 """What an agent may add after the assistant turn for its request to continue the segment (a harness may add a
 system note between turns, as Claude Code does)."""
@@ -85,7 +87,10 @@ def template_messages(messages: Sequence[dict[str, Any]], syntax: CallSyntax) ->
                                        param=f"messages[{i}].tool_calls[{k}].function.arguments")  # fmt: skip
                 calls.append(ToolCall(c["function"]["name"], arguments))
             text = (text + "\n" if text else "") + syntax.render(calls)
-        out.append({"role": template_role(m.get("role")), "content": text})
+        message = {"role": template_role(m.get("role")), "content": text}
+        if m.get("reasoning_content"):  # passed through by the protocols only where the template shows it
+            message["reasoning_content"] = str(m["reasoning_content"])
+        out.append(message)
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field
 
-from toolrl.gateway.capture import Sample, Segment
+from toolrl.gateway.capture import UNBOUND, Sample, Segment
 from toolrl.gateway.chat import IGNORED, Sampling, usage
 from toolrl.gateway.protocols import sse, unsupported
 from toolrl.gateway.turns import GatewayError, TurnRequest
@@ -31,8 +31,6 @@ class CompletionRequest(Sampling):
 
 
 async def complete(gateway, body: Any, sample: Sample | None) -> tuple[CompletionRequest, dict[str, Any]]:
-    from toolrl.gateway.server import UNBOUND
-
     req = CompletionRequest.model_validate(body)
     unsupported(req.model_extra, tuple(f for f in IGNORED if f != "logprobs"))
     chat = gateway.chat

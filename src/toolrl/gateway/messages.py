@@ -74,8 +74,9 @@ def _blocks_text(blocks: Any, where: str) -> str:
     return "".join(out)
 
 
-def chat_messages(messages: list[dict[str, Any]], ignored: list[str]) -> list[dict[str, Any]]:
-    """Anthropic messages as chat messages."""
+def chat_messages(messages: list[dict[str, Any]], ignored: list[str], reasoning: bool) -> list[dict[str, Any]]:
+    """Anthropic messages as chat messages; thinking blocks as the turn's `reasoning_content` where the chat
+    template shows it (`reasoning`), else left out and told."""
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         role, content, where = message.get("role"), message.get("content"), f"messages[{i}].content"
@@ -86,7 +87,7 @@ def chat_messages(messages: list[dict[str, Any]], ignored: list[str]) -> list[di
             continue
         if not isinstance(content, list):
             raise GatewayError(f"{where}: must be text or a list of blocks", param=where)
-        texts, calls, results = [], [], []
+        texts, calls, results, thoughts = [], [], [], []
         for k, block in enumerate(content):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
@@ -102,8 +103,10 @@ def chat_messages(messages: list[dict[str, Any]], ignored: list[str]) -> list[di
                 if block.get("is_error"):
                     text = f"Error: {text}"
                 results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id")), "content": text})
+            elif kind == "thinking" and reasoning and role == "assistant":
+                thoughts.append(str(block.get("thinking", "")))
             elif kind in ("thinking", "redacted_thinking"):
-                ignored.append("thinking blocks (the policy writes none)")
+                ignored.append("thinking blocks (the chat template does not show them)")
             else:
                 raise GatewayError(f"{where}[{k}].type: {clip(str(kind), 40)} is not supported by this gateway (text, "
                                    "tool_use and tool_result are)", param=f"{where}[{k}]")  # fmt: skip
@@ -111,6 +114,8 @@ def chat_messages(messages: list[dict[str, Any]], ignored: list[str]) -> list[di
             turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
             if calls:
                 turn["tool_calls"] = calls
+            if thoughts:
+                turn["reasoning_content"] = "\n".join(thoughts)
             out.append(turn)
         else:
             out += results
@@ -157,13 +162,13 @@ def content_blocks(turn: Turn) -> list[dict[str, Any]]:
 class Messages(Protocol):
     name, path = "messages", "/messages"
 
-    def request(self, body) -> tuple[MessagesRequest, TurnRequest]:
+    def request(self, body, reasoning: bool) -> tuple[MessagesRequest, TurnRequest]:
         req = MessagesRequest.model_validate(body)
         unsupported(req.model_extra, IGNORED)
         if req.mcp_servers:
             raise GatewayError("mcp_servers: not supported (the agent runs its own tools)", param="mcp_servers")
         ignored: list[str] = []
-        messages = chat_messages(req.messages, ignored)
+        messages = chat_messages(req.messages, ignored, reasoning)
         if req.messages[-1].get("role") == "assistant":
             raise GatewayError("messages: the last message is the assistant's (a prefill), which this gateway does not "
                                "continue; end with a user message", param="messages")  # fmt: skip
@@ -188,7 +193,7 @@ class Messages(Protocol):
         return req, turn
 
     def parse(self, body, gateway, sample) -> TurnRequest:
-        return self.request(body)[1]
+        return self.request(body, gateway.chat.template_shows_reasoning)[1]
 
     def message(self, gateway, work, content: list[dict[str, Any]], turn: Turn | None) -> dict[str, Any]:
         return {
@@ -263,7 +268,7 @@ class Messages(Protocol):
         async def count_tokens(gateway, body, sample, params):
             if isinstance(body, dict):
                 body = {**body, "max_tokens": body.get("max_tokens") or 1}
-            return {"input_tokens": gateway.prompt_tokens(self.request(body)[1])}
+            return {"input_tokens": gateway.prompt_tokens(self.request(body, gateway.chat.template_shows_reasoning)[1])}
 
         return [("POST", "/messages/count_tokens", count_tokens)]
 

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
+from toolrl.gateway.capture import Sample
 from toolrl.gateway.turns import Event, GatewayError, Turn, TurnRequest
 from toolrl.registry import Registry
 
-if TYPE_CHECKING:
-    from toolrl.gateway.capture import Sample
-    from toolrl.gateway.server import Gateway, TurnWork
+Gateway = Any
+"""The gateway core (server.Gateway), which serves the protocols: named here, not imported (it imports them)."""
+TurnWork = Any
+"""A request made ready to sample (server.TurnWork)."""
 
 
 class Protocol(ABC):
@@ -52,9 +54,9 @@ for _name, _module in [("chat", "toolrl.gateway.chat"), ("responses", "toolrl.ga
     PROTOCOLS.declare(_name, _module)
 
 
-def register_protocol(protocol: Protocol) -> Protocol:
-    """Serve `protocol` (an instance of a Protocol subclass) at its path."""
-    PROTOCOLS.register(protocol.name)(protocol)
+def register_protocol(protocol: Protocol, replace: bool = False) -> Protocol:
+    """Serve `protocol` (an instance of a Protocol subclass) at its path (every gateway started afterwards)."""
+    PROTOCOLS.register(protocol.name, replace=replace)(protocol)
     return protocol
 
 

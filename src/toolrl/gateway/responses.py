@@ -12,9 +12,7 @@ with `store` (the default) are kept in memory, per sample and bounded, for `prev
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,35 +71,6 @@ class ResponsesTurn(TurnRequest):
     """A namespaced function's name as the model sees it -> (namespace, name)."""
 
 
-class ResponseStore:
-    """Responses kept for previous_response_id: their conversations, per sample, the oldest dropped past `limit`."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.kept: OrderedDict[str, tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def keep(self, rid: str, sample: str | None, conversation: list[dict[str, Any]], response: dict[str, Any]):
-        with self.lock:
-            self.kept[rid] = (sample, conversation, response)
-            while len(self.kept) > self.limit:
-                self.kept.popitem(last=False)
-
-    def get(self, rid: str, sample: str | None, param: str = "previous_response_id"):
-        with self.lock:
-            found = self.kept.get(rid)
-        if found is None or found[0] != sample:
-            raise GatewayError(f"{param}: no stored response {clip(rid, 60)!r} (kept with store: true, the last "
-                               f"{self.limit} of this run's agent)", 404, param=param,
-                               kind="not_found_error")  # fmt: skip
-        return found
-
-    def drop(self, sample: str | None, rid: str | None = None) -> None:
-        with self.lock:
-            for key in [k for k, v in self.kept.items() if v[0] == sample and rid in (None, k)]:
-                del self.kept[key]
-
-
 def _text(parts: Any, where: str) -> str:
     if isinstance(parts, str):
         return parts
@@ -120,9 +89,10 @@ def _text(parts: Any, where: str) -> str:
     return "".join(out)
 
 
-def input_messages(items: str | list[dict[str, Any]], ignored: list[str]) -> list[dict[str, Any]]:
+def input_messages(items: str | list[dict[str, Any]], ignored: list[str], reasoning: bool) -> list[dict[str, Any]]:
     """Input items as chat messages; the consecutive items of an assistant turn (its message, reasoning and calls)
-    as one assistant message."""
+    as one assistant message. Reasoning items become the turn's `reasoning_content` when the chat template shows
+    it (`reasoning`), else they are left out and told."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
@@ -160,6 +130,11 @@ def input_messages(items: str | list[dict[str, Any]], ignored: list[str]) -> lis
         elif kind == "function_call_output":
             output = _text(item.get("output", ""), f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": str(item.get("call_id")), "content": output})
+        elif kind == "reasoning" and reasoning:
+            parts = [*(item.get("summary") or []), *(item.get("content") or [])]
+            text = "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+            turn = assistant()
+            turn["reasoning_content"] = (turn.get("reasoning_content", "") + "\n" + text).strip()
         elif kind == "reasoning":
             ignored.append("reasoning items (the chat template does not show them)")
         else:
@@ -224,7 +199,7 @@ class Responses(Protocol):
         conversation = []
         if req.previous_response_id:
             conversation = list(gateway.responses.get(req.previous_response_id, sample and sample.id)[1])
-        conversation += input_messages(req.input, ignored)
+        conversation += input_messages(req.input, ignored, gateway.chat.template_shows_reasoning)
         namespaces: dict[str, tuple[str, str]] = {}
         tools = chat_tools(req.tools or [], ignored, namespaces)
         instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []

@@ -26,7 +26,7 @@ MAX_BODY_BYTES = 32 << 20
 def make_app(gateway):
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     chat = PROTOCOLS["chat"]
@@ -41,6 +41,11 @@ def make_app(gateway):
         if sample is not None:
             sample.refused(error.status, f"HTTP {error.status} {request.method} {_path(request)}: {error}")
         return JSONResponse(protocol.error(error), status_code=error.status)
+
+    def fault(exc: Exception) -> GatewayError:
+        log.exception("gateway: a request failed")
+        gateway.stats["errors"] += 1
+        return GatewayError(f"the gateway failed: {first_line(exc)}", 500, kind="server_error")
 
     def check(request: Request):
         """The request's sample (None: plain paths) once its key and sample are good; else the GatewayError."""
@@ -75,6 +80,8 @@ def make_app(gateway):
                 return failed(protocol, validation_error(exc), request, sample)
             except GatewayError as exc:
                 return failed(protocol, exc, request, sample)
+            except Exception as exc:  # a fault of ours (or of a protocol's adapter): one line, the gateway goes on
+                return failed(protocol, fault(exc), request, sample)
             gateway.stats["requests"] += 1
             gateway.stats[f"requests/{protocol.name}"] += 1
             gateway.stats["unbound" if sample is None else "bound"] += 1
@@ -90,10 +97,7 @@ def make_app(gateway):
             except GatewayError as exc:
                 return failed(protocol, exc, request, sample)
             except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
-                log.exception("gateway: a request failed")
-                gateway.stats["errors"] += 1
-                error = GatewayError(f"the gateway failed: {first_line(exc)}", 500, kind="server_error")
-                return failed(protocol, error, request, sample)
+                return failed(protocol, fault(exc), request, sample)
             return JSONResponse(protocol.reply(gateway, work, turns), headers=headers)
 
         return handle
@@ -143,9 +147,6 @@ def make_app(gateway):
         protocol = PROTOCOLS["messages"] if "/messages" in request.url.path else chat
         return failed(protocol, refusal, request, sample)
 
-    async def alive(request: Request):  # a harness's connectivity check (Claude Code sends HEAD /)
-        return Response(status_code=200)
-
     @contextlib.asynccontextmanager
     async def lifespan(app):
         gateway.loop = asyncio.get_running_loop()  # the engine's loop: every generate runs on it
@@ -162,9 +163,10 @@ def make_app(gateway):
         routes += [
             Route(f"{prefix}/v1/completions", completions_route, methods=["POST"]),
             Route(f"{prefix}/v1/models", extra(chat, models), methods=["GET"]),
-            Route(f"{prefix}/", alive, methods=["HEAD", "GET"]),
         ]
-    for prefix in ("/s/{sample}", ""):  # last: what no route above serves (the per-sample paths first)
+    # last: what no route above serves (the per-sample paths first), refused like any request without its key
+    # (Claude Code's connectivity check, HEAD / without one, gets a 401 and goes on)
+    for prefix in ("/s/{sample}", ""):
         routes.append(Route(f"{prefix}/{{rest:path}}", unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]))
     return Starlette(routes=routes, lifespan=lifespan)
 

@@ -28,6 +28,7 @@ from typing import Any
 from toolrl.chat.format import ChatFormat
 from toolrl.envs.base import Task
 from toolrl.gateway.capture import (
+    UNBOUND,
     Sample,
     Segment,
     branch,
@@ -37,6 +38,7 @@ from toolrl.gateway.capture import (
     template_messages,
     tools_key,
 )
+from toolrl.gateway.store import ResponseStore
 from toolrl.gateway.streaming import TurnText, reply_text
 from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest
 from toolrl.parsers.base import JSON_STYLE, CallSyntax
@@ -48,8 +50,6 @@ from toolrl.tools.call import ToolResult
 
 log = logging.getLogger(__name__)
 
-UNBOUND = Task("unbound", "", "", {})
-"""The task of a request made outside any sample (served, not recorded)."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -103,8 +103,6 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
     ):
-        from toolrl.gateway.responses import ResponseStore
-
         self.engine, self.chat, self.syntax, self.model_name = engine, chat, syntax, model_name
         self.key = key or secrets.token_urlsafe(24)
         self.max_new_tokens, self.context_length = max_new_tokens, context_length
@@ -353,6 +351,7 @@ class Gateway:
 
         job = asyncio.ensure_future(every())
         job.add_done_callback(lambda _: queue.put_nowait(None))
+        job.add_done_callback(lambda j: j.cancelled() or j.exception())  # seen, if the client left before the end
         while (batch := await queue.get()) is not None:
             for event in batch:
                 yield event
