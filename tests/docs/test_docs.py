@@ -14,6 +14,7 @@ The only commands not run are the README's two set-up commands, `make demo` and 
 recipes/calculator-zero.yaml` (tests/envs/test_recipes.py trains every recipe a step on the tiny model).
 """
 
+import contextlib
 import os
 import re
 import shlex
@@ -86,7 +87,19 @@ def check_yaml(text: str, cwd: Path) -> None:
     else:
         path = cwd / "config.yaml"
         path.write_text(text)
-        load_config(path)
+        with in_folder(cwd):  # as a user resolves it: from the page's folder, where its modules are
+            load_config(path)
+
+
+@contextlib.contextmanager
+def in_folder(folder: Path):
+    before, path = os.getcwd(), list(sys.path)
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+        sys.path[:] = path
 
 
 def test_every_page_has_only_known_block_kinds():

@@ -107,7 +107,10 @@ def test_an_agent_library_in_a_venv_of_its_own_trains_two_steps_from_the_command
     from tests.gateway.test_clients import CLIENTS
 
     venv, program, _, _ = CLIENTS[client]
-    agent = ["--set", f"env.options.command=[{client_python(venv)}, {PROGRAMS / program}]"]
+    agent = [
+        "--set",
+        f"env.options.command=[{', '.join([client_python(venv), str(PROGRAMS / program[0]), *program[1:]])}]",
+    ]
     more = ["--set", "rollout.max_new_tokens=48", "--set", "rollout.max_response_tokens=4096",
             "--set", "env.options.timeout_s=300"]  # fmt: skip
     steps = trained_steps(tmp_path, train_command(tmp_path, tiny_model_dir, agent, *more))

@@ -18,16 +18,16 @@ from toolrl.envs.base import Task
 from toolrl.gateway import Gateway
 from toolrl.parsers import get_parser
 
-CLIENTS = {  # name: (venv, program, the policy's rule, whether its tool results come back as tool messages)
-    "openai-chat": ("openai", "openai_chat.py", policies.calculator, True),
-    "openai-responses": ("openai", "openai_responses.py", policies.calculator, True),
-    "openai-agents": ("openai-agents", "openai_agents.py", policies.calculator, True),
-    "pydantic-ai-openai": ("pydantic-ai", "pydantic_ai_openai.py", policies.calculator, True),
-    "pydantic-ai-anthropic": ("pydantic-ai", "pydantic_ai_anthropic.py", policies.calculator, True),
-    "smolagents": ("smolagents", "smolagents_agent.py", policies.smolagents, False),
-    "langgraph": ("langgraph", "langgraph_agent.py", policies.calculator, True),
-    "anthropic": ("anthropic", "anthropic_sdk.py", policies.calculator, True),
-    "mini-swe-agent": ("mini-swe-agent", "mini_swe_agent.py",
+CLIENTS = {  # name: (venv, program and its arguments, the policy's rule, whether tool results come as tool messages)
+    "openai-chat": ("openai", ["openai_chat.py"], policies.calculator, True),
+    "openai-responses": ("openai", ["openai_responses.py"], policies.calculator, True),
+    "openai-agents": ("openai-agents", ["openai_agents.py"], policies.calculator, True),
+    "pydantic-ai-openai": ("pydantic-ai", ["pydantic_ai_agent.py", "openai:policy"], policies.calculator, True),
+    "pydantic-ai-anthropic": ("pydantic-ai", ["pydantic_ai_agent.py", "anthropic:policy"], policies.calculator, True),
+    "smolagents": ("smolagents", ["smolagents_agent.py"], policies.smolagents, False),
+    "langgraph": ("langgraph", ["langgraph_agent.py"], policies.calculator, True),
+    "anthropic": ("anthropic", ["anthropic_sdk.py"], policies.calculator, True),
+    "mini-swe-agent": ("mini-swe-agent", ["mini_swe_agent.py"],
                        policies.bash("bash", "command", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo 4"), True),
 }  # fmt: skip
 
@@ -55,7 +55,7 @@ def test_an_unchanged_client_runs_its_tool_loop_through_one_captured_segment(nam
     gateway = Gateway(engine, chat, get_parser("hermes"), "policy").start()
     try:
         sample = gateway.open_sample(Task("t", "What is 2 + 2? Use the calculator.", "4", {}))
-        done = run_program(gateway, sample, [python, str(PROGRAMS / program)], tmp_path)
+        done = run_program(gateway, sample, [python, str(PROGRAMS / program[0]), *program[1:]], tmp_path)
         record = gateway.close_sample(sample.id)
     finally:
         gateway.stop()

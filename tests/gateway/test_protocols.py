@@ -447,7 +447,7 @@ def test_a_parser_and_a_protocol_of_ones_own_serve_forced_calls_and_requests(ser
             result.calls.append(call) if call else result.errors.append(error)
         return result
 
-    register_parser("xml-calls", lambda calls: "", "Write <call>{...}</call>", replace=True,
+    register_parser("xml-calls", lambda calls: "", "Write <call>{...}</call>",
                     grammar=json_calls_grammar("xml", "<call>", "</call>", "", "arguments"),
                     framing=CallFraming("<call>", "</call>"))(parse)  # fmt: skip
 
@@ -471,7 +471,7 @@ def test_a_parser_and_a_protocol_of_ones_own_serve_forced_calls_and_requests(ser
     try:
         tools = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}}]
         body = {"messages": [{"role": "user", "content": "Oslo?"}], "tools": tools, "tool_choice": "required",
-                "max_tokens": 96}  # fmt: skip
+                "parallel_tool_calls": False, "max_tokens": 96}  # fmt: skip
         (call,) = post(gateway, "/chat/completions", body).json()["choices"][0]["message"]["tool_calls"]
         jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
         streamed = events(gateway, "/chat/completions", body)
@@ -485,3 +485,26 @@ def test_a_parser_and_a_protocol_of_ones_own_serve_forced_calls_and_requests(ser
     finally:
         gateway.stop()
         dict.__delitem__(PROTOCOLS, "echo")
+
+
+def test_two_requests_at_once_that_would_continue_one_segment_each_get_a_segment_of_their_own(serve, chat):
+    """An agent that sends two follow-ups of one turn at once: the first continues the segment, the second (while the
+    first is sampled) starts its own; neither corrupts the other."""
+    gateway = serve(StepwisePolicy(chat, policies.calculator, delay=0.01))
+    sample = gateway.open_sample(Task("t", "q", "4", {}))
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    first = post(gateway, "/chat/completions", {"messages": messages, "tools": tools}, base=gateway.base_url(sample))
+    message = first.json()["choices"][0]["message"]
+    follow = [*messages, message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "4"}]
+    replies = []
+    threads = [threading.Thread(target=lambda: replies.append(post(gateway, "/chat/completions", {
+        "messages": follow, "tools": tools}, base=gateway.base_url(sample)))) for _ in range(2)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [r.status_code for r in replies] == [200, 200]
+    record = gateway.close_sample(sample.id)
+    assert record.continued == 1 and len(record.segments) == 2
+    assert sorted(s.traj.num_turns for s in record.segments) == [1, 2]

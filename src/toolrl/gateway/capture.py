@@ -110,6 +110,8 @@ class Segment:
     """The calls of its model turns by the id the gateway gave them (a tool message names the one it answers)."""
     turn_calls: dict[int, frozenset[str]] = field(default_factory=dict)
     """The ids of the calls of each model turn that made any, by the turn's position in `messages`."""
+    busy: bool = False
+    """A turn of it is being sampled: a request that would continue it meanwhile starts a segment of its own."""
 
 
 @dataclass
@@ -151,7 +153,7 @@ def find_segment(sample: Sample, messages: Sequence[dict[str, Any]], tools: str)
     wanted = [normal(m) for m in messages]
     for segment in sorted(sample.segments, key=lambda s: -len(s.messages)):
         known = segment.messages
-        if segment.tools_key != tools or len(wanted) <= len(known):
+        if segment.busy or segment.tools_key != tools or len(wanted) <= len(known):
             continue
         if not all(w == k or _renders(messages[i], segment.turn_calls.get(i)) for i, (w, k) in
                    enumerate(zip(wanted, known, strict=False))):  # fmt: skip

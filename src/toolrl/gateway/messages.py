@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.gateway.chat import json_format, stream_error
-from toolrl.gateway.protocols import Protocol, register_protocol, sse, unsupported
+from toolrl.gateway.protocols import Protocol, parts_text, register_protocol, sse, unsupported
 from toolrl.gateway.turns import (
     ArgumentsDelta,
     CallStarted,
@@ -60,18 +60,7 @@ class MessagesRequest(BaseModel):
 
 
 def _blocks_text(blocks: Any, where: str) -> str:
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise GatewayError(f"{where}: must be text or a list of text blocks", param=where)
-    out = []
-    for k, block in enumerate(blocks):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise GatewayError(f"{where}[{k}].type: {clip(str(kind), 40)} is not supported here (text only)",
-                               param=f"{where}[{k}]")  # fmt: skip
-        out.append(str(block.get("text", "")))
-    return "".join(out)
+    return parts_text(blocks, where, {"text": "text"})
 
 
 def chat_messages(messages: list[dict[str, Any]], ignored: list[str], reasoning: bool) -> list[dict[str, Any]]:

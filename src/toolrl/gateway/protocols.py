@@ -75,6 +75,23 @@ def unsupported(extra: dict[str, Any] | None, ignored: tuple[str, ...]) -> None:
             raise GatewayError(f"{name}: not supported by this gateway", param=name)
 
 
+def parts_text(parts: Any, where: str, readable: dict[str, str]) -> str:
+    """A content's text: a string, or a list of parts whose types `readable` maps to the key holding their text
+    (joined); any other part (an image, a file) is refused in one line naming it."""
+    if isinstance(parts, str):
+        return parts
+    if not isinstance(parts, list):
+        raise GatewayError(f"{where}: must be text or a list of text parts", param=where)
+    out = []
+    for k, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in readable:
+            raise GatewayError(f"{where}[{k}].type: {str(kind)[:40]} is not supported here (text only)",
+                               param=f"{where}[{k}]")  # fmt: skip
+        out.append(str(part.get(readable[kind], "")))
+    return "".join(out)
+
+
 def sse(data: Any, event: str | None = None) -> str:
     """One server-sent event (JSON data; `event:` line when the protocol names its events)."""
     import json

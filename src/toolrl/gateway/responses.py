@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.gateway.chat import json_format, stream_error, tool_choice
-from toolrl.gateway.protocols import Protocol, register_protocol, sse, unsupported
+from toolrl.gateway.protocols import Protocol, parts_text, register_protocol, sse, unsupported
 from toolrl.gateway.turns import (
     ArgumentsDelta,
     CallStarted,
@@ -38,7 +38,8 @@ IGNORED = ("metadata", "user", "include", "reasoning", "prompt_cache_key", "prom
            "safety_identifier", "service_tier", "stream_options", "truncation", "client_metadata", "top_logprobs",
            "max_tool_calls", "context_management")  # fmt: skip
 """Fields that change nothing here (reasoning effort and summaries: the policy writes no reasoning items)."""
-TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+READABLE = {"input_text": "text", "output_text": "text", "text": "text", "summary_text": "text", "refusal": "refusal"}
+"""The content parts read as text, and the key of each one's text."""
 
 
 class ResponsesRequest(BaseModel):
@@ -72,21 +73,7 @@ class ResponsesTurn(TurnRequest):
 
 
 def _text(parts: Any, where: str) -> str:
-    if isinstance(parts, str):
-        return parts
-    if not isinstance(parts, list):
-        raise GatewayError(f"{where}: must be text or a list of text parts", param=where)
-    out = []
-    for k, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in TEXT_PARTS:
-            out.append(str(part.get("text", "")))
-        elif kind == "refusal":
-            out.append(str(part.get("refusal", "")))
-        else:
-            raise GatewayError(f"{where}[{k}].type: {clip(str(kind), 40)} is not supported (text only)",
-                               param=f"{where}[{k}]")  # fmt: skip
-    return "".join(out)
+    return parts_text(parts, where, READABLE)
 
 
 def input_messages(items: str | list[dict[str, Any]], ignored: list[str], reasoning: bool) -> list[dict[str, Any]]:

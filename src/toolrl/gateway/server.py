@@ -166,6 +166,7 @@ class Gateway:
         params = [self._params(req, i, prompt_len, response_len, grammar) for i in range(req.n)]
         commit()
         segments = [first] + [branch(first) for _ in range(req.n - 1)]
+        first.busy = True
         if sample is not None:
             sample.requests += 1
             sample.segments += segments[1:]
@@ -324,8 +325,7 @@ class Gateway:
                 self._finish(work, i, r, self._presenter(work, i, streamed=False))[1] for i, r in enumerate(sampled)
             ]
         finally:
-            if work.sample is None:
-                self._release([s.seq for s in work.segments])
+            self._done(work)
 
     async def events(self, work: TurnWork) -> AsyncIterator[Event]:
         """Sample every choice, yielding its events as its tokens come (text deltas, calls as they begin and their
@@ -346,8 +346,7 @@ class Gateway:
             try:
                 await asyncio.gather(*(one(i) for i in range(len(work.segments))))
             finally:
-                if work.sample is None:
-                    self._release([s.seq for s in work.segments])
+                self._done(work)
 
         job = asyncio.ensure_future(every())
         job.add_done_callback(lambda _: queue.put_nowait(None))
@@ -356,6 +355,13 @@ class Gateway:
             for event in batch:
                 yield event
         job.result()  # a failure: raised here, for the protocol to write as its stream's error
+
+    def _done(self, work: TurnWork) -> None:
+        """A request's sampling is over (or failed): its segments can be continued, a served one's released."""
+        for segment in work.segments:
+            segment.busy = False
+        if work.sample is None:
+            self._release([s.seq for s in work.segments])
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
 

@@ -40,7 +40,17 @@ from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.text import clip, first_line
 
 
-class AgentOptions(EnvOptions):
+class AgentRunOptions(EnvOptions):
+    """What every environment whose samples are agent runs through the gateway takes (agent, verifiers)."""
+
+    timeout_s: float = Field(120.0, gt=0)
+    concurrency: int = Field(64, ge=1)
+    """Agents running at once (their requests are batched by the engine)."""
+    max_failed_steps: int = Field(3, ge=0)
+    """Rollouts in a row in which every agent failed before the run stops with an error (0: never)."""
+
+
+class AgentOptions(AgentRunOptions):
     agent: str | None = None
     """`package.module:function`: async def f(task, base_url, api_key) -> result (or a plain function)."""
     command: list[str] | None = None
@@ -48,11 +58,6 @@ class AgentOptions(EnvOptions):
     TOOLRL_TASK (JSON) and TOOLRL_QUESTION set; its result is the last line of its output (JSON when it parses)."""
     reward: str
     """`package.module:function`: f(task, result, calls) -> float, calls as [{"name", "arguments", "result"}]."""
-    timeout_s: float = Field(120.0, gt=0)
-    concurrency: int = Field(64, ge=1)
-    """Agents running at once (their requests are batched by the engine)."""
-    max_failed_steps: int = Field(3, ge=0)
-    """Rollouts in a row in which every agent failed before the run stops with an error (0: never)."""
 
     @model_validator(mode="after")
     def one_agent(self) -> AgentOptions:

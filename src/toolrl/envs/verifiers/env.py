@@ -37,8 +37,8 @@ from typing import Any
 
 from pydantic import Field
 
-from toolrl.envs.agent.env import AgentReward
-from toolrl.envs.base import Environment, EnvOptions, Task, register_env
+from toolrl.envs.agent.env import AgentReward, AgentRunOptions
+from toolrl.envs.base import Environment, Task, register_env
 from toolrl.errors import ConfigError
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.text import clip
@@ -50,7 +50,7 @@ CLOSE_GRACE_S = 30.0
 """How long the bridge has to exit once its input closes before it is killed (a loaded machine has taken over 10 s)."""
 
 
-class VerifiersOptions(EnvOptions):
+class VerifiersOptions(AgentRunOptions):
     environment: str = Field(min_length=1)
     """An installed verifiers environment's id (verifiers.load_environment), or package.module:function."""
     args: dict[str, Any] = Field(default_factory=dict)
@@ -66,7 +66,6 @@ class VerifiersOptions(EnvOptions):
     """At most this many of its eval dataset; an environment without one holds out the last num_test (default
     8) of its dataset."""
     timeout_s: float = Field(300.0, gt=0)
-    concurrency: int = Field(64, ge=1)
     start_timeout_s: float = Field(300.0, gt=0)
 
 
