@@ -508,3 +508,24 @@ def test_two_requests_at_once_that_would_continue_one_segment_each_get_a_segment
     record = gateway.close_sample(sample.id)
     assert record.continued == 1 and len(record.segments) == 2
     assert sorted(s.traj.num_turns for s in record.segments) == [1, 2]
+
+
+def test_hostile_bodies_are_refused_in_one_line_and_the_gateway_goes_on(serve, chat):
+    """A body nested past what a parser reads, a tool type that would split the reply's headers, a schema that is
+    no schema, a call forced with no tools: each one line in the protocol's shape; the next request is served."""
+    gateway = serve(RulePolicy(chat, policies.calculator))
+    headers = {"Authorization": f"Bearer {gateway.key}", "Content-Type": "application/json"}
+    deep = b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    nested = httpx.post(f"{gateway.base_url()}/responses", content=deep, headers=headers)
+    assert nested.status_code == 400 and "nested too deeply" in nested.json()["error"]["message"]
+    split = [{"type": "web_search\r\nSet-Cookie: stolen=1"}]
+    served = post(gateway, "/responses", {"input": "2 + 2?", "tools": split})
+    assert served.status_code == 200 and "set-cookie" not in served.headers
+    assert "\r" not in served.headers["x-toolrl-ignored"] and "\n" not in served.headers["x-toolrl-ignored"]
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no such type"}}}
+    body = {"messages": [{"role": "user", "content": "hi"}], "response_format": bad_schema}
+    error = post(gateway, "/chat/completions", body).json()["error"]
+    assert error["param"] == "response_format" and "the schema cannot be followed" in error["message"]
+    forced = post(gateway, "/chat/completions", {"messages": body["messages"], "tool_choice": "required"}).json()
+    assert forced["error"]["param"] == "tool_choice" and "no function tools are offered" in forced["error"]["message"]
+    assert post(gateway, "/chat/completions", {"messages": body["messages"]}).status_code == 200

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -67,6 +68,8 @@ def make_app(gateway):
             return await request.json()
         except ValueError:
             raise GatewayError("the body is not JSON") from None
+        except RecursionError:
+            raise GatewayError("the body is nested too deeply to read") from None
 
     def endpoint(protocol: Protocol):
         async def handle(request: Request):
@@ -186,5 +189,5 @@ def _ignored(gateway, ignored: list[str]) -> dict[str, str]:
         if gateway.stats[f"ignored/{what}"] == 0:
             log.warning("gateway: %s (the first time; counted in the gateway's stats, told in x-toolrl-ignored)", what)
         gateway.stats[f"ignored/{what}"] += 1
-    told = clip("; ".join(dict.fromkeys(ignored)), 500)
+    told = re.sub(r"[\x00-\x1f\x7f]", " ", clip("; ".join(dict.fromkeys(ignored)), 500))  # a header holds no lines
     return {"x-toolrl-ignored": told.encode("ascii", "backslashreplace").decode()}
