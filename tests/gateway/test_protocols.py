@@ -517,7 +517,7 @@ def test_hostile_bodies_are_refused_in_one_line_and_the_gateway_goes_on(serve, c
     headers = {"Authorization": f"Bearer {gateway.key}", "Content-Type": "application/json"}
     deep = b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     nested = httpx.post(f"{gateway.base_url()}/responses", content=deep, headers=headers)
-    assert nested.status_code == 400 and "nested too deeply" in nested.json()["error"]["message"]
+    assert nested.status_code == 400 and "nests deeper than 64 levels" in nested.json()["error"]["message"]
     split = [{"type": "web_search\r\nSet-Cookie: stolen=1"}]
     served = post(gateway, "/responses", {"input": "2 + 2?", "tools": split})
     assert served.status_code == 200 and "set-cookie" not in served.headers

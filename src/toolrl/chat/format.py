@@ -6,6 +6,7 @@ model output is never decoded and re-encoded into training ids.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +59,12 @@ class ChatFormat:
             return _TOOL_SENTINEL in self._render(messages)
         except Exception:  # jinja's raise_exception, or any template error on the unknown role
             return False
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (its vocabulary's longest entry, in bytes): a text of N
+        characters is at least N / max_token_chars tokens, which bounds a prompt before it is tokenized."""
+        return max((len(token) for token in self.tokenizer.get_vocab()), default=1) or 1
 
     def _renders_reasoning(self) -> bool:
         messages = [{"role": "user", "content": "q"},

@@ -34,7 +34,17 @@ async def complete(gateway, body: Any, sample: Sample | None) -> tuple[Completio
     req = CompletionRequest.model_validate(body)
     unsupported(req.model_extra, tuple(f for f in IGNORED if f != "logprobs"))
     chat = gateway.chat
-    ids = chat.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+    if isinstance(req.prompt, str):
+        if len(req.prompt) > gateway.context_length * chat.max_token_chars:
+            raise GatewayError(f"prompt: {len(req.prompt):,} characters, more than the model's context of "
+                               f"{gateway.context_length:,} tokens can hold", param="prompt",
+                               code="context_length_exceeded")  # fmt: skip
+        ids = await asyncio.to_thread(chat.encode, req.prompt)
+    else:
+        ids, vocabulary = list(req.prompt), len(chat.tokenizer)
+        if bad := next(((k, t) for k, t in enumerate(ids) if not 0 <= t < vocabulary), None):
+            raise GatewayError(f"prompt[{bad[0]}]: token id {bad[1]} is not in the vocabulary (0 to {vocabulary - 1})",
+                               param=f"prompt[{bad[0]}]")  # fmt: skip
     if req.stop_token_ids and not set(req.stop_token_ids) <= set(chat.stop_ids):
         raise GatewayError("stop_token_ids: only the policy's own end-of-turn ids "
                            f"{sorted(chat.stop_ids)} end a turn here", param="stop_token_ids")  # fmt: skip

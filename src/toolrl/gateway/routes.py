@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import re
 from typing import Any
@@ -21,7 +22,28 @@ from toolrl.text import clip, first_line
 
 log = logging.getLogger("toolrl.gateway.server")
 
-MAX_BODY_BYTES = 32 << 20
+MAX_DEPTH = 64
+"""The deepest nesting of a request body's JSON (a tool's schema nests a few levels)."""
+CLOSING = (401, 408, 413)
+"""Refusals after which the connection is closed: no key, or a body that is not read to its end."""
+
+
+def parse_body(raw: bytes) -> Any:
+    """A request body as JSON, refused in one line when it is not, or nests deeper than MAX_DEPTH."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise GatewayError(f"the body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError:
+        raise GatewayError("the body is not JSON") from None
+    stack = [(data, 1)] if isinstance(data, dict | list) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise GatewayError(f"the body nests deeper than {MAX_DEPTH} levels")
+        inner = value.values() if isinstance(value, dict) else value
+        stack += [(v, depth + 1) for v in inner if isinstance(v, dict | list)]
+    return data
 
 
 def make_app(gateway):
@@ -41,7 +63,8 @@ def make_app(gateway):
         gateway.stats["refused"] += 1
         if sample is not None:
             sample.refused(error.status, f"HTTP {error.status} {request.method} {_path(request)}: {error}")
-        return JSONResponse(protocol.error(error), status_code=error.status)
+        headers = {"connection": "close"} if error.status in CLOSING else None
+        return JSONResponse(protocol.error(error), status_code=error.status, headers=headers)
 
     def fault(exc: Exception) -> GatewayError:
         log.exception("gateway: a request failed")
@@ -56,20 +79,35 @@ def make_app(gateway):
         if not authorised(request):
             return sample, GatewayError("a valid API key is required (Authorization: Bearer KEY, or x-api-key)", 401,
                                         kind="authentication_error")  # fmt: skip
+        gateway.guard.keyed(request.client)
         if sid and sample is None:
             return None, GatewayError(f"no open sample {clip(sid, 40)!r}: its agent run has ended", 404,
                                       kind="not_found_error")  # fmt: skip
         return sample, None
 
     async def body_of(request: Request) -> Any:
-        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-            raise GatewayError(f"the body is over {MAX_BODY_BYTES >> 20} MiB", 413, kind="request_too_large")
+        """The body, counted as it arrives (chunked or not) and refused past the gateway's max_body_bytes or
+        body_timeout_s, then parsed in a worker thread."""
+        limit, timeout = gateway.max_body_bytes, gateway.body_timeout_s
+        too_large = GatewayError(f"the body is over {limit:,} bytes", 413, kind="request_too_large")
+        declared = request.headers.get("content-length") or "0"
+        if not declared.isdigit() or int(declared) > limit:
+            raise too_large
+        chunks: list[bytes] = []
+
+        async def read() -> None:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+
         try:
-            return await request.json()
-        except ValueError:
-            raise GatewayError("the body is not JSON") from None
-        except RecursionError:
-            raise GatewayError("the body is nested too deeply to read") from None
+            await asyncio.wait_for(read(), timeout)
+        except TimeoutError:
+            raise GatewayError(f"the body took more than {timeout:g} s to arrive", 408) from None
+        return await asyncio.to_thread(parse_body, b"".join(chunks))
 
     def endpoint(protocol: Protocol):
         async def handle(request: Request):
@@ -77,8 +115,8 @@ def make_app(gateway):
             if refusal is not None:
                 return failed(protocol, refusal, request, sample)
             try:
-                req = protocol.parse(await body_of(request), gateway, sample)
-                work = gateway.prepare(req, sample)
+                req = await asyncio.to_thread(protocol.parse, await body_of(request), gateway, sample)
+                work = await gateway.prepare(req, sample)
             except ValidationError as exc:
                 return failed(protocol, validation_error(exc), request, sample)
             except GatewayError as exc:

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +36,10 @@ from toolrl.gateway.capture import (
     find_segment,
     normal,
     template_messages,
+    text_of,
     tools_key,
 )
+from toolrl.gateway.guard import ConnectionGuard, guarded_protocol
 from toolrl.gateway.store import ResponseStore
 from toolrl.gateway.streaming import TurnText, reply_text
 from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest
@@ -50,6 +52,11 @@ from toolrl.tools.call import ToolResult
 
 log = logging.getLogger(__name__)
 
+MAX_BODY_BYTES = 16 << 20
+"""The largest request body (counted as it arrives, chunked or not): a conversation the default model's context
+holds is a few hundred KB; Claude Code's first request is 85 KB."""
+BODY_TIMEOUT_S = 30.0
+"""How long a request's body may take to arrive once its headers have."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -67,19 +74,6 @@ class TurnWork:
     prompt_tokens: int
     """The context the turn continues (the conversation as a prompt): what usage calls input tokens."""
     created: int = field(default_factory=lambda: int(time.time()))
-
-
-@dataclass
-class _Commit:
-    """What makes a prepared request part of its sample once it is accepted: `ids` are the tokens it adds to a
-    segment it continues."""
-
-    apply: Callable[[], None]
-    ids: list[int]
-    continued: bool
-
-    def __call__(self) -> None:
-        self.apply()
 
 
 class Gateway:
@@ -100,6 +94,7 @@ class Gateway:
         sampling: SamplingParams | None = None,
         max_calls_per_turn: int = 16,
         max_stored_responses: int = 1024,
+        guard: ConnectionGuard | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
@@ -114,6 +109,10 @@ class Gateway:
         self.samples: dict[str, Sample] = {}
         self.responses = ResponseStore(max_stored_responses)
         """Responses kept for `previous_response_id` (the Responses API's `store`), per sample, bounded."""
+        self.guard = guard or ConnectionGuard()
+        """The bounds on its connections (guard.py)."""
+        self.max_body_bytes, self.body_timeout_s = MAX_BODY_BYTES, BODY_TIMEOUT_S
+        """The largest request body, and how long it may take to arrive once the headers have."""
         self.stats: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -152,25 +151,76 @@ class Gateway:
 
     # ---- a request made ready -----------------------------------------------------------------------------
 
-    def prepare(self, req: TurnRequest, sample: Sample | None) -> TurnWork:
+    async def prepare(self, req: TurnRequest, sample: Sample | None) -> TurnWork:
         """The segments a request continues or starts and how each choice samples. Refusals raise here, before any
-        reply is sent and before the sample changes (a refused request leaves no trace in the capture)."""
-        if len(req.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in req.stop):
-            raise GatewayError(f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} "
-                               "characters", param="stop")  # fmt: skip
+        reply is sent and before the sample changes (a refused request leaves no trace in the capture). What costs
+        CPU (compiling the grammar, rendering and tokenizing) runs in a worker thread: the event loop, and every
+        other client, is not held up by one large request."""
+        self._check_bounds(req)
         schemas = req.shown_tools()
-        grammar = self._grammar(req, schemas)
-        first, commit = self._segment(sample, req, schemas)
-        prompt_len = len(first.traj.token_ids) + len(commit.ids)
-        response_len = prompt_len - first.traj.prompt_length if commit.continued else 0
-        params = [self._params(req, i, prompt_len, response_len, grammar) for i in range(req.n)]
-        commit()
+        grammar = await asyncio.to_thread(self._grammar, req, schemas)
+        key = tools_key(schemas)
+        segment = find_segment(sample, req.messages, key) if sample is not None else None
+        if segment is not None:
+            segment.busy = True  # reserved while its new messages are tokenized
+        try:
+            ids = await asyncio.to_thread(self._ids, req, schemas, segment)
+            if segment is None:
+                first = Segment(Trajectory.start(sample.task if sample else UNBOUND, ids), [], key)
+                first.messages = [normal(m) for m in req.messages]
+                prompt_len, response_len = len(ids), 0
+            else:
+                first = segment
+                prompt_len = len(segment.traj.token_ids) + len(ids)
+                response_len = prompt_len - segment.traj.prompt_length
+            params = [self._params(req, i, prompt_len, response_len, grammar) for i in range(req.n)]
+        except BaseException:
+            if segment is not None:
+                segment.busy = False
+            raise
+        if segment is not None:
+            self._extend(sample, segment, req.messages[len(segment.messages) :], ids)
+        elif sample is not None:
+            sample.segments.append(first)
         segments = [first] + [branch(first) for _ in range(req.n - 1)]
         first.busy = True
         if sample is not None:
             sample.requests += 1
             sample.segments += segments[1:]
         return TurnWork(req, sample, segments, params, schemas, uuid.uuid4().hex[:24], prompt_len)
+
+    def _check_bounds(self, req: TurnRequest) -> None:
+        """What can be refused before any work: too many or too long stop strings, and a conversation with more
+        characters than the model's context can hold as tokens (max_token_chars characters a token at most)."""
+        if len(req.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in req.stop):
+            raise GatewayError(f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} "
+                               "characters", param="stop")  # fmt: skip
+        chars = sum(len(text_of(m)) for m in req.messages) + sum(len(json.dumps(t)) for t in req.tools)
+        if chars > self.context_length * self.chat.max_token_chars:
+            raise GatewayError(
+                f"the prompt is {chars:,} characters, more than the model's context of {self.context_length:,} "
+                f"tokens can hold (a token is at most {self.chat.max_token_chars} characters); send a shorter "
+                "conversation or serve a model with a longer context (docs/agents.md)",
+                param="messages",
+                code="context_length_exceeded",
+            )
+
+    def _ids(self, req: TurnRequest, schemas: list[dict[str, Any]], segment: Segment | None) -> list[int]:
+        """The tokens a request adds: its new messages after `segment`'s, or the whole conversation as a prompt."""
+        if segment is not None:
+            return continuation_ids(self.chat, req.messages[len(segment.messages) :], segment.ended)
+        messages = template_messages(req.messages, self.syntax)
+        return self.chat.prompt_ids(messages, schemas, self.syntax.instructions)
+
+    def _extend(self, sample: Sample, segment: Segment, added: list[dict[str, Any]], ids: list[int]) -> None:
+        """The messages an agent added after the segment's last turn, and their tokens, into the segment."""
+        self._results(segment, added)
+        if any(m["role"] == "user" for m in added):
+            segment.traj.add_user_message(ids, "\n".join(str(m.get("content") or "") for m in added))
+        else:
+            segment.traj.add_observation(ids)
+        segment.messages += [normal(m) for m in added]
+        sample.continued += 1
 
     def prompt_tokens(self, req: TurnRequest) -> int:
         """How many tokens the request's conversation is as a prompt (Anthropic's count_tokens)."""
@@ -237,35 +287,6 @@ class Gateway:
         top_p = s.top_p if req.top_p is None else req.top_p
         top_k = s.top_k if req.top_k is None else req.top_k
         return SamplingParams(temperature, top_p, top_k, min(budget, room), seed, tuple(req.stop), grammar)
-
-    def _segment(self, sample: Sample | None, req: TurnRequest, schemas: list[dict]) -> tuple[Segment, _Commit]:
-        """The segment this request continues (only its new messages tokenized), or a new one; and what makes it
-        so once the request is accepted (the new messages added, or the new segment kept in the sample)."""
-        key = tools_key(schemas)
-        if sample is not None and (segment := find_segment(sample, req.messages, key)) is not None:
-            added = req.messages[len(segment.messages) :]
-            ids = continuation_ids(self.chat, added, segment.ended)
-
-            def extend() -> None:
-                self._results(segment, added)
-                if any(m["role"] == "user" for m in added):
-                    segment.traj.add_user_message(ids, "\n".join(str(m.get("content") or "") for m in added))
-                else:
-                    segment.traj.add_observation(ids)
-                segment.messages += [normal(m) for m in added]
-                sample.continued += 1
-
-            return segment, _Commit(extend, ids, continued=True)
-        messages = template_messages(req.messages, self.syntax)
-        prompt = self.chat.prompt_ids(messages, schemas, self.syntax.instructions)
-        segment = Segment(Trajectory.start(sample.task if sample else UNBOUND, prompt), [], key)
-        segment.messages = [normal(m) for m in req.messages]
-
-        def keep() -> None:
-            if sample is not None:
-                sample.segments.append(segment)
-
-        return segment, _Commit(keep, [], continued=False)
 
     @staticmethod
     def _results(segment: Segment, added: list[dict[str, Any]]) -> None:
@@ -375,7 +396,8 @@ class Gateway:
         """Serve from a thread of its own; returns once it listens (self.port is then the port it got)."""
         import uvicorn
 
-        config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", lifespan="on",
+                                http=guarded_protocol(self.guard), timeout_keep_alive=5)  # fmt: skip
         self._server = server = uvicorn.Server(config)
         self._thread = threading.Thread(target=server.run, name="toolrl-gateway", daemon=True)
         self._thread.start()
