@@ -39,13 +39,14 @@ from toolrl.gateway.capture import (
     text_of,
     tools_key,
 )
+from toolrl.gateway.constraints import turn_grammar
 from toolrl.gateway.guard import ConnectionGuard, guarded_protocol
 from toolrl.gateway.store import ResponseStore
 from toolrl.gateway.streaming import TurnText, reply_text
 from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest
-from toolrl.parsers.base import JSON_STYLE, CallSyntax
+from toolrl.parsers.base import CallSyntax
 from toolrl.rollout.engine import Engine, Sampled
-from toolrl.rollout.guidance import cut_at_stop, grammar_problem
+from toolrl.rollout.guidance import cut_at_stop
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools.call import ToolResult
@@ -158,7 +159,7 @@ class Gateway:
         other client, is not held up by one large request."""
         self._check_bounds(req)
         schemas = req.shown_tools()
-        grammar = await asyncio.to_thread(self._grammar, req, schemas)
+        grammar = await asyncio.to_thread(turn_grammar, req, schemas, self.syntax, self.engine)
         key = tools_key(schemas)
         segment = find_segment(sample, req.messages, key) if sample is not None else None
         if segment is not None:
@@ -226,42 +227,6 @@ class Gateway:
         """How many tokens the request's conversation is as a prompt (Anthropic's count_tokens)."""
         messages = template_messages(req.messages, self.syntax)
         return len(self.chat.prompt_ids(messages, req.shown_tools(), self.syntax.instructions))
-
-    def _grammar(self, req: TurnRequest, schemas: list[dict[str, Any]]) -> str | None:
-        """The grammar the turn samples under: a forced call (tool_choice required / a named function), a
-        structured reply (a JSON schema), or a call or such a reply; None when nothing constrains it."""
-        choice = req.tool_choice
-        if choice.forced and not schemas:
-            raise GatewayError("tool_choice: a call is required but no function tools are offered", param="tool_choice")
-        if not choice.forced and req.json_schema is None:
-            return None
-        param = "tool_choice" if choice.forced else req.format_param
-        if not self.engine.follows_grammars:
-            raise GatewayError(f"{param}: the policy's engine ({type(self.engine).__name__}) cannot constrain a turn; "
-                               "use rollout.engine hf or vllm", param=param)  # fmt: skip
-        alternatives, rules = [], []
-        if schemas and (choice.forced or req.json_schema is not None):
-            tools = [(t["function"]["name"], t["function"].get("parameters") or {"type": "object"}) for t in schemas
-                     if choice.name is None or t["function"]["name"] == choice.name]  # fmt: skip
-            if not tools:
-                raise GatewayError(f"tool_choice: no offered function is named {choice.name!r}", param="tool_choice")
-            if self.syntax.grammar is None:
-                raise GatewayError(f"{param}: rollout.parser {self.syntax.name} has no grammar of its calls, so a "
-                                   "call cannot be forced; use hermes, llama3-json or search-r1",
-                                   param=param)  # fmt: skip
-            try:
-                rules.append(self.syntax.grammar(tools, req.parallel_tool_calls))
-            except ValueError as exc:
-                raise GatewayError(f"tool_choice: {exc}", param="tool_choice") from None
-            alternatives.append("calls")
-        if req.json_schema is not None and not choice.forced:
-            schema = {**req.json_schema, "x-guidance": {**JSON_STYLE, **req.json_schema.get("x-guidance", {})}}
-            rules.append(f"answer: %json {json.dumps(schema)}")
-            alternatives.append("answer")
-        grammar = f"start: {' | '.join(alternatives)}\n" + "\n".join(rules)
-        if problem := grammar_problem(grammar):
-            raise GatewayError(f"{param}: the schema cannot be followed: {problem}", param=param)
-        return grammar
 
     def _params(self, req: TurnRequest, n_index: int, prompt_len: int, response_len: int, grammar: str | None):
         wanted = req.max_tokens or self.max_new_tokens
