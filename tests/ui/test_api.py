@@ -33,9 +33,10 @@ def ui_client(root: Path, base_url: str = "http://127.0.0.1:7860", recipes: Path
     return TestClient(app, base_url=base_url, headers=AUTH)
 
 
-def fake_run_process() -> subprocess.Popen:
-    """A process whose command line runs toolrl, as a training run's does."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "toolrl", "train"])
+def fake_run_process(run: Path | str = "runs/live") -> subprocess.Popen:
+    """A process whose command line is `toolrl train` naming the run folder, as a resumed run's is."""
+    code = "import time; time.sleep(120)"
+    return subprocess.Popen([sys.executable, "-c", code, "toolrl", "train", "--resume", str(run)])
 
 
 def running_status(pid: int, **extra) -> dict:
@@ -256,9 +257,12 @@ def test_stop_now_signals_only_the_runs_verified_toolrl_process(tmp_path):
     toolrl: each refused, nothing signalled. The run's own process (start time and command line) is."""
     root = tmp_path / "runs"
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    target = fake_run_process()
+    mentions = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "toolrl", "ui"])
+    target = fake_run_process(root / "real")
     try:
         cases = {
+            "other-run": running_status(target.pid),  # the process of another run folder (named by "real")
+            "mentions-toolrl": running_status(mentions.pid),  # a command line naming toolrl, not `toolrl train`
             "minus-one": running_status(-1),
             "init": running_status(1),
             "me": running_status(os.getpid()),
@@ -274,13 +278,13 @@ def test_stop_now_signals_only_the_runs_verified_toolrl_process(tmp_path):
             answer = client.post("/api/stop", json={"run": name, "now": True}, headers=POST)
             assert answer.status_code == 400, name
             assert "not running" in answer.json()["error"] or "nothing was signalled" in answer.json()["error"]
-        assert bystander.poll() is None and target.poll() is None
+        assert bystander.poll() is None and target.poll() is None and mentions.poll() is None
         make_run(root, "real", status={**running_status(target.pid), "updated_at": time.time()})
         answer = client.post("/api/stop", json={"run": "real", "now": True}, headers=POST)
         assert answer.json() == {"name": "real", "stopping": "now"}
         assert target.wait(10) == -signal.SIGINT or target.returncode == 1  # KeyboardInterrupt in the sleep
     finally:
-        for process in (bystander, target):
+        for process in (bystander, target, mentions):
             process.kill()
             process.wait()
 

@@ -13,6 +13,24 @@ from toolrl.cli.app import app, console
 from toolrl.errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+TOKEN_ENV = "TOOLRL_UI_TOKEN"
+MAX_TOKEN_CHARS = 512
+
+
+def read_token_file(path: Path) -> str:
+    """The token in `path`'s first line; one-line errors for a missing, unreadable, empty or odd file."""
+    if path.exists() and not path.is_file():  # a FIFO would wait for a writer forever
+        raise ConfigError(f"--token-file {path}: not a regular file")
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_TOKEN_CHARS + 2)
+    except OSError as exc:
+        raise ConfigError(f"--token-file {path}: cannot read it ({exc.strerror})") from None
+    token = data.decode("utf-8", errors="replace").splitlines()[0].strip() if data.strip() else ""
+    if not token or len(token) > MAX_TOKEN_CHARS or not token.isprintable():
+        raise ConfigError(f"--token-file {path}: its first line must be a token of 1 to {MAX_TOKEN_CHARS} printable "
+                          "characters")  # fmt: skip
+    return token
 
 
 @app.command()
@@ -21,7 +39,16 @@ def ui(
     host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 7860,
     token: Annotated[
-        str | None, typer.Option(help="Access token every request needs (a random one is made when omitted).")
+        str | None,
+        typer.Option(
+            envvar=TOKEN_ENV,
+            show_envvar=True,
+            help=f"Access token every request needs (a random one is made when omitted). On the command line it "
+            f"shows in `ps`: prefer {TOKEN_ENV} or --token-file.",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None, typer.Option(help="A file whose first line is the access token (kept out of `ps`).")
     ] = None,
     no_token: Annotated[
         bool,
@@ -46,6 +73,12 @@ def ui(
         raise ConfigError(f"--port {port}: give a port between 0 and 65535")
     runs_dir.mkdir(parents=True, exist_ok=True)
     loopback = host in LOOPBACK
+    if token_file is not None:
+        if token:
+            raise ConfigError(f"--token-file and --token (or {TOKEN_ENV}): give one of them")
+        token = read_token_file(token_file)
+    if token is not None and not token.strip():
+        raise ConfigError("--token: an empty token; give one or leave it out (a random one is made)")
     if no_token and token:
         raise ConfigError("--no-token and --token: give one of them")
     if no_token and not loopback:

@@ -16,6 +16,7 @@ from typing import Any
 from toolrl.config import RunConfig, config_to_yaml
 from toolrl.errors import ConfigError
 from toolrl.files import read_jsonl
+from toolrl.runs.files import read_run_file
 from toolrl.text import clip
 
 METRICS = "metrics.jsonl"
@@ -24,6 +25,7 @@ EVALS = "evals.jsonl"
 STOP_FILE = "STOP"
 """A file a run checks after each step: present, it checkpoints and stops (the UI's stop button)."""
 STATUS = "status.json"
+MAX_STATUS_BYTES = 1 << 20
 RUN_OUTPUTS = (METRICS, SAMPLES, EVALS, "sft.jsonl", "last", "final")
 """What a run leaves in its directory once it has trained or evaluated anything."""
 
@@ -92,9 +94,11 @@ class RunDir:
         os.replace(tmp, self.path / filename)
 
     def read_status(self) -> dict[str, Any]:
+        """status.json as a dict; {} when there is none or it is not a JSON object of at most 1 MiB (a FIFO or
+        a link out of the folder is not read: runs/files.py)."""
         try:
-            status = json.loads((self.path / STATUS).read_text())
-        except (OSError, ValueError):
+            status = json.loads(read_run_file(self.path, self.path / STATUS, MAX_STATUS_BYTES))
+        except (OSError, ValueError, RecursionError):
             return {}
         return status if isinstance(status, dict) else {}
 
@@ -193,3 +197,56 @@ def run_process(status: dict[str, Any]) -> int | None:
     except OSError:
         return None
     return pid if any(b"toolrl" in arg for arg in argv) else None
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _ancestors() -> set[int]:
+    """This process and its ancestors, by /proc's parent ids: never a process to signal from here."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found | {os.getpid(), os.getppid()}
+
+
+def _holds_file_in(pid: int, run: str) -> bool:
+    """Whether process `pid` has a file of the folder `run` open (a training run keeps progress.log open)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(run + os.sep):
+            return True
+    return False
+
+
+def train_process(run: Path, status: dict[str, Any]) -> int | None:
+    """The `toolrl train` process of the run folder `run`, which only then may be signalled: the pid status.json
+    names passes run_process (this host, its recorded start time), its command line is `toolrl ... train`, it
+    was started for this run (its command line names the folder, or its run_name, or it holds a file of the
+    folder open), and it is neither this process nor one of its ancestors. None otherwise."""
+    pid = run_process(status)
+    if pid is None or pid in _ancestors():
+        return None
+    argv = _argv(pid)
+    tool = next((i for i, a in enumerate(argv) if a == "toolrl" or a.endswith(("/toolrl", "toolrl/__main__.py"))), None)
+    if tool is None or "train" not in argv[tool + 1 :]:
+        return None
+    folder = os.path.realpath(run)
+    named = any(os.path.realpath(a) == folder for a in argv if a.startswith(("/", ".")) or os.sep in a)
+    named = named or f"run_name={run.name}" in argv
+    return pid if named or _holds_file_in(pid, folder) else None

@@ -6,7 +6,9 @@ A config from the page is data: it may change any value but not what names code 
 `env.module`), which must stay those of the recipe file it started from; commands of tool servers come only
 from tool config files on disk (`tools.file` names one). A run is resumed only after saying what it will
 import or start, and a run made elsewhere only when the caller says it trusts it. "Stop now" signals only a
-process this UI started or one verified to be the run's toolrl process (runs/rundir.py: run_process)."""
+process this UI started or one verified to be the run's `toolrl train` (runs/rundir.py: train_process): never
+the UI itself or an ancestor of it. A run folder's files are read as runs/files.py reads them (no FIFO, device or
+link out of the folder)."""
 
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ from toolrl.config.loader import config_data, default_config_text
 from toolrl.config.resolve import resolve_data
 from toolrl.config.run_name import run_name_problem
 from toolrl.errors import ConfigError
-from toolrl.runs.rundir import STOP_FILE, RunDir, run_process
+from toolrl.runs.files import open_in_run, read_run_file
+from toolrl.runs.rundir import STOP_FILE, RunDir, train_process
 from toolrl.runs.trust import code_to_run, foreign
 from toolrl.text import clip
-from toolrl.ui.runs import resolve_run, run_state
+from toolrl.ui.runs import MAX_CONFIG_BYTES, resolve_run, run_state
 
 CONSOLE_LOG = "console.log"
 LOG_CHUNK = 256_000
@@ -121,7 +124,8 @@ class Launcher:
                 raise ConfigError(f"{name}: its process (pid {process.pid}) is still running; resume it in a moment")
             if not (run / "last").is_symlink():
                 raise ConfigError(f"{name}: no checkpoint to resume from (train.save_every writes them)")
-            starts = code_to_run(config_data((run / "config.yaml").read_text(), f"{name}/config.yaml"))
+            text = read_run_file(run, run / "config.yaml", MAX_CONFIG_BYTES).decode("utf-8", errors="replace")
+            starts = code_to_run(config_data(text, f"{name}/config.yaml"))
             reason = foreign(run, RunDir(run).read_status())
             if reason is not None and not trust:
                 named = f"; it would {'; '.join(starts)}" if starts else ""
@@ -141,20 +145,27 @@ class Launcher:
             return {"name": name, "stopping": "after this step"}
         process = self.processes.get(name)
         started_here = process is not None and process.poll() is None  # this UI's child, still running
-        pid = process.pid if started_here else _verified_pid(run)
-        os.kill(pid, signal.SIGINT)
+        if started_here:
+            process.send_signal(signal.SIGINT)
+        else:
+            os.kill(_verified_pid(run), signal.SIGINT)
         return {"name": name, "stopping": "now"}
 
     def log(self, name: str, offset: int = 0) -> dict[str, Any]:
         """The console log (or progress.log of a run started elsewhere) from byte `offset` on."""
         run = resolve_run(self.root, name, started=name in self.processes)
-        path = run / CONSOLE_LOG if (run / CONSOLE_LOG).is_file() else run / "progress.log"
-        if not path.is_file():
-            return {"text": "", "offset": 0, "file": None}
-        with path.open("rb") as f:
-            f.seek(offset)
-            chunk = f.read(LOG_CHUNK)
-        return {"text": chunk.decode(errors="replace"), "offset": offset + len(chunk), "file": path.name}
+        for path in (run / CONSOLE_LOG, run / "progress.log"):
+            try:
+                f = open_in_run(run, path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # a FIFO, a device, a link out of the run folder: named, never read
+                raise ConfigError(f"{name}: {exc}") from None
+            with f:
+                f.seek(max(0, offset))
+                chunk = f.read(LOG_CHUNK)
+            return {"text": chunk.decode(errors="replace"), "offset": offset + len(chunk), "file": path.name}
+        return {"text": "", "offset": 0, "file": None}
 
     def close(self) -> None:
         """Reap the processes that ended (the running ones go on)."""
@@ -168,10 +179,10 @@ def _verified_pid(run: Path) -> int:
     if status.get("host") != socket.gethostname():
         host = clip(str(status.get("host")), 60)
         raise ConfigError(f"{run.name}: it runs on {host}; interrupt it there (or use the stop button)")
-    pid = run_process(status)
+    pid = train_process(run, status)
     if pid is None:
         raise ConfigError(
-            f"{run.name}: its status.json names no process that is this run's toolrl process (a stale or "
-            "edited status); nothing was signalled: use the stop button (after the step)"
+            f"{run.name}: its status.json names no process that is this run's `toolrl train` (a stale or edited "
+            "status, or a process started elsewhere); nothing was signalled: use the stop button (after the step)"
         )
     return pid

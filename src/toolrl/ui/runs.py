@@ -4,7 +4,9 @@ grow (a run's samples.jsonl reaches tens of MB; a page asks for one step at a ti
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import socket
 import threading
@@ -16,7 +18,11 @@ from typing import Any
 import yaml
 
 from toolrl.errors import ConfigError
+from toolrl.runs.files import open_in_run, read_run_file, run_file_problem
 from toolrl.runs.rundir import EVALS, METRICS, SAMPLES, RunDir, run_process
+from toolrl.text import clip
+
+log = logging.getLogger(__name__)
 
 RECORD_FILES = {"train": SAMPLES, "eval": EVALS}
 STALE_S = 1800.0
@@ -28,7 +34,14 @@ def find_runs(root: Path) -> list[Path]:
     """Run directories (those with a config.yaml) under `root`, one or two levels down, newest first."""
     found = [p.parent for pattern in ("*/config.yaml", "*/*/config.yaml") for p in root.glob(pattern)]
     found = [p for p in found if not any(part.startswith(".") for part in p.relative_to(root).parts)]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    return sorted(found, key=_mtime, reverse=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # gone, or a dangling link
+        return 0.0
 
 
 def resolve_run(root: Path, name: str, started: bool = False) -> Path:
@@ -53,43 +66,89 @@ def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
     if state == "running":
         if status.get("host") == socket.gethostname():
             return "running" if run_process(status) is not None else "died"
-        return "running" if time.time() - status.get("updated_at", 0) < STALE_S else "stale"
-    return str(state)
+        updated = status.get("updated_at")
+        fresh = isinstance(updated, int | float) and time.time() - updated < STALE_S
+        return "running" if fresh else "stale"
+    return clip(str(state), 40)
+
+
+RUN_FILES = ("config.yaml", "status.json", METRICS, SAMPLES, EVALS, "console.log", "progress.log", "plot.png")
+"""The files of a run the UI reads: each is checked to be a regular file inside the run folder."""
+
+
+def _section(config: Any, key: str, problems: list[str]) -> dict[str, Any]:
+    value = config.get(key) if isinstance(config, dict) else None
+    if value is not None and not isinstance(value, dict):
+        problems.append(f"config.yaml: {key} is a {type(value).__name__}, not a mapping")
+    return value if isinstance(value, dict) else {}
 
 
 def summarize_run(root: Path, path: Path) -> dict[str, Any]:
     """One line of the runs list: name, state, config essentials, the steps reached and the last step's
-    reward and success."""
+    reward and success, and `problems`: what in the folder was not read or did not parse (one line each)."""
+    problems = [p for name in RUN_FILES if (p := run_file_problem(path, path / name))]
     status = RunDir(path).read_status()
+    config: Any = {}
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        config = {}
+        config = yaml.safe_load(read_run_file(path, path / "config.yaml", MAX_CONFIG_BYTES)) or {}
+    except OSError:
+        pass  # named in problems
+    except yaml.YAMLError as exc:
+        problems.append(f"config.yaml: not YAML ({clip(str(exc).splitlines()[0], 80)})")
+    if not isinstance(config, dict):
+        problems.append(f"config.yaml: a {type(config).__name__}, not a mapping")
     last = last_step(path)
-    train = config.get("train") or {}
+    train = _section(config, "train", problems)
+    env, model = _section(config, "env", problems), _section(config, "model", problems)
     return {
         "name": str(path.relative_to(root)),
         "state": run_state(path, status),
-        "env": (config.get("env") or {}).get("name"),
-        "model": (config.get("model") or {}).get("name"),
+        "env": _word(env.get("name")),
+        "model": _word(model.get("name")),
         "step": last.get("step", 0),
-        "steps": status.get("steps", train.get("steps")),
-        "reward": last.get("reward"),
-        "success": last.get("success"),
-        "started_at": status.get("started_at", path.stat().st_mtime),
-        "updated_at": status.get("updated_at", (path / "config.yaml").stat().st_mtime),
-        "error": status.get("error"),
+        "steps": _number(status.get("steps", train.get("steps"))),
+        "reward": _number(last.get("reward")),
+        "success": _number(last.get("success")),
+        "started_at": _number(status.get("started_at")) or _mtime(path),
+        "updated_at": _number(status.get("updated_at")) or _mtime(path / "config.yaml"),
+        "error": clip(str(status["error"]), 600) if status.get("error") else None,
+        "problems": problems,
     }
+
+
+def list_runs(root: Path) -> list[dict[str, Any]]:
+    """Every run's line; a run that cannot be summarized is listed with its problem (the others still are)."""
+    lines = []
+    for path in find_runs(root):
+        try:
+            lines.append(summarize_run(root, path))
+        except Exception as exc:  # anything in one folder: that run's problem, never the list's
+            log.warning("run %s: %s", path, exc)
+            problem = clip(f"{type(exc).__name__}: {exc}", 300)
+            lines.append({"name": str(path.relative_to(root)), "state": "unreadable", "step": 0, "problems": [problem]})
+    return lines
+
+
+def _word(value: Any) -> str | None:
+    return clip(value, 200) if isinstance(value, str) else None
+
+
+def _number(value: Any) -> int | float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def last_step(path: Path, tail: int = 65536) -> dict[str, Any]:
     """The last training step's metrics line, read from the end of metrics.jsonl (a list of runs polls it)."""
-    file = path / METRICS
-    if not file.is_file():
+    try:
+        f = open_in_run(path, path / METRICS)
+    except OSError:
         return {}
-    with file.open("rb") as f:
-        f.seek(max(0, file.stat().st_size - tail))
-        lines = f.read().splitlines()
+    with f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+        lines = f.read(tail).splitlines()
     for line in reversed(lines):
         try:
             record = json.loads(line)
@@ -107,11 +166,9 @@ MAX_PASS_RATES_BYTES = 8 << 20
 def read_pass_rates(path: Path) -> dict[str, Any]:
     """RUN/pass_rates.json (a pass-rate curriculum's per-task pass rates at the last step); {} when there is
     none, it is over 8 MiB, or it does not parse (a run directory is data: nothing in it is trusted)."""
-    file = path / "pass_rates.json"
     try:
-        if not file.is_file() or file.stat().st_size > MAX_PASS_RATES_BYTES:
-            return {}
-        value = json.loads(file.read_text(encoding="utf-8"))
+        data = read_run_file(path, path / "pass_rates.json", MAX_PASS_RATES_BYTES + 1)
+        value = json.loads(data) if len(data) <= MAX_PASS_RATES_BYTES else None
     except (OSError, ValueError):
         return {}
     if not isinstance(value, dict) or not isinstance(value.get("tasks"), dict):
@@ -124,13 +181,14 @@ def read_pass_rates(path: Path) -> dict[str, Any]:
 
 def read_metrics(path: Path, since: int = 0) -> list[dict[str, Any]]:
     """The metrics records from line `since` on; a line still being written (no newline yet) waits."""
-    file = path / METRICS
-    if not file.is_file():
+    try:
+        f = open_in_run(path, path / METRICS)
+    except OSError:
         return []
     out = []
-    with file.open() as f:
+    with f:
         for i, line in enumerate(f):
-            if i < since or not line.endswith("\n"):
+            if i < since or not line.endswith(b"\n"):
                 continue
             try:
                 out.append(json.loads(line))
@@ -166,11 +224,15 @@ class RecordIndex:
             lock = self._locks.setdefault(file, threading.Lock())
         with lock:
             index = self._files.get(file)
-            size = file.stat().st_size if file.is_file() else 0
-            if index is None or size < index.size:  # new, or rewritten shorter (a resume truncates)
-                index = self._files[file] = _FileIndex()
-            if size > index.size:
-                with file.open("rb") as f:
+            try:
+                f = open_in_run(file.parent, file)
+            except OSError:  # missing, or not a regular file of the run (named in the runs list)
+                f = io.BytesIO()
+            with f:
+                size = os.fstat(f.fileno()).st_size if not isinstance(f, io.BytesIO) else 0
+                if index is None or size < index.size:  # new, or rewritten shorter (a resume truncates)
+                    index = self._files[file] = _FileIndex()
+                if size > index.size:
                     f.seek(index.size)
                     offset = index.size
                     for line in f:
@@ -210,7 +272,7 @@ class RecordIndex:
         offsets = self._index(file).offsets.get(step, [])
         if not 0 <= i < len(offsets):
             raise ConfigError(f"{run.name}: no record {i} at step {step} in {file.name}")
-        with file.open("rb") as f:
+        with open_in_run(run, file) as f:
             f.seek(offsets[i])
             return json.loads(f.readline())
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -28,12 +30,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from toolrl.errors import ToolRLError
+from toolrl.runs.files import read_run_file, run_file_problem
 from toolrl.text import clip
 from toolrl.ui.launch import Launcher, find_recipes, validate
 from toolrl.ui.runs import (
+    MAX_CONFIG_BYTES,
     RECORD_FILES,
     RecordIndex,
-    find_runs,
+    list_runs,
     read_metrics,
     read_pass_rates,
     resolve_run,
@@ -62,7 +66,8 @@ class JSONResponse(StrictJSONResponse):
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]", "::1"}
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
+MAX_IMAGE_BYTES = 32 << 20
 COOKIE = "toolrl_token"
 
 
@@ -93,16 +98,19 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
     state = UIState(root, recipe_dirs)
 
     async def runs(request: Request):
-        paths = await run_in_threadpool(find_runs, state.root)
-        return JSONResponse({"root": str(state.root), "runs": [summarize_run(state.root, p) for p in paths]})
+        return JSONResponse({"root": str(state.root), "runs": await run_in_threadpool(list_runs, state.root)})
+
+    def detail(run: Path) -> dict[str, Any]:
+        summary = summarize_run(state.root, run)
+        text = read_run_file(run, run / "config.yaml", MAX_CONFIG_BYTES)
+        summary["config"] = text.decode("utf-8", errors="replace")
+        summary["plot"] = (run / "plot.png").exists() and run_file_problem(run, run / "plot.png") is None
+        summary["pass_rates"] = read_pass_rates(run)
+        return summary
 
     async def run_detail(request: Request):
         run = resolve_run(state.root, request.query_params["run"])
-        summary = summarize_run(state.root, run)
-        summary["config"] = (run / "config.yaml").read_text()
-        summary["plot"] = (run / "plot.png").is_file()
-        summary["pass_rates"] = await run_in_threadpool(read_pass_rates, run)
-        return JSONResponse(summary)
+        return JSONResponse(await run_in_threadpool(detail, run))
 
     async def metrics(request: Request):
         run = resolve_run(state.root, request.query_params["run"])
@@ -137,15 +145,24 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
 
     async def plot(request: Request):
         run = resolve_run(state.root, request.query_params["run"])
-        return FileResponse(run / "plot.png") if (run / "plot.png").is_file() else PlainTextResponse("", 404)
+        try:
+            data = await run_in_threadpool(read_run_file, run, run / "plot.png", MAX_IMAGE_BYTES)
+        except FileNotFoundError:
+            return PlainTextResponse("", 404)
+        return Response(data, media_type="image/png")
 
     async def image(request: Request):
-        """A trajectory's image file (RUN/images/*.png only)."""
+        """A trajectory's image file (RUN/images/*.png only, a regular file inside that folder)."""
         run = resolve_run(state.root, request.query_params["run"])
-        path = (run / request.query_params["path"]).resolve()
-        if not path.is_relative_to((run / "images").resolve()) or path.suffix != ".png" or not path.is_file():
-            raise ToolRLError(f"{request.query_params['path']}: no image of that name in the run")
-        return FileResponse(path, media_type="image/png")
+        name = request.query_params["path"]
+        path = run / name
+        if not name.endswith(".png") or not os.path.abspath(path).startswith(os.path.abspath(run / "images") + "/"):
+            raise ToolRLError(f"{clip(name, 200)}: no image of that name in the run")
+        try:
+            data = await run_in_threadpool(read_run_file, run / "images", path, MAX_IMAGE_BYTES)
+        except FileNotFoundError:
+            raise ToolRLError(f"{clip(name, 200)}: no image of that name in the run") from None
+        return Response(data, media_type="image/png")
 
     async def tools_get(request: Request):
         return JSONResponse({**state.tools.describe(), "suggestions": find_tool_files([Path.cwd(), state.root])})
@@ -230,7 +247,7 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
 
     app = Starlette(
         routes=routes,
-        exception_handlers={ToolRLError: error, KeyError: missing, ValueError: error},
+        exception_handlers={ToolRLError: error, KeyError: missing, ValueError: error, OSError: error},
         lifespan=lifespan,
     )
     app.state.ui = state
@@ -249,7 +266,8 @@ def _guarded(app, token: str | None, loopback_only: bool):
         origin = request.headers.get("origin")
         problem = None
         if loopback_only and host not in LOOPBACK_NAMES:
-            problem = (403, f"host {clip(host, 80)!r} is not served: this UI is bound to the loopback interface")
+            shown = clip(host_header, 80)
+            problem = (403, f"host {shown!r} is not served: this UI is bound to the loopback interface")
         elif origin is not None and origin.lower() not in {
             f"http://{host_header}".lower(),
             f"https://{host_header}".lower(),
@@ -274,9 +292,17 @@ def _kind(request: Request) -> str:
     return kind
 
 
-def _host_name(header: str) -> str:
-    """The host of a Host header, without its port ([::1]:8000 -> [::1])."""
-    return header.split("]")[0] + "]" if header.startswith("[") else header.rsplit(":", 1)[0]
+def _host_name(header: str) -> str | None:
+    """The host of a Host header parsed as a URL authority, without its port ([::1]:8000 -> ::1, lowercase);
+    None when it is not a plain authority: userinfo (127.0.0.1:1@evil), a path, a bad port, spaces."""
+    if not header or any(c in header for c in "@/?#\\ \t") or not header.isascii():
+        return None
+    try:
+        parts = urlsplit(f"//{header}")
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError:
+        return None
+    return parts.hostname
 
 
 def _cookie_name(request: Request) -> str:
