@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -171,6 +172,13 @@ def _attempts(host: _Host, limits: SandboxLimits, follow_up: Callable[[], str]) 
         time.sleep(0.2)
         return host.victim.poll() is not None, output.strip()[-200:]
 
+    def held_together(output: str) -> tuple[bool, str]:
+        """More than one 400 MB process at once under 512 MB is an escape (the total was not bounded)."""
+        counts = [int(n) for n in re.findall(r"(\d+) of 6 held", output)]
+        stopped = "processes together used more than" in output  # the sandbox's note: the bound acted
+        escaped = counts[-1] * 400 > limits.memory_mb if counts else not stopped
+        return escaped, output.strip()[-200:]
+
     def forked(output: str) -> tuple[bool, str]:
         counts = [int(w) for w in output.split() if w.isdigit()]
         return (not counts or counts[-1] >= limit), output.strip()[-200:]
@@ -289,6 +297,13 @@ def _attempts(host: _Host, limits: SandboxLimits, follow_up: Callable[[], str]) 
             "allocate past the memory limit",
             "b = bytearray(4 * 1024**3)\nprint('allocated', len(b))",
             printed("allocated"),
+        ),
+        (
+            "allocate past the memory limit across processes (6 x 400 MB at 512 MB)",
+            "import subprocess, sys\nprogram = \"b = b'1' * (400 << 20); import time; time.sleep(1); print('held')\"\n"
+            "procs = [subprocess.Popen([sys.executable, '-c', program]) for _ in range(6)]\n"
+            "print(sum(p.wait() == 0 for p in procs), 'of 6 held 400 MB')",
+            held_together,
         ),
         (
             "write past the file size limit",
@@ -438,6 +453,7 @@ ATTEMPTS = (
     "kill a host process",
     "fork past the process limit",
     "allocate past the memory limit",
+    "allocate past the memory limit across processes (6 x 400 MB at 512 MB)",
     "write past the file size limit",
     "fill the disk (many files under the size limit)",
     "fork bomb",

@@ -32,6 +32,15 @@ def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 14] + " ...[cut]"
 
 
+def clip_head(text: str, limit: int) -> str:
+    """`text` cut to its last `limit` characters from a line's start (a traceback's end is what says what went
+    wrong), with a marker when it was cut."""
+    if len(text) <= limit:
+        return text
+    tail = text[len(text) - limit + 10 :]
+    return "[cut] ...\n" + (tail.split("\n", 1)[1] if "\n" in tail[:-1] else tail)
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -3,7 +3,9 @@ files, build specs share it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -37,6 +39,16 @@ def _expected(error: dict[str, Any]) -> str:
     return names.get(kind, error["msg"])
 
 
+def nearest_keys(word: Any, known: Iterable[str], n: int = 5) -> str:
+    """'nearest keys here: a, b, c (N in all)': the `n` known keys closest to an unknown one, not all of them."""
+    known = [str(k) for k in known]
+    if not known:
+        return "no keys are allowed here"
+    ranked = sorted(known, key=lambda k: -difflib.SequenceMatcher(None, str(word)[:200], k).ratio())[:n]
+    more = f" ({len(known)} in all)" if len(known) > n else ""
+    return f"nearest keys here: {', '.join(ranked)}{more}"
+
+
 def format_validation_error(
     exc: ValidationError,
     where: str,
@@ -55,8 +67,8 @@ def format_validation_error(
             field = section.model_fields.get(str(part))
             section = field.annotation if field else section
         fields = getattr(section, "model_fields", {})
-        known, guess = ", ".join(fields) or "none", did_you_mean(error["loc"][-1], fields)
-        return (f"{where}: unknown key '{clip(key, 120)}'{guess}; known keys here: {known}"
+        guess = did_you_mean(error["loc"][-1], fields)
+        return (f"{where}: unknown key '{clip(key, 120)}'{guess}; {nearest_keys(error['loc'][-1], fields)}"
                 f"{hint(key) if hint else ''}{more}")  # fmt: skip
     if error["type"] == "missing":
         return f"{where}: {clip(key, 120)} is required{more}"
@@ -64,5 +76,50 @@ def format_validation_error(
         field = key.rstrip(".")  # empty for a model's own check
         named = f"{clip(field, 120)}: " if field else ""
         return clip(f"{where}: {named}{error['msg'].removeprefix('Value error, ')}{more}", 400)
-    got = clip(repr(error.get("input")), 80)
+    got = clip(safe_repr(error.get("input")), 80)
     return clip(f"{where}: {clip(key, 120)} must be {_expected(error)}, got {got}{more}", 400)
+
+
+MAX_INT = 2**53
+"""The largest integer a config, tool file or options field takes (JSON's exact integers): a seed of 5,000 hex
+digits or a step count of 10**30 is a typo or an attack, never a setting."""
+MAX_FLOAT = 1e15
+_NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+"""What no setting holds: control characters (tabs and newlines are fine) and lone surrogates."""
+
+
+def safe_repr(value: Any) -> str:
+    """repr() that never fails (an int past 4,300 decimal digits cannot be shown) and never runs long."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a number of {value.bit_length():,} bits"
+    try:
+        return clip(repr(value), 200)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"
+
+
+def number_problem(value: Any, key: str = "", depth: int = 0) -> str | None:
+    """The first number in `value` (a field's raw input: nested lists and mappings too) out of range, or string
+    that is not text, as 'KEY: why'; None when there is none."""
+    if isinstance(value, bool) or depth > 32:
+        return None
+    if isinstance(value, int) and abs(value) > MAX_INT:
+        return f"{key or 'a value'}: {safe_repr(value)} is out of range (at most 2**53 in size); give a smaller number"
+    if isinstance(value, float) and abs(value) > MAX_FLOAT:
+        return f"{key or 'a value'}: {value:g} is out of range (at most 1e15 in size); give a smaller number"
+    if isinstance(value, str) and (found := _NOT_TEXT.search(value)):
+        what = "a lone surrogate" if found.group() >= "\ud800" else "a control character"
+        return f"{key or 'a value'}: holds {what} U+{ord(found.group()):04X} at offset {found.start()}; remove it"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        if problem := number_problem(v, f"{key}.{k}" if key else str(k), depth + 1):
+            return problem
+    return None
+
+
+def bounded_numbers(data: Any) -> Any:
+    """A `model_validator(mode="before")` body: refuses a number out of range, or a string with a control
+    character or a lone surrogate, anywhere in the input."""
+    if problem := number_problem(data):
+        raise ValueError(problem)
+    return data

@@ -28,7 +28,7 @@ def test_file_then_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["train.lrr=1"], "unknown key 'train.lrr' (did you mean 'lr'?); known keys here: steps"),
+        (["train.lrr=1"], "unknown key 'train.lrr' (did you mean 'lr'?); nearest keys here: lr, lora"),
         (["train.lr=abc"], "train.lr must be a number, got 'abc'"),
         (["train.steps=1.5"], "train.steps must be an integer"),
         (["device=tpu"], "device must be one of 'auto', 'cpu' or 'cuda'"),

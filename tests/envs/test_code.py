@@ -16,6 +16,7 @@ from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, run_python
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.tools import ToolExecutor
 from toolrl.tools.call import ToolCall, ToolResult
+from toolrl.tools.limits import ToolFailed
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_output_is_read_through_a_pipe_within_the_deadline_and_the_output_limit(
     box = Sandbox(SandboxLimits(timeout_s=3.0, max_output_chars=100, max_file_mb=1))
     try:
         started = time.monotonic()
-        with pytest.raises(ValueError, match=r"wrote past its limits and was stopped:[\s\S]*output past 1 MB"):
+        with pytest.raises(ToolFailed, match=r"wrote past its limits and was stopped:[\s\S]*output past 1 MB"):
             run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", box)
         assert time.monotonic() - started < 3.0
         status, text = box.run("import os, time\nprint('a', flush=True)\nos.close(1)\ntime.sleep(60)")
@@ -115,14 +116,14 @@ def test_the_interpreter_path_is_normalized(monkeypatch):
     ],
 )
 def test_limits(sandbox, code, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ToolFailed, match=message):
         run_python(code, sandbox)
 
 
 def test_a_failure_shows_the_traceback_of_the_code_itself():
     box = Sandbox(SandboxLimits())
     try:
-        with pytest.raises(ValueError) as info:
+        with pytest.raises(ToolFailed) as info:
             run_python("x = 1\ny = x / 0", box)
         message = str(info.value)
         assert message.startswith(
@@ -136,7 +137,7 @@ def test_a_failure_shows_the_traceback_of_the_code_itself():
 def test_output_is_cut_and_network_is_blocked(sandbox):
     out = run_python("print('a' * 500 + 'b' * 500)", sandbox)
     assert out == "a" * 50 + "\n... [901 characters cut] ...\n" + "b" * 49  # head and tail (then stripped)
-    with pytest.raises(ValueError, match=r"Network is unreachable"):  # no interface but (its own) loopback
+    with pytest.raises(ToolFailed, match=r"Network is unreachable"):  # no interface but (its own) loopback
         run_python("import socket; socket.create_connection(('10.255.255.1', 80), timeout=1)", sandbox)
 
 

@@ -56,7 +56,7 @@ def test_errors_timeouts_and_process_reward(env):
         slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
         step = asyncio.run(episode.step([sql("SELEC 1"), sql(slow), sql("SELECT name FROM customers")], executor))
         contents = [r.content for r in step.observations]
-        assert contents[0] == 'Error: execute_sql failed: SQL error: near "SELEC": syntax error'  # the tool's error
+        assert contents[0] == 'Error: execute_sql failed: SQL error: OperationalError: near "SELEC": syntax error'
         assert contents[1] == "Error: execute_sql failed: SQL error: the query ran longer than 0.5 s and was stopped"
         assert contents[2].startswith("name\nAda\nBruno")
         assert step.reward == pytest.approx(-0.2)  # -0.1 per failed query

@@ -59,7 +59,7 @@ def test_env_module_and_options_errors_are_one_line(tmp_path):
         load_config(overrides=["env.name=shelf"])
     with pytest.raises(ConfigError, match=r"env\.options\.num_test must be greater than or equal to 1, got 0"):
         load_config(overrides=["env.options.num_test=0"])
-    with pytest.raises(ConfigError, match=r"unknown key 'env\.options\.database'; known keys here: num_train"):
+    with pytest.raises(ConfigError, match=r"unknown key 'env\.options\.database'; nearest keys here: "):
         load_config(overrides=["env.options.database=x.db"])
     with pytest.raises(ConfigError, match=r"unknown key 'env\.num_test'.*environment settings go under env\.options"):
         load_config(overrides=["env.num_test=5"])

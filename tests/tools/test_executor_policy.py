@@ -62,7 +62,7 @@ def test_retries_run_out_and_non_transient_errors_are_not_retried():
     )
     busy_result, broken_result = run(ex.invoke_all([ToolCall("busy", {"x": 1}), ToolCall("broken", {"x": 1})]))
     assert busy_result.content == "Error: busy failed: server busy" and calls["busy"] == 3
-    assert broken_result.content == "Error: broken failed: bug" and calls["broken"] == 1
+    assert broken_result.content == "Error: broken failed: RuntimeError: bug" and calls["broken"] == 1
     assert ex.metrics["errors_transport"] == 1 and ex.metrics["errors_tool_error"] == 1
 
 

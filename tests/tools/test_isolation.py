@@ -101,9 +101,10 @@ def test_prints_go_to_the_log_and_results_and_errors_cross_the_process_boundary(
         assert run(ex.invoke(ToolCall("chatty", {"text": "héllo"}))).content == "HÉLLO"
         assert len(run(ex.invoke(ToolCall("huge", {"megabytes": 5}))).content) == 5 * 2**20
         odd = run(ex.invoke(ToolCall("reject", {"value": 3})))
-        assert odd.outcome == "invalid_arguments" and odd.content == "Error: value must be even, got 3"
+        assert odd.outcome == "invalid_arguments"
+        assert odd.content == "Error: invalid arguments: value must be even, got 3"
         refused = run(ex.invoke(ToolCall("refuse", {"value": 3})))
-        assert refused.outcome == "tool_error" and refused.content == "Error: refuse failed: cannot halve 3"
+        assert refused.outcome == "tool_error" and refused.content == "Error: refuse failed: ValueError: cannot halve 3"
         off_schema = run(ex.invoke(ToolCall("refuse", {"value": "three"})))
         assert off_schema.outcome == "invalid_arguments" and "value" in off_schema.content
     finally:

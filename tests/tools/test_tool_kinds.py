@@ -197,7 +197,7 @@ def test_policies_from_the_file_layer_over_the_default(tmp_path):
             {"a": {"python": "os:getcwd", "policy": {"retries": -1}}},
             "mcpServers.a.policy.retries must be greater than or equal to 0, got -1",
         ),
-        ({"a": {"http": {"x": {"url": "http://h", "methd": "GET"}}}}, "known keys here: url, method, description"),
+        ({"a": {"http": {"x": {"url": "http://h", "methd": "GET"}}}}, "nearest keys here: method,"),
         ({"a": {"http": {"x": {"url": "http://h", "parameters": {"type": 5}}}}}, "a.http.x.parameters: a.x: not a"),
         ({"a": {"model": {"model": "m"}}}, "mcpServers.a.model: needs exactly one of base_url"),
         ({"a": {"model": {"base_url": "http://h/v1"}}}, "model (the served model's name) is required"),

@@ -60,7 +60,7 @@ def test_failures_become_observations_and_metrics():
     ex = ToolExecutor([tool_from_function(boom), tool_from_function(slow)], timeout_s=0.05)
     results = run(ex.invoke_all([ToolCall("boom", {"x": 1}), ToolCall("slow", {"x": 1}), ToolCall("nope", {})]))
     assert [r.content for r in results] == [
-        "Error: boom failed: disk on fire",
+        "Error: boom failed: RuntimeError: disk on fire\ntraceback lines",  # its type, its whole message
         "Error: slow timed out after 0.05 s",
         "Error: unknown tool 'nope'; available tools: boom, slow",
     ]

@@ -77,7 +77,7 @@ def test_a_server_that_is_down_is_reported_and_the_others_load(tmp_path):
     [
         (
             {"mcpServers": {"a": {"comand": "x"}}},
-            "unknown key 'mcpServers.a.comand' (did you mean 'command'?); known keys here: command",
+            "unknown key 'mcpServers.a.comand' (did you mean 'command'?); nearest keys here: command",
         ),
         ({"mcpServers": {"a": {"command": "x", "url": "http://h"}}}, "mcpServers.a: needs exactly one of command"),
         ({"mcpServers": {"a": {"python": "no_such_module:f"}}}, "mcpServers.a.python: cannot import"),
@@ -105,7 +105,10 @@ def test_tools_cli_lists_and_calls(config):
     called = toolrl("tools", "call", str(config), "add", '{"a": 2, "b": 5}')
     assert (called.returncode, called.stdout.strip()) == (0, "7")
     failed = toolrl("tools", "call", str(config), "calculator", '{"expression": "1/0"}')
-    assert (failed.returncode, failed.stdout.strip()) == (1, "Error: calc.calculator failed: division by zero")
+    assert (failed.returncode, failed.stdout.strip()) == (
+        1,
+        "Error: calc.calculator failed: ValueError: division by zero",
+    )
     unknown = toolrl("tools", "call", str(config), "nope")
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: no tool 'nope'")
 

@@ -99,20 +99,20 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
     try:
         with console.status(f"loading {cfg.model.name}") if mode == "bar" else nullcontext():
             bench = Workbench.load(cfg, log_dir=run.path / "tools" if run else None)
-    except BaseException as exc:  # status.json says why a run never started (the UI shows it)
-        if run is not None:
+        log_file = run.path / "progress.log" if run else None
+        with StepReporter(mode, cfg.train.steps, console, log_file) as report:
+            try:
+                trainer = Trainer(bench, run)
+                trainer.on_note = report.note
+                if resume is not None:
+                    report.start(trainer.resume(resume))
+                summary = trainer.train(report)
+            finally:
+                bench.close()
+    except BaseException as exc:  # status.json says why a run failed or never started (the UI shows it)
+        if run is not None and run.read_status().get("state") in (None, "running"):
             run.write_status(state="failed" if isinstance(exc, Exception) else "stopped", error=first_line(exc))
         raise
-    log_file = run.path / "progress.log" if run else None
-    with StepReporter(mode, cfg.train.steps, console, log_file) as report:
-        try:
-            trainer = Trainer(bench, run)
-            trainer.on_note = report.note
-            if resume is not None:
-                report.start(trainer.resume(resume))
-            summary = trainer.train(report)
-        finally:
-            bench.close()
     if run is None:
         return
     columns_ = {k.replace("eval_", ""): summary[k] for k in ("eval_start", "eval_end") if k in summary}

@@ -47,6 +47,10 @@ def _files(cfg: RunConfig) -> None:
     """Every file the config names exists (a tool config file is also read and validated: nothing started)."""
     _file("env.train_file", cfg.env.train_file, "a task file")
     _file("env.test_file", cfg.env.test_file, "a task file")
+    for path in dict.fromkeys(p for p in (cfg.env.train_file, cfg.env.test_file) if p):
+        from toolrl.envs.tasks import load_tasks
+
+        load_tasks(path)  # read and checked here: a bad row is a one-line error before the run directory exists
     _file("tools.file", cfg.tools.file, "a tool config file")
     if cfg.tools.file:
         from toolrl.tools.toolset import read_tool_file

@@ -67,6 +67,9 @@ CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """Control characters other than tab, newline and carriage return: no task text means them."""
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def task_from_record(record: Mapping[str, Any], row: int, where: str) -> Task:
     _, question = _first(record, QUESTION_FIELDS)
     question = _question_text(question)
@@ -84,6 +87,11 @@ def task_from_record(record: Mapping[str, Any], row: int, where: str) -> Task:
             raise DataError(
                 f"{where}: row {row} {field} holds control character U+{ord(found.group()):04X} at offset "
                 f"{found.start()}; remove it (tabs and newlines are fine)"
+            )
+        if found := SURROGATE.search(text):
+            raise DataError(
+                f"{where}: row {row} {field} holds a lone surrogate U+{ord(found.group()):04X} at offset "
+                f"{found.start()} (half of a broken \\u escape), which is not text; fix or remove it"
             )
     top = {answer_field.split(".")[0], "id", "question", "query", "problem", "prompt", *IMAGE_FIELDS}
     meta = {k: v for k, v in record.items() if k not in top}

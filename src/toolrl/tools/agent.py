@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
-from toolrl.errors import ConfigError, ToolError
+from toolrl.errors import ConfigError
 from toolrl.tools.call import ToolCall
 from toolrl.tools.function import Tool, tool_from_function
-from toolrl.tools.limits import ToolPolicy
+from toolrl.tools.limits import ToolFailed, ToolPolicy
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
@@ -57,10 +57,11 @@ class ToolBox:
         return self._executor
 
     async def call(self, name: str, /, **arguments: Any) -> str:
-        """The tool's observation text; a failed call raises ToolError with its message."""
+        """The tool's observation text; a failed call raises ToolFailed with its message (the workflow's own
+        observation then tells it as it is)."""
         result = await self.executor.invoke(ToolCall(self.toolset.resolve(name), arguments))
         if result.error:
-            raise ToolError(result.content.removeprefix("Error: "))
+            raise ToolFailed(result.content.removeprefix("Error: "))
         return result.content
 
     def close(self) -> None:

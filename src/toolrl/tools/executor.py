@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.errors import ToolError
-from toolrl.text import clip, first_line, from_text, one_line
+from toolrl.text import clip, clip_head, first_line, from_text, one_line, well_formed_text
 from toolrl.tools.cache import ResultCache, cache_key
 from toolrl.tools.call import INFRA_FAULTS, MODEL_ERRORS, Outcome, ToolCall, ToolResult, unknown_tool_error
 from toolrl.tools.function import Tool
@@ -33,9 +33,24 @@ from toolrl.tools.limits import (
     RateLimiter,
     ServerCrashed,
     ServerUnavailable,
+    ToolFailed,
     ToolPolicy,
 )
 from toolrl.tools.runners import AsyncRunner, DeadlineExceeded, ProcessRunner, ThreadRunner
+
+TOOL_ERROR_CHARS = 1500
+"""The longest failure a tool's observation tells (the end of a traceback: the type and message of what failed
+and the lines that led to it)."""
+
+
+def failure(exc: Exception) -> str:
+    """What a tool's own failure tells the model: its words as they are for a ToolFailed, else its type and
+    message as Python shows them; multi-line (a traceback's tail), at most TOOL_ERROR_CHARS."""
+    if isinstance(exc, ToolFailed):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return clip_head(well_formed_text(text.strip()), TOOL_ERROR_CHARS)
 
 
 class ToolExecutor:
@@ -160,7 +175,9 @@ class ToolExecutor:
                         call, "timeout", f"Error: {call.name} timed out after {policy.timeout_s:g} s", started
                     )
                 except InvalidArguments as exc:  # the tool's server judged the arguments off its schema: final
-                    return self._result(call, "invalid_arguments", f"Error: {clip(str(exc))}", started)
+                    text = clip(str(exc))
+                    text = text if text.startswith("invalid argument") else f"invalid arguments: {text}"
+                    return self._result(call, "invalid_arguments", f"Error: {text}", started)
                 except NotDelivered as exc:  # its server ended before reading it: to the restarted one, at once
                     outcome, message, repeatable, unsent = "transport", one_line(str(exc)), True, True
                 except ServerUnavailable as exc:  # never reached the tool: safe to send again
@@ -170,7 +187,7 @@ class ToolExecutor:
                 except TRANSIENT as exc:
                     outcome, message, repeatable = "transport", first_line(exc), safe_to_repeat
                 except Exception as exc:  # a tool's own failure (ValueError too) must never end the rollout
-                    return self._result(call, "tool_error", f"Error: {call.name} failed: {first_line(exc)}", started)
+                    return self._result(call, "tool_error", f"Error: {call.name} failed: {failure(exc)}", started)
                 # After a crash the restart is the wait (the next attempt waits for it within the deadline). A call
                 # the crash kept from the server is sent again whatever `retries` says: only the deadline bounds it.
                 backoff = 0.0 if outcome == "server_crashed" or unsent else policy.backoff_s * 2**attempt

@@ -27,6 +27,12 @@ class ServerCrashed(TransientToolError):
     """The tool's server (or worker process) died while the call was in flight: it may or may not have run."""
 
 
+class ToolFailed(Exception):
+    """A tool's failure in words meant for the model, as they are: its server's error text, a worker's exception
+    already named by its type, the code sandbox's traceback. (Any other exception a tool raises is shown as its
+    type and message, as Python shows it.)"""
+
+
 class InvalidArguments(ValueError):
     """The arguments do not fit the tool's schema; the message names each field and what is wrong with it."""
 

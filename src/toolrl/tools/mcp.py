@@ -28,7 +28,7 @@ from toolrl.errors import ToolError
 from toolrl.loop_thread import LoopThread
 from toolrl.text import clip, first_line, one_line
 from toolrl.tools.function import Tool, json_schema_checker
-from toolrl.tools.limits import InvalidArguments, NotDelivered, ServerCrashed, ServerUnavailable
+from toolrl.tools.limits import InvalidArguments, NotDelivered, ServerCrashed, ServerUnavailable, ToolFailed
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +322,18 @@ class MCPServerConnection:
 
     # ---- the interface -------------------------------------------------------------------------------------
 
+    @property
+    def up(self) -> bool:
+        """Whether a session is open and its process running (not down, starting or restarting)."""
+        live = self._live
+        return live is not None and (live.process is None or live.process.returncode is None)
+
+    def warm(self) -> None:
+        """Start the server in the background (a pool's other members); a failure is logged, and retried later."""
+        self._loop.submit(self._ready()).add_done_callback(
+            lambda f: f.cancelled() or f.exception() is None or log.warning("%s", first_line(f.exception()))
+        )
+
     async def call(self, tool: str, arguments: dict[str, Any]) -> str | list[Any]:
         from mcp.shared.exceptions import MCPError
         from mcp.types import INVALID_PARAMS
@@ -332,13 +344,11 @@ class MCPServerConnection:
         except MCPError as exc:  # the server answered with a protocol error
             if exc.code == INVALID_PARAMS:
                 raise InvalidArguments(one_line(exc.error.message)) from None
-            raise RuntimeError(one_line(exc.error.message)) from None
+            raise ToolFailed(exc.error.message) from None
         if result.is_error:
             text = result_text(result)
             # The Python SDK's servers prefix every message; the observation already names the tool.
-            raise RuntimeError(
-                one_line(text.removeprefix(f"Error executing tool {tool}: ")) or f"{tool} reported an error"
-            )
+            raise ToolFailed(text.removeprefix(f"Error executing tool {tool}: ").strip() or f"{tool} reported an error")
         return result_value(result)
 
     def tools(self) -> list[Tool]:

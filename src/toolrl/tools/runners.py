@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from toolrl.tools.limits import InvalidArguments, ServerCrashed, ServerUnavailable, TransientToolError
+from toolrl.tools.limits import InvalidArguments, ServerCrashed, ServerUnavailable, ToolFailed, TransientToolError
 from toolrl.tools.worker import read_frame, write_frame
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "transient": TransientToolError,
     "unavailable": ServerUnavailable,
     "crashed": ServerCrashed,
-    "raised": RuntimeError,
+    "failed": ToolFailed,
 }
 
 
@@ -269,7 +269,10 @@ class ProcessRunner:
             return reply["parts"]
         if "ok" in reply:
             return reply["ok"]
-        raise _ERRORS.get(reply["error"], RuntimeError)(reply["message"])
+        if reply["error"] == "raised":  # the tool's own exception, named as the worker saw it
+            kind, message = reply.get("type", "Exception"), reply["message"]
+            raise ToolFailed(f"{kind}: {message}" if message else kind)
+        raise _ERRORS.get(reply["error"], RuntimeError)(reply["message"] or reply.get("type", "error"))
 
     def close(self) -> None:
         """Kill every worker, busy or idle."""

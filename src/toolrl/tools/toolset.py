@@ -47,7 +47,7 @@ from toolrl.text import clip, did_you_mean, first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
 from toolrl.tools.model import ModelBackend
-from toolrl.validation import format_validation_error
+from toolrl.validation import bounded_numbers, format_validation_error, nearest_keys
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
@@ -55,6 +55,16 @@ if TYPE_CHECKING:
 
 class Entry(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_in_range(cls, data: Any) -> Any:
+        return bounded_numbers(data)
+
+    @model_validator(mode="after")
+    def _values_in_range(self):  # what a string became ("1e+300" is a float field's 1e300)
+        bounded_numbers(self.__dict__)
+        return self
 
 
 class PolicyEntry(Entry):
@@ -115,6 +125,13 @@ class ServerEntry(Entry):
     """For `command`: keep servers started and idle besides the live one (true: one; a number: that many),
     one promoted at once when the live one crashes, so that the calls behind a crash do not wait for a restart
     (a process each; two also cover a second crash while the first one's replacement starts)."""
+    processes: int = Field(2, ge=1, le=16)
+    """For `command`: server processes that share the calls (mcp_pool.py): a call that hangs, spins or crashes
+    one of them holds up only the calls in that one, and a safe-to-repeat call goes to another after
+    hedge_after_s. 1 for a server that keeps state between calls."""
+    hedge_after_s: float | None = Field(1.0, gt=0)
+    """For `command` with processes > 1: a safe-to-repeat call without an answer this long is also sent to
+    another process, the first answer taken (null: never)."""
     policy: PolicyEntry | None = None
     policies: dict[str, PolicyEntry] = Field(default_factory=dict)
 
@@ -165,12 +182,15 @@ def _renamed(server: str, tools: list[Tool]) -> list[Tool]:
 
 @entry_kind("command")
 def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
+    from toolrl.tools.mcp_pool import MCPServerPool
     from toolrl.tools.mcp_stdio import MCPStdioServer
 
-    log_path = toolset.log_dir / f"{name}.log"
-    server = MCPStdioServer(
-        name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s, log_path, spare=int(entry.spare)
-    )
+    def member(i: int) -> MCPStdioServer:
+        log_path = toolset.log_dir / (f"{name}.log" if i == 0 else f"{name}.{i}.log")
+        return MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s,
+                              log_path, spare=int(entry.spare))  # fmt: skip
+
+    server = MCPServerPool(name, member, entry.processes, entry.hedge_after_s) if entry.processes > 1 else member(0)
     toolset.servers[name] = server
     return server.tools()
 
@@ -333,9 +353,9 @@ def read_tool_file(path: Path) -> ToolsFile:
         error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains the rest
         key = ".".join(str(p) for p in error["loc"])
         if error["type"] == "extra_forbidden":
-            known = _known_keys(error["loc"])
-            guess = did_you_mean(error["loc"][-1], known.split(", "))
-            raise ConfigError(f"{path}: unknown key '{clip(key, 120)}'{guess}; known keys here: {known}") from None
+            known = _known_keys(error["loc"]).split(", ")
+            guess, nearest = did_you_mean(error["loc"][-1], known), nearest_keys(error["loc"][-1], known)
+            raise ConfigError(f"{path}: unknown key '{clip(key, 120)}'{guess}; {nearest}") from None
         raise ConfigError(format_validation_error(exc, str(path), ToolsFile)) from None
 
 

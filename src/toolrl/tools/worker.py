@@ -57,6 +57,7 @@ def _kind(exc: BaseException) -> str:
         ("ConnectionError", "transient"),
         ("TimeoutError", "transient"),
         ("InvalidArguments", "invalid"),
+        ("ToolFailed", "failed"),
     ):
         if name in names:
             return kind
@@ -88,7 +89,7 @@ def main() -> None:
         try:
             reply = _reply(_resolve(target, functions)(**arguments))
         except BaseException as exc:  # a tool's failure, even SystemExit, is an answer, not the worker's end
-            reply = {"error": _kind(exc), "message": str(exc) or type(exc).__name__}
+            reply = {"error": _kind(exc), "message": str(exc), "type": type(exc).__name__}
         write_frame(replies, json.dumps(reply, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 

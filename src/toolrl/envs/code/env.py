@@ -22,9 +22,11 @@ from pydantic import Field
 
 from toolrl.envs.base import Environment, Episode, Task, register_env, tool_call_example
 from toolrl.envs.calculator.env import correct
+from toolrl.envs.code.memory import CgroupBound
 from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, resolve_isolation, run_python
 from toolrl.envs.reference import ReferenceRequest, answered
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
+from toolrl.errors import ConfigError
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
 from toolrl.tools.call import ToolCall
@@ -132,6 +134,9 @@ class CodeOptions(GeneratedTasks):
     timeout_s: float = Field(5.0, gt=0)
     """Wall-clock limit of one run; CPU time is limited to the same."""
     memory_mb: int = Field(512, ge=16)
+    """Memory of all the code's processes together (a cgroup per call, else the host's watch: memory.py)."""
+    memory_bound: Literal["auto", "cgroup", "watch"] = "auto"
+    """How memory_mb is held: auto takes a cgroup where this machine lets toolrl make one, else the watch."""
     max_output_chars: int = Field(2000, ge=10)
     max_file_mb: int = Field(10, ge=1)
     """Largest file the code may write, and most output it may print (past it the program is stopped)."""
@@ -216,6 +221,12 @@ class CodeEnv(Environment):
         isolation = resolve_isolation(o.isolation)  # no sandbox, no code environment (unless asked for none)
         if isolation == "none":
             log.warning("env.options.isolation is none: model code runs unisolated, with limits only (unsafe)")
+        if o.memory_bound == "cgroup":
+            try:
+                CgroupBound(o.memory_mb << 20, o.max_processes).close()
+            except OSError as exc:
+                raise ConfigError(f"env.options.memory_bound: no cgroup can be made here ({exc}); use auto (the "
+                                  "host's watch where there is none) or watch") from None  # fmt: skip
         self.limits = SandboxLimits(
             timeout_s=o.timeout_s,
             memory_mb=o.memory_mb,
@@ -224,6 +235,7 @@ class CodeEnv(Environment):
             max_processes=o.max_processes,
             isolation=isolation,
             disk_mb=o.disk_mb,
+            memory_bound=o.memory_bound,
         )
         self.splits = TaskSplits(config, generate_tasks(config.seed, options))
         self.rubric = Rubric(

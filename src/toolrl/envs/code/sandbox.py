@@ -48,13 +48,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolrl.envs.code.memory import memory_bound
 from toolrl.errors import ConfigError
+from toolrl.tools.limits import ToolFailed
 
 log = logging.getLogger(__name__)
 
 _BOOT = """
-import os, resource, socket, sys, traceback
+import linecache, os, resource, socket, sys, traceback
 source = sys.stdin.buffer.read().decode("utf-8")  # the program comes through a pipe, never a file
+linecache.cache["main.py"] = (len(source), None, source.splitlines(True), "main.py")  # tracebacks show its lines
 _null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
@@ -72,6 +75,10 @@ try:
 except SystemExit:
     raise
 except BaseException as exc:  # the traceback from the model's own code, without this bootstrap's frame
+    try:  # what it printed comes first, as in a terminal (stdout is buffered in a pipe, stderr is not)
+        sys.stdout.flush()
+    except BaseException:
+        pass
     traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
     sys.exit(1)
 """
@@ -98,6 +105,8 @@ class SandboxLimits:
     """auto, bubblewrap, unshare or none (see the module's docstring)."""
     disk_mb: int = 64
     """Size of the code's writable folder (a tmpfs per call; not enforced without isolation)."""
+    memory_bound: str = "auto"
+    """How `memory_mb` bounds all the call's processes together: cgroup, watch, or auto (memory.py)."""
 
 
 @dataclass(frozen=True)
@@ -216,8 +225,9 @@ def resolve_isolation(wanted: str) -> str:
     )
 
 
-def _limit(limits: SandboxLimits) -> None:
-    """Runs in the child between fork and exec."""
+def _limit(limits: SandboxLimits, join: Callable[[], None]) -> None:
+    """Runs in the child between fork and exec: the call's cgroup (`join`), then this process's own limits."""
+    join()
     cpu = max(1, int(limits.timeout_s + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     memory = limits.memory_mb * 2**20
@@ -271,6 +281,7 @@ class Sandbox:
         home = scratch or WORKDIR
         env = {"PATH": "/usr/bin:/bin", "HOME": home, "PWD": home, "TMPDIR": home, "LANG": "C.UTF-8"}
         output = BoundedOutput(self.limits.max_output_chars, self.limits.max_file_mb * 2**20)
+        bound = memory_bound(self.limits.memory_mb * 2**20, self.limits.max_processes, self.limits.memory_bound)
         try:
             process = subprocess.Popen(
                 self._command(env),
@@ -280,13 +291,19 @@ class Sandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=functools.partial(_limit, self.limits),
+                preexec_fn=functools.partial(_limit, self.limits, bound.join),
             )
+            bound.watch(process.pid)
             status = _exchange(process, code.encode("utf-8", errors="replace"), output, self.limits.timeout_s)
+            exceeded = bound.exceeded()
         finally:
+            bound.close()
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)  # fd-based: never follows what the code left
-        return status, output.text()
+        text = output.text()
+        if exceeded:
+            text += f"\n{MEMORY_NOTE.format(mb=self.limits.memory_mb)}"
+        return status, text
 
     def close(self) -> None:
         if self.mount_point is not None:
@@ -395,16 +412,30 @@ def _exchange(process: subprocess.Popen, program: bytes, output: BoundedOutput, 
     return status
 
 
+TRACEBACK_LINES = 24
+"""The last lines of a failed run's output the model reads: its traceback as Python prints it (the frames that led
+there, the exception's type and message), and what it printed before."""
+
+
+MEMORY_NOTE = "[the code's processes together used more than {mb} MB of memory: it was stopped]"
+
+
 def run_python(code: str, sandbox: Sandbox) -> str:
-    """The tool body: output on success; a failed run raises ValueError with the output's tail (the traceback)."""
+    """The tool body: output on success; a failed run raises ToolFailed with its exit code and the tail of its
+    output and stderr (the traceback, as a Python user sees it), bounded."""
     status, output = sandbox.run(code)
+    memory = MEMORY_NOTE.format(mb=sandbox.limits.memory_mb)
+    if memory in output:
+        tail = "\n".join(output.replace(memory, "").strip().splitlines()[-TRACEBACK_LINES:])
+        raise ToolFailed(f"the code used more than {sandbox.limits.memory_mb} MB of memory (all its processes "
+                         f"together) and was stopped (exit {status}):\n{tail}".rstrip())  # fmt: skip
     if status is None:
-        raise ValueError(f"the code ran longer than {sandbox.limits.timeout_s:g} s and was stopped")
+        raise ToolFailed(f"the code ran longer than {sandbox.limits.timeout_s:g} s and was stopped")
     if status != 0:
         if status < 0 and -status == signal.SIGXCPU:
-            raise ValueError(f"the code used more than {sandbox.limits.timeout_s:g} s of CPU and was stopped")
+            raise ToolFailed(f"the code used more than {sandbox.limits.timeout_s:g} s of CPU and was stopped")
         if status < 0 and -status == signal.SIGXFSZ:
-            raise ValueError(f"the code wrote past its limits and was stopped:\n{output.strip()[-300:]}")
-        tail = "\n".join(output.strip().splitlines()[-8:])
-        raise ValueError(f"the code failed (exit {status}):\n{tail}")
+            raise ToolFailed(f"the code wrote past its limits and was stopped:\n{output.strip()[-300:]}")
+        tail = "\n".join(output.strip().splitlines()[-TRACEBACK_LINES:])
+        raise ToolFailed(f"the code failed (exit {status}):\n{tail}")
     return output.strip() or "(no output; print the result)"

@@ -24,6 +24,7 @@ from toolrl.rewards.rubric import Criterion, Rubric, process_reward
 from toolrl.rewards.rules import common_criteria
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import tool_from_function
+from toolrl.tools.limits import ToolFailed
 
 SYSTEM = (
     "You answer questions about a sqlite database by writing SQL. Use the execute_sql tool to run a query and "
@@ -50,8 +51,8 @@ def execute_sql(query: str, db: Database) -> str:
         return format_rows(*db.run(query), db.max_rows)
     except sqlite3.Error as exc:
         if str(exc) == "interrupted":
-            raise ValueError(f"SQL error: the query ran longer than {db.timeout_s:g} s and was stopped") from None
-        raise ValueError(f"SQL error: {exc}") from None
+            raise ToolFailed(f"SQL error: the query ran longer than {db.timeout_s:g} s and was stopped") from None
+        raise ToolFailed(f"SQL error: {type(exc).__name__}: {exc}") from None
 
 
 def answer_sql(text: str) -> str | None:

@@ -1,0 +1,87 @@
+"""A command server runs as a pool of processes (tools/mcp_pool.py): a healthy call never fails because a sibling
+call froze or crashed its server process. Shown against one process, where the same calls fail: a call that
+blocks the server's event loop holds up every call in that process, and a crash holds them up for a restart."""
+
+import asyncio
+import time
+
+import pytest
+
+from tests.fixtures import mcp_server_entry, write_tool_config
+from toolrl.config.schema import ToolsConfig
+from toolrl.tools import ToolCall
+from toolrl.tools.toolset import run_executor
+
+
+def executor_for(tmp_path, processes: int, *extra_args: str, hedge: float | None = 0.3):
+    entry = mcp_server_entry("add", "freeze", "crash", "note", processes=processes, hedge_after_s=hedge)
+    entry["args"] += list(extra_args)
+    config = write_tool_config(tmp_path / f"tools-{processes}.json", {"srv": entry})
+    return run_executor([], ToolsConfig(file=str(config), timeout_s=2.0, max_concurrency=32), tmp_path)
+
+
+def healthy_beside(executor, fault: ToolCall, calls: int = 12) -> list[str]:
+    async def scenario():
+        blocker = asyncio.ensure_future(executor.invoke(fault))
+        await asyncio.sleep(0.3)
+        results = await asyncio.gather(*(executor.invoke(ToolCall("srv.add", {"a": i, "b": 1})) for i in range(calls)))
+        await blocker
+        return [r.outcome for r in results]
+
+    return asyncio.run(scenario())
+
+
+def wait_until_up(toolset, seconds: float = 60.0) -> None:
+    server = toolset.servers["srv"]
+    members = getattr(server, "members", [server])
+    deadline = time.monotonic() + seconds
+    while not all(m.up for m in members) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(m.up for m in members)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_frozen_sibling_fails_the_healthy_calls_of_one_process_and_none_of_a_pool(tmp_path, processes):
+    executor, toolset = executor_for(tmp_path, processes)
+    try:
+        wait_until_up(toolset)
+        outcomes = healthy_beside(executor, ToolCall("srv.freeze", {"seconds": 4}))
+        if processes == 1:
+            assert outcomes.count("timeout") == len(outcomes)  # why the pool is the default
+        else:
+            assert outcomes == ["ok"] * len(outcomes), outcomes
+    finally:
+        toolset.close()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_crashing_sibling_fails_no_healthy_call_of_a_pool(tmp_path, processes):
+    executor, toolset = executor_for(tmp_path, processes, "--slow-start", "3")  # a restart outlasts the deadline
+    try:
+        wait_until_up(toolset)
+        outcomes = healthy_beside(executor, ToolCall("srv.crash", {"marker": str(tmp_path / "crashed")}))
+        assert (tmp_path / "crashed").read_text() == "ran\n"
+        if processes == 1:
+            assert "ok" not in outcomes
+        else:
+            assert outcomes == ["ok"] * len(outcomes), outcomes
+    finally:
+        toolset.close()
+
+
+def test_a_call_not_safe_to_repeat_is_never_sent_twice(tmp_path):
+    executor, toolset = executor_for(tmp_path, 2, hedge=0.05)
+    marker = tmp_path / "notes"
+    try:
+        wait_until_up(toolset)
+
+        async def notes():
+            return await asyncio.gather(
+                *(executor.invoke(ToolCall("srv.note", {"marker": str(marker), "text": f"n{i}"})) for i in range(20))
+            )
+
+        assert all(r.outcome == "ok" for r in asyncio.run(notes()))
+        assert sorted(marker.read_text().split()) == sorted(f"n{i}" for i in range(20))  # each ran once
+        assert toolset.servers["srv"].hedged == 0
+    finally:
+        toolset.close()
