@@ -2,7 +2,9 @@
 another each, to healthy tools and, for 20% of the calls, to faulty ones: Python tools that hang blocking (in
 a worker process, and declared thread), hang async, swallow the cancellation, block their event loop with a
 synchronous sleep, raise, return 5 MB (from a process and from an async tool) or are slow; an MCP server's
-tools that hang, crash the server, return 5 MB or are slow. Deadline 3 s per call.
+tools that hang, crash the server, return 5 MB or are slow, served by a pool of 2 server processes (the default,
+tools/mcp_pool.py). Deadline 3 s per call. The load average at the start and end is recorded: run it beside
+`make test` (TOOLRL_BENCH_BESIDE says what ran beside it), as the committed result was.
 
 Keys (goal): calls, hung (calls past their deadline + 0.5 s: 0), uncounted (calls whose outcome the metrics
 miss: 0), healthy_failed (calls to healthy tools that did not succeed: 0), leaked_processes (left after close:
@@ -157,7 +159,10 @@ def run_child(calls: int, seed: int, folder: Path) -> None:
         "crash_max_executions": max(runs, default=0),
         "crash_calls_never_run": runs.count(0),
         "crash_calls_never_run_note": "sent as the server was dying; reported as crashed (it may have run)",
-        "server_restarts": toolset.servers["mcp"].connections - 1,
+        "mcp_processes": len(getattr(toolset.servers["mcp"], "members", [None])),
+        "server_restarts": toolset.servers["mcp"].connections - len(getattr(toolset.servers["mcp"], "members", [None])),
+        "hedged": getattr(toolset.servers["mcp"], "hedged", 0),
+        "hedge_wins": getattr(toolset.servers["mcp"], "hedge_wins", 0),
         "workers_started": executor.processes.started,
         "workers_killed": executor.processes.killed,
         "threads_abandoned": executor.threads.abandoned,
@@ -243,6 +248,7 @@ def main() -> None:
     if args.child:
         run_child(args.calls, args.seed, Path(args.child))
         return
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="toolrl-faults-") as tmp:
         before = set(leaked(Path(tmp)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)])}
@@ -265,6 +271,11 @@ def main() -> None:
     if summary is None:
         raise SystemExit(f"the workload failed (exit {child.returncode})")
     summary["exit_s"] = round(exited - done_at, 2)
+    summary["load_average"] = {
+        "start": [round(x, 2) for x in load_start],
+        "end": [round(x, 2) for x in os.getloadavg()],
+    }
+    summary["beside"] = os.environ.get("TOOLRL_BENCH_BESIDE", "nothing said (set TOOLRL_BENCH_BESIDE)")
     summary["leaked_processes"] = len(left)
     summary["leaked"] = left[:5]
     goals = {
