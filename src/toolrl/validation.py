@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from toolrl.text import clip, did_you_mean
 
@@ -123,3 +123,17 @@ def bounded_numbers(data: Any) -> Any:
     if problem := number_problem(data):
         raise ValueError(problem)
     return data
+
+
+class BoundedModel(BaseModel):
+    """A model whose every value is bounded (bounded_numbers): configs, environment options, tool files."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_in_range(cls, data: Any) -> Any:
+        return bounded_numbers(data)
+
+    @model_validator(mode="after")
+    def _values_in_range(self):  # what a string became ("1e+300" is a float field's 1e300)
+        bounded_numbers(self.__dict__)
+        return self

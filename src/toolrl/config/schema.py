@@ -5,24 +5,14 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from toolrl.config.run_name import run_name_problem
-from toolrl.validation import bounded_numbers
+from toolrl.validation import BoundedModel
 
 
-class Section(BaseModel):
+class Section(BoundedModel, BaseModel):  # BaseModel named for linters
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers_in_range(cls, data: Any) -> Any:
-        return bounded_numbers(data)
-
-    @model_validator(mode="after")
-    def _values_in_range(self):  # what a string became ("1e+300" is a float field's 1e300)
-        bounded_numbers(self.__dict__)
-        return self
 
     def __eq__(self, other: object) -> bool:
         """Equal values are equal configs, resolved or not (private attributes are bookkeeping)."""

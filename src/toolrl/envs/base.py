@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolrl.envs.reference import ReferenceRequest, answered, reference_from_meta
 from toolrl.errors import ConfigError
@@ -35,7 +35,7 @@ from toolrl.rewards.rubric import Rubric
 from toolrl.rewards.text import final_answer
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import Tool
-from toolrl.validation import bounded_numbers, format_validation_error
+from toolrl.validation import BoundedModel, format_validation_error
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
@@ -55,21 +55,11 @@ class Task:
     after the text of the last user message, and tools may receive them by reference (envs/images)."""
 
 
-class EnvOptions(BaseModel):
+class EnvOptions(BoundedModel, BaseModel):
     """An environment's own settings, given as `env.options`; each environment subclasses this model (its
     `Options`), so a key it does not know is a one-line error, never ignored."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers_in_range(cls, data: Any) -> Any:
-        return bounded_numbers(data)
-
-    @model_validator(mode="after")
-    def _values_in_range(self):  # what a string became ("1e+300" is a float field's 1e300)
-        bounded_numbers(self.__dict__)
-        return self
 
 
 def tool_call_example(

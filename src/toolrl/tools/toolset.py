@@ -47,24 +47,14 @@ from toolrl.text import clip, did_you_mean, first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
 from toolrl.tools.model import ModelBackend
-from toolrl.validation import bounded_numbers, format_validation_error, nearest_keys
+from toolrl.validation import BoundedModel, format_validation_error, nearest_keys
 
 if TYPE_CHECKING:
     from toolrl.tools.executor import ToolExecutor
 
 
-class Entry(BaseModel):
+class Entry(BoundedModel, BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers_in_range(cls, data: Any) -> Any:
-        return bounded_numbers(data)
-
-    @model_validator(mode="after")
-    def _values_in_range(self):  # what a string became ("1e+300" is a float field's 1e300)
-        bounded_numbers(self.__dict__)
-        return self
 
 
 class PolicyEntry(Entry):
