@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -52,6 +53,12 @@ def hostile(tmp_path):
         run = make_run(root, f"fifo-{name.split('.')[0]}")
         (run / name).unlink(missing_ok=True)
         os.mkfifo(run / name)
+    device = make_run(root, "device")  # /dev/zero's node made inside the run folder (as root; else a link to it)
+    (device / "metrics.jsonl").unlink()
+    try:
+        os.mknod(device / "metrics.jsonl", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    except PermissionError:
+        (device / "metrics.jsonl").symlink_to("/dev/zero")
     run = make_run(root, "socket")
     (run / "metrics.jsonl").unlink()
     listener = socket.socket(socket.AF_UNIX)
@@ -88,13 +95,16 @@ def test_fifos_sockets_links_and_garbage_never_block_or_break_the_ui(hostile):
             runs = client.get("/api/runs")
             assert runs.status_code == 200 and time.monotonic() - started < 15
             by_name = {r["name"]: r for r in runs.json()["runs"]}
-            assert len(by_name) == 16, sorted(by_name)
+            assert len(by_name) == 17, sorted(by_name)
             assert by_name["good"]["problems"] == [] and by_name["good"]["step"] == 3
             for name in ("status", "config", "metrics", "samples", "console", "pass_rates"):
                 problems = by_name[f"fifo-{name}"]["problems"]
                 if name != "pass_rates":  # pass_rates.json is read for the run's page only
                     assert any("a FIFO; skipped" in p for p in problems), (name, problems)
             assert any("metrics.jsonl: a socket" in p for p in by_name["socket"]["problems"])
+            device = by_name["device"]["problems"]
+            assert any("metrics.jsonl: not a regular file" in p or "outside the run" in p for p in device), device
+            assert client.get("/api/metrics", params={"run": "device"}).json()["records"] == []
             assert sum("outside the run folder" in p for p in by_name["links"]["problems"]) == 5
             assert any("config.yaml: a str" in p for p in by_name["bad-scalar"]["problems"])
             wrong = {f"config.yaml: {k} is a {t}, not a mapping" for k, t in (("train", "int"), ("env", "list"))}
