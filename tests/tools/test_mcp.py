@@ -16,7 +16,7 @@ from toolrl.tools.mcp import result_text
 from toolrl.tools.mcp_stdio import MCPStdioServer
 
 SERVER = Path(__file__).parent.parent / "fixtures" / "mcp_server.py"
-TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "crash", "square", "note"}
+TOOLS = {"add", "echo", "big", "fail", "pid", "slow", "freeze", "crash", "square", "note"}
 
 
 @pytest.fixture
