@@ -38,6 +38,8 @@ MCP_SERVER = ROOT / "tests" / "fixtures" / "mcp_server.py"
 TIMEOUT_S = float(os.environ.get("TOOLRL_FAULTS_TIMEOUT_S", "3"))
 """Every call's deadline (--timeout; the child process reads it from the environment the parent sets)."""
 TRAJECTORIES = 64
+MCP_PROCESSES = int(os.environ.get("TOOLRL_FAULTS_MCP_PROCESSES", "2"))
+"""The MCP server's pool size (--mcp-processes; 2 is the default of a command server)."""
 
 # (tool, arguments, share of all calls, outcome expected)
 MIX = [
@@ -77,7 +79,7 @@ def tool_config(folder: Path) -> Path:
         ("slow", None),
     ]
     servers = {
-        "mcp": {"command": sys.executable, "args": [str(MCP_SERVER)], "spare": True},
+        "mcp": {"command": sys.executable, "args": [str(MCP_SERVER)], "spare": True, "processes": MCP_PROCESSES},
         "pythread": {"python": "fault_tools:block_hang_thread", "policy": {"isolation": "thread"}},
     }
     for name, _ in py:
@@ -147,6 +149,7 @@ def run_child(calls: int, seed: int, folder: Path) -> None:
         "calls": len(results),
         "faulty_share": round(sum(1 for k in plan if MIX[k][0] not in HEALTHY) / len(plan), 3),
         "hung": sum(1 for latency in latencies if latency > TIMEOUT_S + 0.5),
+        "hung_by_tool": dict(collections.Counter(MIX[k][0] for k, lat, _, _ in results if lat > TIMEOUT_S + 0.5)),
         "max_latency_s": round(max(latencies), 3),
         "uncounted": abs(counted - len(results)) + mismatched,
         "healthy_failed": sum(failures.values()),
@@ -241,9 +244,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results/faults.json")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="each call's deadline in seconds")
+    parser.add_argument("--mcp-processes", type=int, default=MCP_PROCESSES, help="the MCP server's pool size")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["TOOLRL_FAULTS_TIMEOUT_S"] = str(args.timeout)
+    os.environ["TOOLRL_FAULTS_MCP_PROCESSES"] = str(args.mcp_processes)
+    globals()["MCP_PROCESSES"] = args.mcp_processes
     globals()["TIMEOUT_S"] = args.timeout
     if args.child:
         run_child(args.calls, args.seed, Path(args.child))
