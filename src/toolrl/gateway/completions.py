@@ -14,7 +14,7 @@ from pydantic import Field
 from toolrl.gateway.capture import UNBOUND, Sample, Segment
 from toolrl.gateway.chat import IGNORED, Sampling, usage
 from toolrl.gateway.protocols import sse, unsupported
-from toolrl.gateway.turns import GatewayError, TurnRequest
+from toolrl.gateway.turns import GatewayError, TurnRequest, off_loop
 from toolrl.rollout.engine import Sampled
 from toolrl.rollout.guidance import cut_at_stop
 from toolrl.rollout.trajectory import Trajectory
@@ -39,7 +39,7 @@ async def complete(gateway, body: Any, sample: Sample | None) -> tuple[Completio
             raise GatewayError(f"prompt: {len(req.prompt):,} characters, more than the model's context of "
                                f"{gateway.context_length:,} tokens can hold", param="prompt",
                                code="context_length_exceeded")  # fmt: skip
-        ids = await asyncio.to_thread(chat.encode, req.prompt)
+        ids = await off_loop(len(req.prompt), chat.encode, req.prompt)
     else:
         ids, vocabulary = list(req.prompt), len(chat.tokenizer)
         if bad := next(((k, t) for k, t in enumerate(ids) if not 0 <= t < vocabulary), None):

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from toolrl.gateway.completions import complete, completion_events
 from toolrl.gateway.protocols import PROTOCOLS, Protocol, validation_error
-from toolrl.gateway.turns import GatewayError
+from toolrl.gateway.turns import GatewayError, off_loop
 from toolrl.text import clip, first_line
 
 log = logging.getLogger("toolrl.gateway.server")
@@ -87,7 +87,7 @@ def make_app(gateway):
 
     async def body_of(request: Request) -> Any:
         """The body, counted as it arrives (chunked or not) and refused past the gateway's max_body_bytes or
-        body_timeout_s, then parsed in a worker thread."""
+        body_timeout_s, then parsed (a large one in a worker thread); its size in request.state.body_size."""
         limit, timeout = gateway.max_body_bytes, gateway.body_timeout_s
         too_large = GatewayError(f"the body is over {limit:,} bytes", 413, kind="request_too_large")
         declared = request.headers.get("content-length") or "0"
@@ -107,7 +107,9 @@ def make_app(gateway):
             await asyncio.wait_for(read(), timeout)
         except TimeoutError:
             raise GatewayError(f"the body took more than {timeout:g} s to arrive", 408) from None
-        return await asyncio.to_thread(parse_body, b"".join(chunks))
+        data = b"".join(chunks)
+        request.state.body_size = len(data)
+        return await off_loop(len(data), parse_body, data)
 
     def endpoint(protocol: Protocol):
         async def handle(request: Request):
@@ -115,7 +117,8 @@ def make_app(gateway):
             if refusal is not None:
                 return failed(protocol, refusal, request, sample)
             try:
-                req = await asyncio.to_thread(protocol.parse, await body_of(request), gateway, sample)
+                body = await body_of(request)
+                req = await off_loop(request.state.body_size, protocol.parse, body, gateway, sample)
                 work = await gateway.prepare(req, sample)
             except ValidationError as exc:
                 return failed(protocol, validation_error(exc), request, sample)

@@ -43,7 +43,7 @@ from toolrl.gateway.constraints import turn_grammar
 from toolrl.gateway.guard import ConnectionGuard, guarded_protocol
 from toolrl.gateway.store import ResponseStore
 from toolrl.gateway.streaming import TurnText, reply_text
-from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest
+from toolrl.gateway.turns import INLINE_CHARS, Event, GatewayError, Turn, TurnDone, TurnRequest, off_loop
 from toolrl.parsers.base import CallSyntax
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.guidance import cut_at_stop
@@ -155,17 +155,19 @@ class Gateway:
     async def prepare(self, req: TurnRequest, sample: Sample | None) -> TurnWork:
         """The segments a request continues or starts and how each choice samples. Refusals raise here, before any
         reply is sent and before the sample changes (a refused request leaves no trace in the capture). What costs
-        CPU (compiling the grammar, rendering and tokenizing) runs in a worker thread: the event loop, and every
-        other client, is not held up by one large request."""
-        self._check_bounds(req)
+        CPU (compiling a grammar, rendering and tokenizing a large conversation) runs in a worker thread: the
+        event loop, and every other client, is not held up by one large request."""
+        chars = self._check_bounds(req)
         schemas = req.shown_tools()
-        grammar = await asyncio.to_thread(turn_grammar, req, schemas, self.syntax, self.engine)
+        constrained = req.tool_choice.forced or req.json_schema is not None  # compiling a grammar may take long
+        grammar = await off_loop(INLINE_CHARS + 1 if constrained else 0, turn_grammar, req, schemas, self.syntax,
+                                 self.engine)  # fmt: skip
         key = tools_key(schemas)
         segment = find_segment(sample, req.messages, key) if sample is not None else None
         if segment is not None:
             segment.busy = True  # reserved while its new messages are tokenized
         try:
-            ids = await asyncio.to_thread(self._ids, req, schemas, segment)
+            ids = await off_loop(chars, self._ids, req, schemas, segment)
             if segment is None:
                 first = Segment(Trajectory.start(sample.task if sample else UNBOUND, ids), [], key)
                 first.messages = [normal(m) for m in req.messages]
@@ -190,9 +192,10 @@ class Gateway:
             sample.segments += segments[1:]
         return TurnWork(req, sample, segments, params, schemas, uuid.uuid4().hex[:24], prompt_len)
 
-    def _check_bounds(self, req: TurnRequest) -> None:
+    def _check_bounds(self, req: TurnRequest) -> int:
         """What can be refused before any work: too many or too long stop strings, and a conversation with more
-        characters than the model's context can hold as tokens (max_token_chars characters a token at most)."""
+        characters than the model's context can hold as tokens (max_token_chars characters a token at most).
+        Returns the conversation's characters."""
         if len(req.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in req.stop):
             raise GatewayError(f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} "
                                "characters", param="stop")  # fmt: skip
@@ -205,6 +208,7 @@ class Gateway:
                 param="messages",
                 code="context_length_exceeded",
             )
+        return chars
 
     def _ids(self, req: TurnRequest, schemas: list[dict[str, Any]], segment: Segment | None) -> list[int]:
         """The tokens a request adds: its new messages after `segment`'s, or the whole conversation as a prompt."""

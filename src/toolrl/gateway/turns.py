@@ -5,9 +5,11 @@ messages.py) translate to and from these; the gateway core (server.py) knows no 
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from toolrl.tools.call import ToolCall
 
@@ -151,3 +153,15 @@ Event = TextDelta | CallStarted | ArgumentsDelta | TurnDone
 
 def arguments_text(arguments: Any) -> str:
     return json.dumps(arguments, ensure_ascii=False)
+
+
+T = TypeVar("T")
+INLINE_CHARS = 64 << 10
+"""Work on at most this many characters (or bytes) of a request runs on the event loop (a few ms: a hop to a thread
+costs more, and 64 agents' requests queued on the thread pool reach the engine late, splitting its batch); more
+goes to a worker thread, so one large request never holds up the other clients."""
+
+
+async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, in a worker thread when it works on more than INLINE_CHARS of the request."""
+    return fn(*args) if size <= INLINE_CHARS else await asyncio.to_thread(fn, *args)
