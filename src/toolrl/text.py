@@ -41,13 +41,16 @@ def clip_head(text: str, limit: int) -> str:
     return "[cut] ...\n" + (tail.split("\n", 1)[1] if "\n" in tail[:-1] else tail)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate (half of a broken \\u escape in JSON): not text; tokenizers and transports refuse it."""
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""Control characters, tabs and newlines excepted."""
 
 
 def well_formed_text(text: str) -> str:
     """`text` with lone surrogates (from escapes such as JSON's \\ud800) replaced by U+FFFD: tokenizers and
     transports refuse them."""
-    return _SURROGATE.sub("\ufffd", text)
+    return SURROGATE.sub("\ufffd", text)
 
 
 _NOISE = re.compile(r"^\s*(For further information visit|Traceback \(most recent call last\))")

@@ -4,13 +4,12 @@ files, build specs share it)."""
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError, model_validator
 
-from toolrl.text import clip, did_you_mean
+from toolrl.text import CONTROL, SURROGATE, clip, did_you_mean
 
 
 def _expected(error: dict[str, Any]) -> str:
@@ -84,8 +83,6 @@ MAX_INT = 2**53
 """The largest integer a config, tool file or options field takes (JSON's exact integers): a seed of 5,000 hex
 digits or a step count of 10**30 is a typo or an attack, never a setting."""
 MAX_FLOAT = 1e15
-_NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
-"""What no setting holds: control characters (tabs and newlines are fine) and lone surrogates."""
 
 
 def safe_repr(value: Any) -> str:
@@ -107,8 +104,8 @@ def number_problem(value: Any, key: str = "", depth: int = 0) -> str | None:
         return f"{key or 'a value'}: {safe_repr(value)} is out of range (at most 2**53 in size); give a smaller number"
     if isinstance(value, float) and abs(value) > MAX_FLOAT:
         return f"{key or 'a value'}: {value:g} is out of range (at most 1e15 in size); give a smaller number"
-    if isinstance(value, str) and (found := _NOT_TEXT.search(value)):
-        what = "a lone surrogate" if found.group() >= "\ud800" else "a control character"
+    if isinstance(value, str) and (found := CONTROL.search(value) or SURROGATE.search(value)):
+        what = "a lone surrogate" if SURROGATE.match(found.group()) else "a control character"
         return f"{key or 'a value'}: holds {what} U+{ord(found.group()):04X} at offset {found.start()}; remove it"
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for k, v in items:

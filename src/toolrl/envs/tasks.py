@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from pydantic import Field
 from toolrl.envs.base import EnvOptions, Task
 from toolrl.errors import DataError
 from toolrl.files import read_text
-from toolrl.text import clip, first_line
+from toolrl.text import CONTROL, SURROGATE, clip, first_line
 
 QUESTION_FIELDS = ("question", "query", "problem", "prompt")
 ANSWER_FIELDS = ("answer", "answers", "golden_answers", "reward_model.ground_truth.target", "reward_model.ground_truth")
@@ -63,11 +62,7 @@ def _question_text(value: Any) -> str | None:
     return value.strip()
 
 
-CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """Control characters other than tab, newline and carriage return: no task text means them."""
-
-
-SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def task_from_record(record: Mapping[str, Any], row: int, where: str) -> Task:

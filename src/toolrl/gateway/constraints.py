@@ -20,7 +20,7 @@ def turn_grammar(req: TurnRequest, schemas: list[dict[str, Any]], syntax: CallSy
     choice = req.tool_choice
     if choice.forced and not schemas:
         raise GatewayError("tool_choice: a call is required but no function tools are offered", param="tool_choice")
-    if not choice.forced and req.json_schema is None:
+    if not req.constrained:
         return None
     param = "tool_choice" if choice.forced else req.format_param
     if not engine.follows_grammars:

@@ -43,7 +43,7 @@ from toolrl.gateway.constraints import turn_grammar
 from toolrl.gateway.guard import ConnectionGuard, guarded_protocol
 from toolrl.gateway.store import ResponseStore
 from toolrl.gateway.streaming import TurnText, reply_text
-from toolrl.gateway.turns import INLINE_CHARS, Event, GatewayError, Turn, TurnDone, TurnRequest, off_loop
+from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest, off_loop
 from toolrl.parsers.base import CallSyntax
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.guidance import cut_at_stop
@@ -159,9 +159,9 @@ class Gateway:
         event loop, and every other client, is not held up by one large request."""
         chars = self._check_bounds(req)
         schemas = req.shown_tools()
-        constrained = req.tool_choice.forced or req.json_schema is not None  # compiling a grammar may take long
-        grammar = await off_loop(INLINE_CHARS + 1 if constrained else 0, turn_grammar, req, schemas, self.syntax,
-                                 self.engine)  # fmt: skip
+        grammar = None  # compiling one may take long: in a worker thread
+        if req.constrained:
+            grammar = await asyncio.to_thread(turn_grammar, req, schemas, self.syntax, self.engine)
         key = tools_key(schemas)
         segment = find_segment(sample, req.messages, key) if sample is not None else None
         if segment is not None:

@@ -71,6 +71,11 @@ class TurnRequest:
     """What the request holds that the gateway does not do and left out (hosted tools it cannot run, reasoning
     items the chat template cannot show): told in the reply's x-toolrl-ignored header and counted."""
 
+    @property
+    def constrained(self) -> bool:
+        """Whether the turn samples under a grammar: a forced call or a structured reply."""
+        return self.tool_choice.forced or self.json_schema is not None
+
     def shown_tools(self) -> list[dict[str, Any]]:
         """The tools the model sees: none with tool_choice none."""
         if self.tool_choice.mode == "none":

@@ -175,9 +175,13 @@ def process_start(pid: int) -> int | None:
     one given the same pid; None when there is no such process (or no /proc), and for pids <= 1."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         return None
+    return _stat_field(pid, 19)
+
+
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field `index` of /proc/PID/stat after the command name (1: the parent's pid, 19: the start time)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[index])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -192,11 +196,7 @@ def run_process(status: dict[str, Any]) -> int | None:
     started = process_start(pid)
     if started is None or started != status.get("pid_start"):
         return None
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return pid if any(b"toolrl" in arg for arg in argv) else None
+    return pid if any("toolrl" in arg for arg in _argv(pid)) else None
 
 
 def _argv(pid: int) -> list[str]:
@@ -209,12 +209,9 @@ def _argv(pid: int) -> list[str]:
 def _ancestors() -> set[int]:
     """This process and its ancestors, by /proc's parent ids: never a process to signal from here."""
     found, pid = set(), os.getpid()
-    while pid > 1 and pid not in found:
+    while pid is not None and pid > 1 and pid not in found:
         found.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
+        pid = _stat_field(pid, 1)
     return found | {os.getpid(), os.getppid()}
 
 

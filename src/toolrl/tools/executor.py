@@ -35,6 +35,7 @@ from toolrl.tools.limits import (
     ServerUnavailable,
     ToolFailed,
     ToolPolicy,
+    exception_text,
 )
 from toolrl.tools.runners import AsyncRunner, DeadlineExceeded, ProcessRunner, ThreadRunner
 
@@ -46,10 +47,7 @@ and the lines that led to it)."""
 def failure(exc: Exception) -> str:
     """What a tool's own failure tells the model: its words as they are for a ToolFailed, else its type and
     message as Python shows them; multi-line (a traceback's tail), at most TOOL_ERROR_CHARS."""
-    if isinstance(exc, ToolFailed):
-        text = str(exc)
-    else:
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = str(exc) if isinstance(exc, ToolFailed) else exception_text(type(exc).__name__, str(exc))
     return clip_head(well_formed_text(text.strip()), TOOL_ERROR_CHARS)
 
 
@@ -174,10 +172,9 @@ class ToolExecutor:
                     return self._result(
                         call, "timeout", f"Error: {call.name} timed out after {policy.timeout_s:g} s", started
                     )
-                except InvalidArguments as exc:  # the tool's server judged the arguments off its schema: final
-                    text = clip(str(exc))
-                    text = text if text.startswith("invalid argument") else f"invalid arguments: {text}"
-                    return self._result(call, "invalid_arguments", f"Error: {text}", started)
+                except InvalidArguments as exc:  # the tool (or its server) judged the arguments wrong: final
+                    text = f"Error: invalid arguments: {clip(str(exc))}"
+                    return self._result(call, "invalid_arguments", text, started)
                 except NotDelivered as exc:  # its server ended before reading it: to the restarted one, at once
                     outcome, message, repeatable, unsent = "transport", one_line(str(exc)), True, True
                 except ServerUnavailable as exc:  # never reached the tool: safe to send again

@@ -27,6 +27,11 @@ class ServerCrashed(TransientToolError):
     """The tool's server (or worker process) died while the call was in flight: it may or may not have run."""
 
 
+def exception_text(kind: str, message: str) -> str:
+    """An exception as the last line of Python's traceback shows it: 'Type: message', or the type alone."""
+    return f"{kind}: {message}" if message else kind
+
+
 class ToolFailed(Exception):
     """A tool's failure in words meant for the model, as they are: its server's error text, a worker's exception
     already named by its type, the code sandbox's traceback. (Any other exception a tool raises is shown as its

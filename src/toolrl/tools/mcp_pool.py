@@ -1,17 +1,16 @@
 """Several processes of one MCP command server, so that a healthy call never fails because a sibling call hangs,
 spins or crashes in the same process.
 
-One server process answers one call at a time where its tools are synchronous (the SDK runs a sync tool on its
-event loop), shares its CPU time among every call when the machine is busy, and takes all its calls down when it
+One server process shares its CPU time among every call when the machine is busy, stops answering anything while
+a tool blocks its event loop (an async tool that calls a blocking function), and takes all its calls down when it
 dies. The pool (`processes` of a command server entry, 2 by default) gives each call to the member with the
 fewest calls in flight among those that are up. A call that is safe to repeat (readOnlyHint or
 idempotentHint), has no answer after `hedge_after_s`, and waits behind an older call of its member while that
 member has answered nothing since it was sent (a frozen or starved process) is sent to another member as well:
 the first answer is the call's, the other copy is cancelled. A call that is slow by itself is not copied (a
 call that hangs or spins its server would take a second one down with it), and a call not safe to repeat is
-never sent twice. A member that
-crashes restarts (or promotes its spare) while the others take the calls; the executor's deadline bounds
-every call, copies included.
+never sent twice. A member that crashes restarts (or promotes its spare) while the others take the calls; the
+executor's deadline bounds every call, copies included.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +26,6 @@ from typing import Any
 from toolrl.tools.function import Tool
 from toolrl.tools.limits import InvalidArguments, ToolFailed
 from toolrl.tools.mcp import MCPServerConnection
-
-log = logging.getLogger(__name__)
 
 ANSWERED = (ToolFailed, InvalidArguments)
 """Failures that are answers: the member is alive and serving."""
@@ -71,10 +67,6 @@ class MCPServerPool:
             return await self.call(short, arguments)
 
         return call
-
-    @property
-    def in_flight(self) -> list[int]:
-        return [len(sent) for sent in self.sent]
 
     def _order(self, exclude: int | None = None) -> list[int]:
         """Members by preference: up before down (restarting), then fewest calls in flight."""

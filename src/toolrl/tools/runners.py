@@ -33,7 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from toolrl.tools.limits import InvalidArguments, ServerCrashed, ServerUnavailable, ToolFailed, TransientToolError
+from toolrl.tools.limits import (
+    InvalidArguments,
+    ServerCrashed,
+    ServerUnavailable,
+    ToolFailed,
+    TransientToolError,
+    exception_text,
+)
 from toolrl.tools.worker import read_frame, write_frame
 
 log = logging.getLogger(__name__)
@@ -270,8 +277,7 @@ class ProcessRunner:
         if "ok" in reply:
             return reply["ok"]
         if reply["error"] == "raised":  # the tool's own exception, named as the worker saw it
-            kind, message = reply.get("type", "Exception"), reply["message"]
-            raise ToolFailed(f"{kind}: {message}" if message else kind)
+            raise ToolFailed(exception_text(reply.get("type", "Exception"), reply["message"]))
         raise _ERRORS.get(reply["error"], RuntimeError)(reply["message"] or reply.get("type", "error"))
 
     def close(self) -> None:

@@ -343,7 +343,7 @@ def read_tool_file(path: Path) -> ToolsFile:
         error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a typo explains the rest
         key = ".".join(str(p) for p in error["loc"])
         if error["type"] == "extra_forbidden":
-            known = _known_keys(error["loc"]).split(", ")
+            known = _known_keys(error["loc"])
             guess, nearest = did_you_mean(error["loc"][-1], known), nearest_keys(error["loc"][-1], known)
             raise ConfigError(f"{path}: unknown key '{clip(key, 120)}'{guess}; {nearest}") from None
         raise ConfigError(format_validation_error(exc, str(path), ToolsFile)) from None
@@ -358,12 +358,12 @@ SECTIONS: dict[str, type[Entry]] = {
 """Where a server entry nests a model, by key: used to list the known keys next to an unknown one."""
 
 
-def _known_keys(loc: tuple) -> str:
+def _known_keys(loc: tuple) -> list[str]:
     """The keys allowed where the unknown key at `loc` was found."""
     if len(loc) < 3:
-        return "mcpServers"
+        return ["mcpServers"]
     model = ServerEntry if len(loc) == 3 else SECTIONS[str(loc[2])]
-    return ", ".join(model.model_fields)
+    return list(model.model_fields)
 
 
 def run_executor(

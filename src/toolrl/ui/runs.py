@@ -4,7 +4,6 @@ grow (a run's samples.jsonl reaches tens of MB; a page asks for one step at a ti
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -226,10 +225,11 @@ class RecordIndex:
             index = self._files.get(file)
             try:
                 f = open_in_run(file.parent, file)
-            except OSError:  # missing, or not a regular file of the run (named in the runs list)
-                f = io.BytesIO()
+            except OSError:  # missing, or not a regular file of the run (named in the runs list): nothing in it
+                index = self._files[file] = _FileIndex()
+                return index
             with f:
-                size = os.fstat(f.fileno()).st_size if not isinstance(f, io.BytesIO) else 0
+                size = os.fstat(f.fileno()).st_size
                 if index is None or size < index.size:  # new, or rewritten shorter (a resume truncates)
                     index = self._files[file] = _FileIndex()
                 if size > index.size:
