@@ -27,10 +27,12 @@ APT_INSTALL = [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(1) >/dev/null 2>&1; }; }
 
 # openenv-core is the OpenEnv environments' client and server; its declared dependencies include gradio (its web
-# page) that neither needs: the test extra holds what they import (fastapi, fastmcp).
+# page) that neither needs: the test extra holds what they import (fastapi, fastmcp). fanoutqa ships FanOutQA's
+# dev set (310 multi-hop questions with their decompositions; data CC BY-SA 4.0, code MIT): the builder's test and
+# bench/env_builder.py read its JSON only, so its declared dependencies (spacy, httpx, ...) are not needed.
 install-test: install
 	$(BIN)/pip install -q -e ".[test]"
-	$(BIN)/pip install -q --no-deps openenv-core
+	$(BIN)/pip install -q --no-deps openenv-core fanoutqa==1.1.1
 	@command -v bwrap >/dev/null || { $(call APT_INSTALL,bubblewrap); } || \
 		echo "note: bubblewrap could not be installed; the code sandbox will use unshare"
 	@command -v chromium >/dev/null || { $(call APT_INSTALL,chromium); } || \

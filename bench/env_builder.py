@@ -11,6 +11,14 @@ Prints a table and writes bench/results/env_builder.json.
 (tests/harness/multihop.py: chains, comparisons, fan-outs; one relation named several ways by its annotators),
 each size in a fresh process: seconds per stage, peak memory, tools, merge precision and recall against the
 set's truth, tasks dropped; the growth exponent of the build's time. Writes bench/results/env_builder_scaling.json.
+
+`--real`: a real multi-hop set, FanOutQA's dev set as the `fanoutqa` package ships it (310 questions with their
+decompositions; data CC BY-SA 4.0), read with `tasks.format: fanoutqa`, at 40/80/160/310 questions beside the
+synthetic world, each build in a fresh process (seconds per stage, peak memory, tools, widest functional tool,
+tasks kept, true conflicts); integration's precision and recall on bench/data/relation_pairs.jsonl per no-LLM
+method; then, on the 310-question build, `toolrl env check`, `toolrl eval` and a 2-step `toolrl train` on the
+default model, each a process of its own (wall time, peak memory). Writes bench/results/env_builder_real.json
+with the load average before and after (run it beside `make test` to measure a busy machine).
 """
 
 from __future__ import annotations
@@ -124,6 +132,135 @@ def workload(sizes: list[int], work: Path, argument: str | None) -> dict:
     return {"sizes": rows, "growth_exponent": round(growth, 3)}
 
 
+def fanout_subset(size: int, path: Path) -> Path:
+    """The first `size` questions of FanOutQA's dev set, in its own format."""
+    import json
+
+    from toolrl.build.formats import fanoutqa_dev
+
+    dev = fanoutqa_dev()
+    if dev is None:
+        raise SystemExit("the fanoutqa package is not installed: make install-test installs it (pip install --no-deps "
+                         "fanoutqa==1.1.1)")  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json.loads(dev.read_text(encoding="utf-8"))[:size]), encoding="utf-8")
+    return path
+
+
+def one_real(size: int, work: Path) -> dict:
+    """Build the first `size` FanOutQA questions (size 0: the synthetic world) in this process."""
+    import json
+    import resource
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    if size:
+        source = {"source": "decompositions", "tasks": {"path": str(fanout_subset(size, work / "dev.json")),
+                  "format": "fanoutqa"}}  # fmt: skip
+    else:
+        source = {"source": "synthetic", "seed": 0}
+    started = time.perf_counter()
+    manifest = build(load_spec(None, source), Workspace(work / "env"))
+    seconds = time.perf_counter() - started
+    tools = [json.loads(line) for line in (work / "env" / "4_tools.jsonl").read_text().splitlines()]
+    stages = ("decompose", "documents", "integrate", "scale", "deploy")
+    return {
+        "questions": size or "synthetic world",
+        "subproblems": manifest["documents"]["documents"],
+        "kinds": manifest["decompose"]["kinds"],
+        "seconds": round(seconds, 2),
+        "stage_seconds": {name: manifest[name]["seconds"] for name in stages},
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "tools": manifest["deploy"]["tools_validated"],
+        "tools_dropped": manifest["deploy"]["tools_dropped"],
+        "widest_functional_tool": max((len(t["impl"]["fields"]) for t in tools), default=0),
+        "tasks": manifest["deploy"]["tasks"],
+        "tasks_dropped": manifest["decompose"]["tasks"] - manifest["deploy"]["tasks"],
+        "true_conflicts": manifest["decompose"].get("fact_conflicts", 0),
+        "tasks_with_own_facts": manifest["deploy"].get("tasks_with_own_facts", 0),
+        "needs": manifest["deploy"].get("needs", {}),
+    }
+
+
+def timed(command: list[str], log: Path) -> dict:
+    """Run a command in a process of its own: wall time, its peak memory (wait4's rusage: that child alone)."""
+    import os
+    import subprocess
+
+    started = time.perf_counter()
+    with log.open("w") as out:
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)
+    return {
+        "command": " ".join(command[2:]),
+        "seconds": round(time.perf_counter() - started, 1),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024),
+        "exit": os.waitstatus_to_exitcode(status),
+        "log": str(log),
+    }
+
+
+def real(sizes: list[int], out: str, work: Path, eval_tasks: int, train_steps: int) -> None:
+    import json
+    import math
+    import os
+    import subprocess
+    import sys
+
+    from toolrl.build.pairs import load_pairs, pair_scores
+
+    load_before = os.getloadavg()
+    rows = []
+    for size in [*sizes, 0]:
+        command = [sys.executable, __file__, "--one-real", str(size), "--work", str(work / f"real-{size}")]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{r['questions']}: {r['seconds']} s, peak {r['peak_rss_mib']} MiB, {r['tools']} tools, "
+              f"{r['tasks']} tasks ({r['tasks_dropped']} dropped)", flush=True)  # fmt: skip
+    real_rows = [r for r in rows if isinstance(r["questions"], int)]
+    first, last = real_rows[0], real_rows[-1]
+    growth = math.log(last["seconds"] / first["seconds"]) / math.log(last["questions"] / first["questions"])
+    pairs = load_pairs(Path(__file__).parent / "data" / "relation_pairs.jsonl")
+    merges = {method: pair_scores(pairs, method, 0.8) for method in ("name", "embedding")}
+    merges["llm"] = {"measured": False, "why": "no model that can judge is reachable from this machine: set "
+                     "integrate.method llm with llm.base_url to a 7B+ instruction model to measure it"}  # fmt: skip
+    env = work / f"real-{sizes[-1]}" / "env"
+    toolrl = [sys.executable, "-m", "toolrl"]
+    where = ["--set", "env.name=built", "--set", f"env.options.path={env}"]
+    runs = {
+        "check": timed([*toolrl, "env", "check", *where], work / "check.log"),
+        "eval": timed([*toolrl, "eval", *where, "--num-tasks", str(eval_tasks)], work / "eval.log"),
+        "train": timed([*toolrl, "train", *where, "--set", f"train.steps={train_steps}", "--set",
+                        f"output_dir={work}", "--set", f"run_name=train-{time.strftime('%Y%m%d-%H%M%S')}",
+                        "--set", "eval.at_start=false", "--set", "eval.at_end=false"], work / "train.log"),
+    }  # fmt: skip
+    load_after = os.getloadavg()
+    head = f"{'questions':>16}{'subprobs':>9}{'build s':>8}{'deploy s':>9}{'peak MiB':>9}{'tools':>6}{'widest':>7}"
+    print(head + f"{'tasks':>6}{'dropped':>8}{'conflicts':>10}")
+    for r in rows:
+        print(f"{r['questions']!s:>16}{r['subproblems']:>9}{r['seconds']:>8.1f}{r['stage_seconds']['deploy']:>9.1f}"
+              f"{r['peak_rss_mib']:>9}{r['tools']:>6}{r['widest_functional_tool']:>7}{r['tasks']:>6}"
+              f"{r['tasks_dropped']:>8}{r['true_conflicts']:>10}")  # fmt: skip
+    print(f"build time grows as questions^{growth:.2f} from {first['questions']} to {last['questions']} questions")
+    for method in ("name", "embedding"):
+        m = merges[method]
+        print(f"integration ({method}) on {m['pairs']} labeled pairs: precision {m['precision']}, recall "
+              f"{m['recall']}")  # fmt: skip
+    for name, r in runs.items():
+        print(f"{name}: {r['seconds']} s, peak {r['peak_rss_mib']} MiB, exit {r['exit']}")
+    print(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    write_results(out, {
+        "machine": machine(),
+        "data": "FanOutQA dev set (fanoutqa 1.1.1 on PyPI; data CC BY-SA 4.0), tasks.format fanoutqa",
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
+        "sizes": rows,
+        "growth_exponent": round(growth, 3),
+        "merges": merges,
+        "on_310": {**runs, "eval_tasks": eval_tasks, "train_steps": train_steps},
+    })  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16)
@@ -133,7 +270,21 @@ def main() -> None:
     parser.add_argument("--sizes", default="40,80,160,310,1240")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--argument", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--real", action="store_true", help="FanOutQA's dev set at 40-310 questions, check/eval/train")
+    parser.add_argument("--eval-tasks", type=int, default=16)
+    parser.add_argument("--train-steps", type=int, default=2)
+    parser.add_argument("--one-real", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_real is not None:
+        import json
+
+        print(json.dumps(one_real(args.one_real, Path(args.work))))
+        return
+    if args.real:
+        sizes = [int(s) for s in (args.sizes if args.sizes != "40,80,160,310,1240" else "40,80,160,310").split(",")]
+        real(sizes, args.out or "bench/results/env_builder_real.json", Path(args.work), args.eval_tasks,
+             args.train_steps)  # fmt: skip
+        return
     if args.one:
         import json
 

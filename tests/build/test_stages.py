@@ -265,15 +265,17 @@ def test_every_type_change_deploys_and_answers_right(tmp_path):
     cases = [({"name": "pop", "arguments": {"city": "B"}}, "7"), ({"name": "pop", "arguments": {"city": "A"}}, "1000")]
     # one case wrong of two: the tool stands, the case is named; every case wrong: the tool fails as a whole
     assert validate(wrong, template_source(wrong, facts), cases, limits) == (
-        None, {0: "{'city': 'B'} gave '2000'; expected '7'"})  # fmt: skip
+        None, {0: ("{'city': 'B'} gave '2000'; expected '7'", "2000")})  # fmt: skip
     reason, _ = validate(wrong, template_source(wrong, facts), cases[:1], limits)
     assert reason == "no call answered right, such as: {'city': 'B'} gave '2000'; expected '7'"
 
 
 def test_one_bad_fact_costs_its_tasks_not_a_functional_tool_of_many_fields(tmp_path):
-    """A wide table (120 columns: one functional tool of 120 fields) where two pairs of rows differ only in case and
-    so collide in the tool's table, and where floats, huge and tiny numbers must come back as written; built from
-    the command line, which names every task lost."""
+    """A wide table (120 columns: one functional tool of 120 fields, `scale.max_fields` raised for it) where two pairs
+    of rows differ only in case and so collide in the tool's table (each task keeps its own fact), and where floats,
+    huge and tiny numbers must come back as written; and a table with a row the tool's probe names, so that its tool
+    accepts the probe and is dropped with every task that needs it: built from the command line, which names every
+    task lost."""
     import os
     import subprocess
     import sys
@@ -284,25 +286,33 @@ def test_one_bad_fact_costs_its_tasks_not_a_functional_tool_of_many_fields(tmp_p
     for i in (0, 1):  # the same name to the tool, every value another
         rows.append({"name": f"ITEM {i}"} | {k: -v for k, v in rows[i].items() if k != "name"})
     (tmp_path / "item.json").write_text(json.dumps(rows))
+    names = ["Nobody Ofthisworld", *(f"Gadget {c}" for c in "ABCDEFGH")]
+    gadgets = [{"name": n, **{f"part {c}": f"p{i}-{c}" for c in range(60)}} for i, n in enumerate(names)]
+    (tmp_path / "gadget.json").write_text(json.dumps(gadgets))
     (tmp_path / "spec.json").write_text(json.dumps({
-        "source": "table", "tables": [{"path": "item.json"}], "seed": 1, "train_per_scenario": 120,
-        "scenarios": ["single_hop", "parallel_single_hop"], "scale": {"functional": 1.0, "types": 0.0}}))  # fmt: skip
+        "source": "table", "tables": [{"path": "item.json"}, {"path": "gadget.json"}], "seed": 1,
+        "train_per_scenario": 120, "scenarios": ["single_hop", "parallel_single_hop"],
+        "scale": {"functional": 1.0, "types": 0.0, "max_fields": 200}}))  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-m", "toolrl", "env", "build", "spec.json", "--all", "--out", "out"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((tmp_path / "out" / "build.json").read_text())
     tools = [json.loads(line) for line in (tmp_path / "out" / "4_tools.jsonl").read_text().splitlines()]
-    assert len(tools) == 1 and len(tools[0]["impl"]["fields"]) == manifest["integrate"]["tools"] > 100
+    wide = [t for t in tools if t["doc"]["name"].startswith("item")]
+    assert len(wide) == 1 and len(wide[0]["impl"]["fields"]) > 100
     deploy = manifest["deploy"]
-    assert deploy["tools_validated"] == 1 and deploy["tools_dropped"] == 0
-    lost = json.loads((tmp_path / "out" / "deploy" / "deploy.json").read_text())["dropped"]
-    assert 20 < len(lost) == deploy["tasks_dropped"] < manifest["scale"]["tasks"] // 4
-    assert all("answered wrong" in d["reason"] and "item " in d["reason"].lower() for d in lost), lost
-    assert deploy["calls_answered_wrong"] >= 2
+    assert deploy["tools_validated"] == len(tools) - 1 and deploy["tools_dropped"] == 1
+    assert deploy["tasks_with_own_facts"] > 0  # the colliding rows: each task answers with its own
+    tasks = [json.loads(line) for line in (tmp_path / "out" / "deploy" / "tasks.jsonl").read_text().splitlines()]
+    own = [(o["answer"], {s["answer"] for s in t["subproblems"]}) for t in tasks for o in t["overrides"]]
+    assert own and all(answer in answers for answer, answers in own)
+    lost = [d for d in json.loads((tmp_path / "out" / "deploy" / "deploy.json").read_text())["dropped"] if "task" in d]
+    assert 20 < len(lost) == deploy["tasks_dropped"] < manifest["scale"]["tasks"] // 2
+    assert all("needs tool gadget" in d["reason"] and "should be an error" in d["reason"] for d in lost), lost
     printed = [line for line in done.stdout.splitlines() if line.startswith("deploy: dropped task ")]
-    assert len(printed) == 20 and "gave '-" in printed[0] and "expected '" in printed[0]
-    assert f"deploy: {len(lost) - 20} more dropped, each with its reason, in out/deploy/deploy.json" in done.stdout
+    assert len(printed) == 19 and "Nobody Ofthisworld" in printed[0]  # the first 20 entries: the tool, 19 tasks
+    assert f"deploy: {len(lost) - 19} more dropped, each with its reason, in out/deploy/deploy.json" in done.stdout
 
 
 def test_bad_input_is_one_line_naming_the_file_row_and_field(tmp_path):

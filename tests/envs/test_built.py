@@ -14,7 +14,7 @@ from toolrl.build import build, load_spec
 from toolrl.build.artifacts import Workspace
 from toolrl.config import load_config
 from toolrl.envs import make_env
-from toolrl.envs.built.env import arguments_match, solved_subproblems
+from toolrl.envs.built.scoring import arguments_match, solved_subproblems
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
 from toolrl.rollout.scripted import scripted_engine

@@ -54,6 +54,9 @@ class BuiltTask(Row):
     """The tools this task offers (set by scaling: the ones it needs and distractors)."""
     calls: list[dict[str, Any]] = []
     """Per sub-problem (same order), the call that solves it: tool name and the arguments that must match."""
+    overrides: list[dict[str, Any]] = []
+    """Calls this task answers with its own fact where the tool's table holds another task's (a true conflict
+    of the data: `{"name", "arguments", "answer"}`)."""
 
 
 class ToolDoc(Row):
@@ -117,6 +120,18 @@ class Deployed(Row):
     name: str
     file: str
     doc: ToolDoc
+
+
+def rounds(task: BuiltTask) -> list[list[int]]:
+    """The task's sub-problems (indices) by round: each after every sub-problem it depends on, as a model calls
+    them (a list first, then one call per item side by side)."""
+    level: dict[str, int] = {}
+    for sub in task.subproblems:
+        level[sub.id] = 1 + max((level.get(d, 0) for d in sub.depends_on), default=-1)
+    out: list[list[int]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for i, sub in enumerate(task.subproblems):
+        out[level[sub.id]].append(i)
+    return out
 
 
 Model = TypeVar("Model", bound=Row)
@@ -206,4 +221,5 @@ __all__ = [
     "Workspace",
     "check_field",
     "content_hash",
+    "rounds",
 ]

@@ -8,6 +8,7 @@ Writes `1_scenarios.jsonl` (BuiltTask rows) and `facts.json` (kind -> the rows o
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from toolrl.build.artifacts import BuiltTask, FactRow, SubProblem, Workspace
 from toolrl.build.spec import BuildSpec
 from toolrl.build.world import facts, load_tables, sample_tasks, synthetic_world
 from toolrl.errors import DataError
-from toolrl.text import first_line
+from toolrl.text import clip, first_line
+
+log = logging.getLogger(__name__)
 
 SCENARIOS_FILE = "1_scenarios.jsonl"
 FACTS_FILE = "facts.json"
@@ -94,13 +97,13 @@ def _split(question: str, spec: BuildSpec) -> str:
 
 def _records(spec: BuildSpec):
     """(row number, record, question) of the tasks file (tasks.path), with one-line errors."""
-    from toolrl.files import read_jsonl
+    from toolrl.build.formats import FORMATS
 
     assert spec.tasks is not None
     path = Path(spec.tasks.path).expanduser()
     if not path.is_file():
         raise DataError(f"{path}: tasks file not found (tasks.path)")
-    for number, record in enumerate(read_jsonl(path, DataError), 1):
+    for number, record in FORMATS.lookup(spec.tasks.format)(path):
         question = record.get("question") if isinstance(record, dict) else None
         if not isinstance(question, str) or not question.strip():
             raise DataError(f"{path}: row {number}, field question: a non-empty string is required")
@@ -215,7 +218,23 @@ def run(spec: BuildSpec, ws: Workspace, llm_for) -> dict[str, Any]:
     by_scenario: dict[str, int] = {}
     for task in tasks:
         by_scenario[task.scenario] = by_scenario.get(task.scenario, 0) + 1
-    return {"tasks": len(tasks), "by_scenario": by_scenario, "kinds": len(table), **extra}
+    found = conflicts(tasks)
+    for conflict in found:
+        values = " vs ".join(f"{v['answer']!r} ({v['from']})" for v in conflict["values"])  # type: ignore[union-attr]
+        log.warning("decompose: facts disagree on %s %s: %s; each task keeps its own", conflict["kind"],
+                    conflict["key"], clip(values, 300))  # fmt: skip
+    report = {"tasks": len(tasks), "by_scenario": by_scenario, "kinds": len(table), **extra}
+    return report | {"fact_conflicts": len(found), "conflicts": found}
+
+
+def conflicts(tasks: list[BuiltTask]) -> list[dict[str, Any]]:
+    """Facts that truly disagree (answers.same_answer), each with both values and the sub-problems they came
+    from: `8848.86` and `8,848.86 m` are one fact; `Anthony Russo and Joe Russo` and `The Russo brothers` two."""
+    from toolrl.build.answers import fact_conflicts
+    from toolrl.build.runtime import _row_key
+
+    rows = ((s.kind, _row_key(s.arguments), s.answer, f"{t.id}/{s.id}") for t in tasks for s in t.subproblems)
+    return fact_conflicts(rows)
 
 
 def read_facts(ws: Workspace) -> dict[str, list[FactRow]]:

@@ -58,6 +58,16 @@ def _identifier(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "value"
 
 
+def function_name(name: str, limit: int = 64) -> str:
+    """A function name within OpenAI's 64 characters (and a file name's): a longer one keeps its start and a
+    hash of the whole, so two long names stay apart."""
+    if len(name) <= limit:
+        return name
+    import hashlib
+
+    return f"{name[: limit - 9].rstrip('_')}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -78,7 +88,7 @@ def programmatic_doc(sub: SubProblem, rng: random.Random, answers_numeric: bool)
         for name, value in sub.arguments.items()
     }
     return ToolDoc(
-        name=rng.choice(NAMES).format(**words),
+        name=function_name(rng.choice(NAMES).format(**words)),
         description=rng.choice(DESCRIPTIONS).format(**text),
         parameters={"type": "object", "properties": properties, "required": list(sub.arguments)},
         returns="number" if answers_numeric else "string",

@@ -28,9 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from toolrl.build.answers import number, same_answer
 from toolrl.build.artifacts import DocRow, FactRow, MergedTool, ToolDoc, Workspace
 from toolrl.build.decompose import read_facts
 from toolrl.build.documents import DOCUMENTS_FILE
+from toolrl.build.judge import Judge, ask_judge, judged_similarity, matrix_linkage
+from toolrl.build.relations import canonical_phrase, relation_key
 
 TOOLS_FILE = "3_tools.jsonl"
 MAPPING_FILE = "3_mapping.jsonl"
@@ -42,11 +45,14 @@ MONTHS = ["january", "february", "march", "april", "may", "june", "july", "augus
           "november", "december", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov",
           "dec"]  # fmt: skip
 _MONTH = "(" + "|".join(MONTHS) + r")\.?"
+_ORDINAL = "(st|nd|rd|th)?"
 VALUE_TYPES: dict[str, re.Pattern[str]] = {
     "boolean": re.compile(r"yes|no|true|false"),
     "year": re.compile(r"(1\d|20)\d\d"),
     "month": re.compile(_MONTH),
-    "date": re.compile(rf"\d{{4}}-\d\d-\d\d|\d{{1,2}} {_MONTH},? \d{{3,4}}|{_MONTH} \d{{1,2}},? \d{{3,4}}"),
+    "date": re.compile(
+        rf"\d{{4}}-\d\d-\d\d|\d{{1,2}}{_ORDINAL} {_MONTH},? \d{{3,4}}|{_MONTH} \d{{1,2}}{_ORDINAL},? \d{{3,4}}"
+    ),
     "number": re.compile(r"[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?( ?[a-z%]{1,12})?"),
 }
 """What an answer looks like, tried in this order (a year is also a number: the first that fits)."""
@@ -87,9 +93,17 @@ def value_type(answers: Sequence[str], declared: str = "string") -> str:
     if not answers:
         return "number" if declared in ("number", "integer") else "boolean" if declared == "boolean" else "text"
     texts = [a.strip().lower() for a in answers]
+
+    def share(fits) -> bool:
+        return sum(1 for t in texts if fits(t)) >= TYPE_SHARE * len(texts)
+
     for name, pattern in VALUE_TYPES.items():
-        if sum(1 for t in texts if pattern.fullmatch(t)) >= TYPE_SHARE * len(texts):
+        if share(pattern.fullmatch):
             return name
+    if share(lambda t: VALUE_TYPES["year"].fullmatch(t) or VALUE_TYPES["date"].fullmatch(t)):
+        return "date"  # a year where the day is not known: a date as precise as it gets
+    if share(lambda t: number(t) is not None):
+        return "number"  # with a currency, a unit, a scale word: `$6.4 million`, `approximately 31.8 billion`
     return "text"
 
 
@@ -103,39 +117,34 @@ def _key(arguments: dict[str, Any]) -> str:
 
 
 def conflicts(facts: dict[str, list[FactRow]]) -> set[frozenset[str]]:
-    """Pairs of kinds that answer some arguments differently (one pass over the facts)."""
-    answers: dict[str, dict[str, set[str]]] = {}
+    """Pairs of kinds that answer some arguments differently (answers.same_answer: `8,848.86 m` and `8848.86`
+    do not differ); one pass over the facts."""
+    answers: dict[str, list[tuple[str, set[str]]]] = {}
     for kind, rows in facts.items():
         for row in rows:
-            answers.setdefault(_key(row.arguments), {}).setdefault(row.answer.strip().lower(), set()).add(kind)
+            distinct = answers.setdefault(_key(row.arguments), [])
+            for answer, kinds in distinct:
+                if same_answer(answer, row.answer):
+                    kinds.add(kind)
+                    break
+            else:
+                distinct.append((row.answer, {kind}))
     pairs: set[frozenset[str]] = set()
-    for by_answer in answers.values():
-        if len(by_answer) > 1:
-            for a, b in combinations(by_answer.values(), 2):
-                pairs |= {frozenset((x, y)) for x in a for y in b if x != y}
+    for distinct in answers.values():
+        for (_, a), (_, b) in combinations(distinct, 2):
+            pairs |= {frozenset((x, y)) for x in a for y in b if x != y}
     return pairs
 
 
-_SUFFIX = re.compile(r"(?<=...)(ers|er|ors|or|ed|ing|es|e|s)$")
-
-
-def _stem(word: str) -> str:
-    return _SUFFIX.sub("", word)
-
-
-def lexical_key(text: str) -> tuple[frozenset[str], str]:
-    """What two phrases share when they are one wording apart: their words' stems as a set (`year of birth`,
-    `birth year`; `directed by`, `director`) and the words run together (`birth place`, `birthplace`)."""
-    words = [w for w in _words(text) if w not in CONNECTORS]
-    return frozenset(_stem(w) for w in words), "".join(words)
-
-
 def same_wording(phrases: list[str]) -> list[int]:
-    """For each phrase, the first phrase with the same lexical key (either part): its representative."""
+    """For each phrase, the first phrase with the same relation key (relations.relation_key: `director` and
+    `who directed`, `capital city` and `capital`) or the same words run together (`birth place`, `birthplace`):
+    its representative."""
     first: dict[Any, int] = {}
     out = []
     for i, text in enumerate(phrases):
-        stems, joined = lexical_key(text)
+        stems = relation_key(text)
+        joined = "".join(w for w in _words(text) if w not in CONNECTORS)
         rep = first.get(stems, first.get(joined, i))
         first.setdefault(stems, rep)
         first.setdefault(joined, rep)
@@ -151,16 +160,15 @@ def vectors(phrases: list[str], method: str) -> np.ndarray:
         from toolrl.envs.search.retriever import Embedder
 
         distinct = sorted(set(reps))
-        encoded = Embedder().encode([phrases[i] for i in distinct]).numpy().astype(np.float64)
+        encoded = Embedder().encode([canonical_phrase(phrases[i]) for i in distinct]).numpy().astype(np.float64)
         row = {rep: k for k, rep in enumerate(distinct)}
         return encoded[[row[r] for r in reps]]
-    phrases = [phrases[r] for r in reps]
+    sets = [set(relation_key(phrases[r])[0]) or {phrases[r]} for r in reps]
     vocabulary: dict[str, int] = {}
-    sets = [set(_words(p)) - CONNECTORS for p in phrases]
     for words in sets:
         for w in sorted(words):
             vocabulary.setdefault(w, len(vocabulary))
-    matrix = np.zeros((len(phrases), max(len(vocabulary), 1)))
+    matrix = np.zeros((len(sets), max(len(vocabulary), 1)))
     for i, words in enumerate(sets):
         matrix[i, [vocabulary[w] for w in words]] = 1.0
     return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
@@ -201,9 +209,16 @@ def average_linkage(vecs: np.ndarray, forbidden: np.ndarray, threshold: float) -
 
 
 def cluster(
-    docs: list[ToolDoc], kinds: list[set[str]], facts: dict[str, list[FactRow]], method: str, threshold: float
+    docs: list[ToolDoc],
+    kinds: list[set[str]],
+    facts: dict[str, list[FactRow]],
+    method: str,
+    threshold: float,
+    judge: Judge | None = None,
+    floor: float = 0.5,
 ) -> list[list[int]]:
-    """Groups of indices into `docs` that are one function each (the module's rules)."""
+    """Groups of indices into `docs` that are one function each (the module's rules); with `judge` (method llm),
+    the judge decides the pairs the words leave open (judge.py)."""
     types = {kind: value_type([r.answer for r in rows]) for kind, rows in facts.items()}
     blocks: dict[tuple[str, str], list[int]] = {}
     for i, doc in enumerate(docs):
@@ -212,13 +227,16 @@ def cluster(
         blocks.setdefault((_signature(doc), "|".join(served)), []).append(i)
     phrases = [phrase(d) for d in docs]
     distinct = sorted(set(phrases))
-    table = vectors(distinct, method)
+    table = vectors(distinct, "name" if judge is not None else method)
     row_of = {p: i for i, p in enumerate(distinct)}
     clashes = conflicts(facts)
+    asked = {q: k for k, q in enumerate(sorted({relation_key(p)[1] or "" for p in phrases}))}
+    question = np.array([asked[relation_key(p)[1] or ""] if relation_key(p)[1] else -1 for p in phrases])
     result: list[list[int]] = []
     for members in blocks.values():
         vecs = table[[row_of[phrases[i]] for i in members]]
-        forbidden = np.zeros((len(members), len(members)), dtype=bool)
+        q = question[members]  # `when founded` and `who founded` are two relations; `founded` fits either
+        forbidden = (q[:, None] != q[None, :]) & (q[:, None] >= 0) & (q[None, :] >= 0)
         serving: dict[str, list[int]] = {}
         for j, i in enumerate(members):
             for kind in kinds[i]:
@@ -227,7 +245,12 @@ def cluster(
             for x in serving.get(p, []):
                 forbidden[x, serving.get(q, [])] = True
                 forbidden[serving.get(q, []), x] = True
-        result += [[members[j] for j in group] for group in average_linkage(vecs, forbidden, threshold)]
+        if judge is None:
+            groups = average_linkage(vecs, forbidden, threshold)
+        else:
+            verdicts = judged_similarity([phrases[i] for i in members], vecs, forbidden, floor, judge)
+            groups = matrix_linkage(verdicts, forbidden, threshold)
+        result += [[members[j] for j in group] for group in groups]
     return result
 
 
@@ -245,7 +268,20 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
             members.append([])
         members[unique[key]].append(row)
     kinds = [{r.kind for r in group} for group in members]
-    groups = cluster(docs, kinds, facts, spec.integrate.method, spec.integrate.threshold)
+    knobs, llm, report = spec.integrate, None, {}
+    if knobs.method == "llm":
+        llm = llm_for("integrate")
+        examples: dict[str, list[str]] = {}
+        for doc, served in zip(docs, kinds, strict=True):
+            rows_ = [row for kind in sorted(served) for row in facts.get(kind, [])]
+            examples.setdefault(phrase(doc), []).extend(f"{json.dumps(r.arguments)} -> {r.answer}" for r in rows_[:3])
+    try:
+        judge = ask_judge(llm, examples) if llm is not None else None
+        groups = cluster(docs, kinds, facts, knobs.method, knobs.threshold, judge, knobs.judge_floor)
+    finally:
+        if llm is not None:
+            llm.close()
+            report["llm"] = llm.stats.report()
     tools: list[MergedTool] = []
     mapping = []
     taken: set[str] = set()
@@ -276,4 +312,5 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
         "kinds_in_several_tools": sum(1 for c in per_kind.values() if c > 1),
         "method": spec.integrate.method,
         "threshold": spec.integrate.threshold,
+        **report,
     }

@@ -38,6 +38,8 @@ class Stage:
     uses: Callable[[BuildSpec], Any]
     """The part of the spec it reads: a change elsewhere leaves it up to date (its inputs' hashes carry a change
     upstream to it)."""
+    also: tuple[str, ...] = ()
+    """Its other artifacts (facts.json beside the scenarios): an edit of any of them is the user's too."""
 
 
 def _generative(spec: BuildSpec) -> Any:
@@ -49,6 +51,11 @@ def _decompose_uses(spec: BuildSpec) -> Any:
     return [spec.model_dump(mode="json", include=set(keys)), _generative(spec)]
 
 
+def _integrate_uses(spec: BuildSpec) -> Any:
+    model = spec.llm.model_dump(mode="json") if spec.integrate.method == "llm" and spec.llm else None
+    return [spec.integrate.model_dump(mode="json"), model]
+
+
 def _deploy_uses(spec: BuildSpec) -> Any:
     model = spec.llm.model_dump(mode="json") if spec.deploy.method == "llm" and spec.llm else None
     return [spec.deploy.model_dump(mode="json"), spec.scale.noise, model]
@@ -57,15 +64,16 @@ def _deploy_uses(spec: BuildSpec) -> Any:
 STAGES: Registry[Stage] = Registry("build stage", "--stage")
 SCENARIOS = decompose.SCENARIOS_FILE
 for _stage in (
-    Stage("decompose", decompose.run, (), decompose.SCENARIOS_FILE, _decompose_uses),
+    Stage("decompose", decompose.run, (), decompose.SCENARIOS_FILE, _decompose_uses,
+          (decompose.FACTS_FILE, "tables.json")),
     Stage("documents", documents.run, (decompose.SCENARIOS_FILE, decompose.FACTS_FILE), documents.DOCUMENTS_FILE,
           lambda spec: [spec.source, spec.seed, _generative(spec)]),
-    Stage("integrate", integrate.run, (documents.DOCUMENTS_FILE,), integrate.TOOLS_FILE,
-          lambda spec: spec.integrate.model_dump(mode="json")),
+    Stage("integrate", integrate.run, (documents.DOCUMENTS_FILE, decompose.FACTS_FILE), integrate.TOOLS_FILE,
+          _integrate_uses, (integrate.MAPPING_FILE,)),
     Stage("scale", scale.run, (SCENARIOS, integrate.TOOLS_FILE, integrate.MAPPING_FILE), scale.TASKS_FILE,
-          lambda spec: [spec.seed, spec.scale.model_dump(mode="json")]),
+          lambda spec: [spec.seed, spec.scale.model_dump(mode="json")], (scale.SCALED_TOOLS_FILE,)),
     Stage("deploy", deploy.run, (scale.SCALED_TOOLS_FILE, scale.TASKS_FILE, decompose.FACTS_FILE), deploy.MANIFEST,
-          _deploy_uses),
+          _deploy_uses, ("deploy/tools.jsonl", "deploy/tasks.jsonl", "deploy/tools/*.py")),
 ):  # fmt: skip
     STAGES.register(_stage.name)(_stage)
 ORDER = [name for name in STAGES]
@@ -108,36 +116,64 @@ def _output_hash(ws: Workspace, stage: Stage) -> str | None:
     return _file_hash(ws.path(stage.writes))
 
 
-def by_hand(ws: Workspace, stage: Stage, done: dict[str, Any]) -> bool:
-    """The stage's artifact is there and this builder did not write it as it is: written or edited by hand (a
-    build made before outputs were recorded counts as the builder's)."""
+def _other_outputs(ws: Workspace, stage: Stage) -> dict[str, str | None]:
+    """Each other artifact's hash (a pattern: each file it matches, less those set aside)."""
+    names: list[str] = []
+    for name in stage.also:
+        if "*" in name:
+            found = sorted(p.relative_to(ws.root).as_posix() for p in ws.root.glob(name))
+            names += [n for n in found if ".by-hand." not in n]
+        else:
+            names.append(name)
+    return {name: _file_hash(ws.path(name)) for name in names}
+
+
+def edited(ws: Workspace, stage: Stage, done: dict[str, Any]) -> list[str]:
+    """The stage's artifacts that are there and that this builder did not write as they are: written or edited by
+    hand (a build made before outputs were recorded counts as the builder's)."""
     output = _output_hash(ws, stage)
-    if output is None or "running" in done:  # a stage killed after writing its artifact: the builder's, unfinished
-        return False
-    return not done or done.get("kept") == "by hand" or ("output" in done and done["output"] != output)
+    if "running" in done:  # a stage killed after writing its artifacts: the builder's, unfinished
+        return []
+    kept = done.get("edited", [stage.writes]) if done.get("kept") == "by hand" else []
+    names = []
+    if output is not None and (not done or stage.writes in kept or done.get("output", output) != output):
+        names.append(stage.writes)
+    recorded = done.get("outputs") or {}
+    for name, now in _other_outputs(ws, stage).items():
+        if now is not None and (name in kept or (name in recorded and recorded[name] != now)):
+            names.append(name)
+    return names
+
+
+def by_hand(ws: Workspace, stage: Stage, done: dict[str, Any]) -> bool:
+    """Any of the stage's artifacts was written or edited by hand (`edited`)."""
+    return bool(edited(ws, stage, done))
 
 
 def keep_by_hand(spec: BuildSpec, ws: Workspace, stage: Stage) -> dict[str, Any]:
     """Take a hand-written artifact as the stage's output: recorded, never overwritten by --all."""
-    log.info("stage %s: %s was written by hand: kept as the stage's output", stage.name, stage.writes)
-    report = {"kept": "by hand", "input": _input_hash(spec, ws, stage), "output": _output_hash(ws, stage)}
+    done = ws.read_json("build.json", {}).get(stage.name, {})
+    names = edited(ws, stage, done)
+    log.info("stage %s: %s written by hand: kept as the stage's output", stage.name, ", ".join(names))
+    report = {"kept": "by hand", "edited": names, "input": _input_hash(spec, ws, stage)}
+    report |= {"output": _output_hash(ws, stage), "outputs": _other_outputs(ws, stage)}
     ws.record(stage.name, report)
     return report
 
 
-def _set_aside(ws: Workspace, stage: Stage) -> None:
-    """Before `--stage` replaces a hand-written artifact: keep it beside, as NAME.by-hand.SUFFIX."""
-    path = ws.path(stage.writes)
-    kept = path.with_name(f"{path.stem}.by-hand{path.suffix}")
-    path.replace(kept)
-    log.warning("stage %s: %s was written by hand; kept as %s before the stage writes its own", stage.name,
-                stage.writes, kept.name)  # fmt: skip
+def _set_aside(ws: Workspace, stage: Stage, names: list[str]) -> None:
+    """Before `--stage` replaces hand-written artifacts: keep each beside, as NAME.by-hand.SUFFIX."""
+    for name in names:
+        path = ws.path(name)
+        kept = path.with_name(f"{path.stem}.by-hand{path.suffix}")
+        path.replace(kept)
+        log.warning("stage %s: %s was written by hand; kept as %s before the stage writes its own", stage.name,
+                    name, kept.name)  # fmt: skip
 
 
 def run_stage(spec: BuildSpec, ws: Workspace, name: str, ask=None) -> dict[str, Any]:
     stage = STAGES.lookup(name)
-    if by_hand(ws, stage, ws.read_json("build.json", {}).get(name, {})):
-        _set_aside(ws, stage)
+    _set_aside(ws, stage, edited(ws, stage, ws.read_json("build.json", {}).get(name, {})))
     started = time.perf_counter()
     log.info("stage %s: started", name)
     input_hash = _input_hash(spec, ws, stage)
@@ -145,6 +181,7 @@ def run_stage(spec: BuildSpec, ws: Workspace, name: str, ask=None) -> dict[str, 
     report = stage.run(spec, ws, llm_factory(spec, ws, ask))
     report = {**report, "input": input_hash, "seconds": round(time.perf_counter() - started, 2)}
     report["output"] = _output_hash(ws, stage)
+    report["outputs"] = _other_outputs(ws, stage)
     ws.record(name, report)
     log.info("stage %s: done in %.1f s: %s", name, report["seconds"], _brief(report))
     return report

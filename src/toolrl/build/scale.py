@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from itertools import combinations
 from typing import Any
 
 from toolrl.build.artifacts import BuiltTask, FactRow, Impl, MergedTool, ScaledTool, ToolDoc, Workspace
@@ -50,48 +51,110 @@ def _initial(tool: MergedTool) -> ScaledTool:
     return ScaledTool(doc=tool.doc, impl=Impl(kinds=tool.kinds, key=key))
 
 
-def functional(tools: dict[str, ScaledTool], share: float, rng: random.Random) -> tuple[dict, dict[str, tuple]]:
-    """Merge the tools of a share of the entity types (same single string parameter) into `ENTITY_info` with a
-    `field` enum. Returns the tools and, per old tool name, (new name, field value)."""
-    groups: dict[str, list[str]] = {}
+def _subjects(tool: ScaledTool, facts: dict[str, list[FactRow]]) -> set[str]:
+    return {str(row.arguments.get(tool.impl.key, "")).strip().lower() for row in _rows(tool.impl.kinds, facts)}
+
+
+def subject_kind(tool: ScaledTool) -> str | None:
+    """The kind of subject a tool's kinds name (`person` for `person.birthplace`), or None when they name none."""
+    types = {kind.partition(".")[0] for kind in tool.impl.kinds if "." in kind}
+    return next(iter(types)) if len(types) == 1 and all("." in k for k in tool.impl.kinds) else None
+
+
+SAME_SUBJECTS = 0.5
+"""Two tools whose kinds name no subject kind are over the same kind of subject when at least this share of the
+smaller one's subjects are the other's too (the capital and the population of the same countries)."""
+
+
+def subject_groups(tools: dict[str, ScaledTool], facts: dict[str, list[FactRow]]) -> list[tuple[str, list[str]]]:
+    """Tools over the same kind of subject, by meaning, never by a shared parameter name alone: the subject kind
+    their kinds name, or, where they name none, subjects they share (SAME_SUBJECTS). (label, tool names) each."""
+    eligible = {}
     for name, tool in tools.items():
         prop = tool.doc.parameters["properties"].get(tool.impl.key, {}) if tool.impl.key else {}
         if tool.impl.key and prop.get("type") == "string":
-            groups.setdefault(tool.impl.key, []).append(name)
-    eligible = sorted(key for key, names in groups.items() if len(names) >= 2)
-    chosen = rng.sample(eligible, round(share * len(eligible)))
+            eligible[name] = tool
+    typed: dict[tuple[str, str], list[str]] = {}
+    untyped: list[str] = []
+    for name, tool in sorted(eligible.items()):
+        kind = subject_kind(tool)
+        if kind is None:
+            untyped.append(name)
+        else:
+            typed.setdefault((tool.impl.key, kind), []).append(name)
+    groups = [(kind, names) for (_, kind), names in sorted(typed.items())]
+    subjects = {name: _subjects(eligible[name], facts) for name in untyped}
+    parent = {name: name for name in untyped}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    holders: dict[tuple[str, str], list[str]] = {}
+    for name in untyped:
+        for subject in subjects[name]:
+            holders.setdefault((eligible[name].impl.key, subject), []).append(name)
+    for names in holders.values():
+        for a, b in combinations(names, 2):
+            smaller = min(len(subjects[a]), len(subjects[b]))
+            if root(a) != root(b) and len(subjects[a] & subjects[b]) >= SAME_SUBJECTS * smaller:
+                parent[root(b)] = root(a)
+    components: dict[str, list[str]] = {}
+    for name in untyped:
+        components.setdefault(root(name), []).append(name)
+    groups += [(eligible[names[0]].impl.key, names) for names in components.values()]
+    return [(label, names) for label, names in groups if len(names) >= 2]
+
+
+def functional(
+    tools: dict[str, ScaledTool], share: float, rng: random.Random, facts: dict[str, list[FactRow]], max_fields: int
+) -> tuple[dict, dict[str, tuple]]:
+    """Merge the tools of a share of the groups over one kind of subject (subject_groups) into `SUBJECT_info`
+    with a `field` enum of at most `max_fields` values (a larger group makes several). Returns the tools and,
+    per old tool name, (new name, field value)."""
+    groups = subject_groups(tools, facts)
+    chosen = sorted(rng.sample(range(len(groups)), int(share * len(groups) + 0.5)))
     moved: dict[str, tuple[str, str]] = {}
-    for key in sorted(chosen):
-        names = groups[key]
-        fields: dict[str, list[str]] = {}
-        for name in names:
-            field = re.sub(r"[^a-z0-9]+", "_", _column(tools[name].impl.kinds[0]).lower()).strip("_")
-            while field in fields and fields[field] != tools[name].impl.kinds:
-                field += "_2"  # the same kinds (a function stage c left in two tools) share their field
-            fields[field] = tools[name].impl.kinds
-            moved[name] = field
-        new = f"{key}_info"
-        while new in tools:
-            new += "_2"
-        words = ", ".join(f.replace("_", " ") for f in fields)
-        doc = ToolDoc(
-            name=new,
-            description=f"Look up a fact about a {key.replace('_', ' ')}: its {words}.",
-            parameters={
-                "type": "object",
-                "properties": {
-                    key: tools[names[0]].doc.parameters["properties"][key],
-                    "field": {"type": "string", "enum": list(fields), "description": "Which fact to return."},
-                },
-                "required": [key, "field"],
-            },
-        )
-        kinds = [k for ks in fields.values() for k in ks]
-        tools[new] = ScaledTool(doc=doc, impl=Impl(kinds=kinds, key=key, field="field", fields=fields))
-        for name in names:
-            moved[name] = (new, moved[name])
-            del tools[name]
+    for index in chosen:
+        label, members = groups[index]
+        for start in range(0, len(members), max_fields):
+            _merge(tools, label, members[start : start + max_fields], moved)
     return tools, moved
+
+
+def _merge(tools: dict[str, ScaledTool], label: str, names: list[str], moved: dict) -> None:
+    key = tools[names[0]].impl.key
+    fields: dict[str, list[str]] = {}
+    for name in names:
+        field = re.sub(r"[^a-z0-9]+", "_", _column(tools[name].impl.kinds[0]).lower()).strip("_")
+        while field in fields and fields[field] != tools[name].impl.kinds:
+            field += "_2"  # the same kinds (a function stage c left in two tools) share their field
+        fields[field] = tools[name].impl.kinds
+        moved[name] = field
+    new = f"{re.sub(r'[^a-z0-9]+', '_', label.lower()).strip('_') or key}_info"
+    base, n = new, 2
+    while new in tools:
+        new, n = f"{base}_{n}", n + 1
+    words = ", ".join(f.replace("_", " ") for f in fields)
+    doc = ToolDoc(
+        name=new,
+        description=f"Look up a fact about a {label.replace('_', ' ')}: its {words}.",
+        parameters={
+            "type": "object",
+            "properties": {
+                key: tools[names[0]].doc.parameters["properties"][key],
+                "field": {"type": "string", "enum": list(fields), "description": "Which fact to return."},
+            },
+            "required": [key, "field"],
+        },
+    )
+    kinds = [k for ks in fields.values() for k in ks]
+    tools[new] = ScaledTool(doc=doc, impl=Impl(kinds=kinds, key=key, field="field", fields=fields))
+    for name in names:
+        moved[name] = (new, moved[name])
+        del tools[name]
 
 
 def expand_parameters(tool: ScaledTool, count: int, rng: random.Random) -> ScaledTool:
@@ -183,7 +246,7 @@ def run(spec, ws: Workspace, llm_for) -> dict[str, Any]:
     mapping = {(r["task"], r["subproblem"]): r["tool"] for r in ws.read_records(MAPPING_FILE, "integrate")}
     rng = random.Random(f"{spec.seed}:scale")
     tools = {t.doc.name: _initial(t) for t in merged}
-    tools, moved = functional(tools, knobs.functional, rng)
+    tools, moved = functional(tools, knobs.functional, rng, facts, knobs.max_fields)
     changes: Counter = Counter()
     for name in sorted(tools):
         tool = expand_parameters(tools[name], knobs.parameters, random.Random(f"{spec.seed}:params:{name}"))

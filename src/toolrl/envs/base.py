@@ -195,6 +195,9 @@ class Environment(ABC):
     """The rollout limits its tasks need (max_turns, max_new_tokens, max_response_tokens, ...): each takes the
     place of toolrl's default for a `rollout.*` key the config does not set (`toolrl config show` prints the
     result), so that the environment's reference fits a run's limits out of the box (toolrl env check)."""
+    rollout_needs: ClassVar[Any] = None
+    """Optional `rollout_needs(options) -> dict`: limits read off the environment's data (what a built
+    environment's references need), each the larger of it and `rollout_defaults`'s."""
 
     def __init__(self, config, options: EnvOptions):
         self.config, self.options = config, options
@@ -206,6 +209,16 @@ class Environment(ABC):
         No tools by default: an environment whose tasks or episodes bring their own tools (`Episode(tools=...)`,
         `episode.offer`) need not define it."""
         return []
+
+    def limits_for(self, task: Task, limits):
+        """The rollout limits (RolloutLimits) of one task's trajectories: the run's by default; an environment
+        whose tasks need very different budgets may lower them per task (never raise them past the run's)."""
+        return limits
+
+    def offered(self, task: Task) -> list[str] | None:
+        """The names of the tools a task's episodes offer (`Episode(offered=...)`), known before an episode starts:
+        what the prompt of that task shows, and what the pre-flight counts. None: the run's tools."""
+        return None
 
     @abstractmethod
     def tasks(self, split: str) -> list[Task]: ...
@@ -287,7 +300,11 @@ def environment_class(config) -> Callable[..., Environment]:
 
 def apply_rollout_defaults(config) -> None:
     """Fill the rollout keys `config` (a RunConfig) leaves unset with its environment's `rollout_defaults`."""
-    defaults = getattr(environment_class(config.env), "rollout_defaults", {})
+    cls = environment_class(config.env)
+    defaults = dict(getattr(cls, "rollout_defaults", {}))
+    if getattr(cls, "rollout_needs", None) is not None:
+        for key, value in cls.rollout_needs(environment_options(config.env)).items():
+            defaults[key] = max(value, defaults.get(key, value))
     for key, value in defaults.items():
         if key not in config.rollout.model_fields_set:
             setattr(config.rollout, key, value)

@@ -117,6 +117,8 @@ class _Run:
     traj: Trajectory
     episode: Episode
     tools: dict[str, Tool]
+    limits: RolloutLimits
+    """The run's limits as the environment sets them for this task (Environment.limits_for)."""
 
 
 class Rollout:
@@ -153,18 +155,25 @@ class Rollout:
         return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
 
     def refuse_long_prompts(self, tasks: Sequence[Task], context: int) -> None:
-        """Before anything runs: a task whose prompt (its messages, the tool schemas, the call syntax) leaves no
-        room in the model's context for one generated token is a DataError naming it. A prompt whose text is at
-        most `context` UTF-8 bytes is not tokenized (no token is shorter than a byte)."""
+        """Before anything runs: a task whose prompt (its messages, the tool schemas it offers, the call syntax)
+        leaves no room in the model's context for one generated token is a DataError naming it. Each task counts
+        the tools it offers (Environment.offered: a built environment's task shows its few tools of hundreds). A
+        prompt whose text is at most `context` UTF-8 bytes is not tokenized (no token is shorter than a byte)."""
         import json
 
-        fixed = len(json.dumps(self.tool_schemas).encode()) + len(str(getattr(self.parser, "instructions", "")))
+        syntax = len(str(getattr(self.parser, "instructions", "")))
+        sizes: dict[str, int] = {}
+        for name, tool in self.executor.tools.items():
+            sizes[name] = len(json.dumps(tool.to_openai()).encode()) if self.env.show_tool_schemas else 0
         for task in tasks:
+            names = self.env.offered(task)
+            tools = None if names is None else {n: self.executor.tools[n] for n in names if n in self.executor.tools}
             messages = self.env.messages(task)
-            size = fixed + sum(len(str(m.get("content", "")).encode()) + 32 for m in messages) + 256
+            shown = sum(sizes.values()) if tools is None else sum(sizes[n] for n in tools)
+            size = syntax + shown + sum(len(str(m.get("content", "")).encode()) + 32 for m in messages) + 256
             if size <= context:
                 continue
-            length = len(self.prompt_ids(task, messages))
+            length = len(self.prompt_ids(task, messages, tools))
             if length >= context:
                 raise DataError(
                     f"env {self.env.name}, task {clip(str(task.id), 80)}: its prompt is {length:,} tokens (messages, "
@@ -208,7 +217,7 @@ class Rollout:
         traj = Trajectory.start(episode.task, *self.prompt(episode.task, episode.messages, tools))
         traj.episode = episode
         self.engine.begin(seq, episode.task)
-        return _Run(seq, traj, episode, tools)
+        return _Run(seq, traj, episode, tools, self.env.limits_for(episode.task, self.limits))
 
     async def arun(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
         """Roll out one trajectory per task. With `seed`, trajectory i samples with its own seed derived from
@@ -302,7 +311,7 @@ class Rollout:
             active = still
 
     async def _generate(self, run: _Run) -> Sampled:
-        limits, traj = self.limits, run.traj
+        limits, traj = run.limits, run.traj
         budget = min(limits.max_new_tokens, limits.max_response_tokens - traj.response_length)
         s = limits.sampling
         params = SamplingParams(s.temperature, s.top_p, s.top_k, budget, traj.seed)
@@ -319,16 +328,16 @@ class Rollout:
         traj.add_model_turn(sampled.ids, sampled.logprobs, text)
         run.tools = run.episode.available(self.executor.tools)  # an episode may offer more at a later turn
         known = {name: list(tool.parameters.get("properties", {})) for name, tool in run.tools.items()}
-        parsed = self.parser(text, known).within(self.limits.max_calls_per_turn)
+        parsed = self.parser(text, known).within(run.limits.max_calls_per_turn)
         traj.num_format_errors += parsed.not_run
         if not parsed.calls and not parsed.errors:
             traj.truncated = not sampled.ended
             return _Turn(State.REPLYING, sampled=sampled, text=text)
-        if over_token_budget(traj, self.limits):
+        if over_token_budget(traj, run.limits):
             return self._stop(traj, "length", truncated=True)
-        if out_of_turns(traj, self.limits):
+        if out_of_turns(traj, run.limits):
             traj.stop_reason = "max_turns"
-            if not self.limits.last_turn_tools:
+            if not run.limits.last_turn_tools:
                 return _Turn(State.DONE)
         return _Turn(State.RUNNING_TOOLS, parsed, sampled)
 
@@ -352,15 +361,15 @@ class Rollout:
         failed = sum(r.error for r in results)
         traj.num_tool_errors += failed
         traj.num_tool_faults += sum(r.infra_fault for r in results)
-        if failed and self.limits.stop_on_tool_error:
+        if failed and run.limits.stop_on_tool_error:
             return self._stop(traj, "tool_error")
-        clip = self.limits.max_observation_tokens
+        clip = run.limits.max_observation_tokens
         contents = [clip_observation(r.content, self.tokenizer, clip) for r in results] + turn.parsed.errors
         images = [list(r.images) for r in results] + [[] for _ in turn.parsed.errors]
         ended = turn.sampled.ended
         if self.chat.supports_images:
-            room = self.limits.max_images - len(traj.images)
-            tokens = self.limits.max_image_tokens - sum(image.tokens for image in traj.images)
+            room = run.limits.max_images - len(traj.images)
+            tokens = run.limits.max_image_tokens - sum(image.tokens for image in traj.images)
             at = len(traj.token_ids)
             obs, seen, unshown = self.chat.observation_with_images(contents, images, ended, at, room, tokens)
             traj.num_tool_errors += unshown  # an image the model cannot take: the tool's error, not a crash
@@ -368,7 +377,7 @@ class Rollout:
             why = "images are not shown to a text-only model"
             contents = [name_images(c, per_result, why) for c, per_result in zip(contents, images, strict=True)]
             obs, seen = self.chat.observation_ids(contents, model_ended_turn=ended), []
-        if over_token_budget(traj, self.limits, len(obs)):
+        if over_token_budget(traj, run.limits, len(obs)):
             return self._stop(traj, "length", truncated=True)
         traj.add_observation(obs, seen)
         if traj.stop_reason == "max_turns":  # the last allowed turn's calls ran (last_turn_tools)
@@ -390,10 +399,10 @@ class Rollout:
         _count_user(traj, step)
         if step.done or step.user_message is None:
             return self._stop(traj, step.stop_reason or answer_reason(turn.text))
-        if out_of_turns(traj, self.limits):
+        if out_of_turns(traj, run.limits):
             return self._stop(traj, "max_turns")
         user = self.chat.user_ids(step.user_message, model_ended_turn=turn.sampled.ended)
-        if over_token_budget(traj, self.limits, len(user)):
+        if over_token_budget(traj, run.limits, len(user)):
             return self._stop(traj, "length", truncated=True)
         traj.truncated = False  # the user goes on: the turn's being cut (if it was) ends nothing
         traj.add_user_message(user, step.user_message)

@@ -19,17 +19,29 @@ import hashlib
 import itertools
 import json
 import random
-import re
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from toolrl.build.artifacts import BuiltTask, Deployed, Workspace
-from toolrl.envs.base import Environment, EnvOptions, Episode, StepResult, Task, final_answer, register_env
+from toolrl.build.artifacts import BuiltTask, Deployed, Workspace, rounds
+from toolrl.build.needs import task_needs
+from toolrl.envs.base import Environment, EnvOptions, Episode, StepResult, Task, register_env
+from toolrl.envs.built.scoring import (
+    _norm,
+    answer_correct,
+    arguments_match,
+    contains_all,
+    correct,
+    counts,
+    evidence,
+    injected_faults,
+    reference_requests,
+)
 from toolrl.envs.code.sandbox import SandboxLimits
-from toolrl.envs.reference import ReferenceRequest, answered
+from toolrl.envs.reference import ReferenceRequest
 from toolrl.errors import ConfigError, DataError
 from toolrl.rewards.ftrl import ftrl_criteria
 from toolrl.rewards.rubric import Criterion, Rubric
@@ -65,79 +77,14 @@ class BuiltOptions(EnvOptions):
     noise: float | None = Field(None, ge=0, le=1)
     """Injected faults per call; default: the build's scale.noise."""
     timeout_s: float = Field(10.0, gt=0)
+    budget: Literal["task", "run"] = "task"
+    """task: each trajectory's turns and tokens are its task's reference needs times `budget_slack` (a one-call
+    task does not get the tokens of the widest fan-out), never past the run's limits; run: the run's limits."""
+    budget_slack: float = Field(1.5, ge=1.0)
+    """How much more than its reference a trajectory may spend (tokens; one more turn than the reference's)."""
     examples: Literal["task_tools", "generic"] = "task_tools"
     """In-context exchanges: task_tools: one call of the task's first tool on a train task's entity, then a
     generic chain of two calls; generic: tools of no task only (one call, then the chain)."""
-
-
-def _norm(value: Any) -> str:
-    text = " ".join(str(value).split()).lower()
-    return re.sub(r"(?<=\d),(?=\d{3})", "", text)
-
-
-def arguments_match(given: Any, expected: Any) -> bool:
-    """The call's value answers the expected one: equal after normalising, a list containing it, an object
-    whose keys match recursively."""
-    if isinstance(expected, dict):
-        return isinstance(given, dict) and all(k in given and arguments_match(given[k], v) for k, v in expected.items())
-    if isinstance(expected, list):
-        return isinstance(given, list) and all(any(arguments_match(g, e) for g in given) for e in expected)
-    return not isinstance(given, dict | list) and _norm(given) == _norm(expected)
-
-
-def solved_subproblems(results: list[ToolResult], calls: list[dict[str, Any]]) -> int:
-    """Sub-problems solved, each at most once; one call may solve several (a list argument)."""
-    open_ = list(range(len(calls)))
-    for result in results:
-        if result.error or result.call is None:
-            continue
-        for i in list(open_):
-            if calls[i]["name"] == result.call.name and arguments_match(result.call.arguments, calls[i]["arguments"]):
-                open_.remove(i)
-    return len(calls) - len(open_)
-
-
-def _real(trajectory) -> list[ToolResult]:
-    injected = getattr(trajectory.episode, "injected", set())
-    return [r for r in trajectory.results if id(r) not in injected]
-
-
-def counts(trajectory, task: Task) -> tuple[int, int, int]:
-    """(p calls the model made, q sub-problems solved, n sub-problems); injected faults are not the model's."""
-    results = _real(trajectory)
-    calls = task.meta["subproblems"]
-    return len(results), solved_subproblems(results, calls), len(calls)
-
-
-def contains_all(text: str | None, answers: list[str]) -> bool:
-    if text is None:
-        return False
-    have = _norm(text)
-    return all(_norm(a) in have for a in answers)
-
-
-def correct(trajectory, task: Task) -> float:
-    """Multi-turn: every request answered right; else the final <answer> holds every answer."""
-    if task.meta.get("requests"):
-        solved = getattr(trajectory.episode, "solved", [])
-        return float(len(solved) == len(task.meta["requests"]) and all(solved))
-    return float(contains_all(final_answer(trajectory.final_text), task.meta["answers"]))
-
-
-def reference_requests(task: Task) -> list[ReferenceRequest]:
-    """What a perfect model does: each sub-problem's call, then the answer; per request for multi-turn tasks."""
-    calls = [ToolCall(c["name"], c["arguments"]) for c in task.meta["subproblems"]]
-    if task.meta.get("requests"):
-        answers = task.meta["request_answers"]
-        return [
-            ReferenceRequest.of([call], f"<answer>{'; '.join(a)}</answer>")
-            for call, a in zip(calls, answers, strict=True)
-        ]
-    return answered("; ".join(task.meta["answers"]), *calls)
-
-
-def injected_faults(trajectory, task: Task) -> float:
-    return float(len(getattr(trajectory.episode, "injected", ())))
 
 
 class BuiltEpisode(Episode):
@@ -164,16 +111,24 @@ class BuiltEpisode(Episode):
         }.get(kind, f"error: {call.name} failed (service unavailable, 503); try the call again")
         return ToolResult(call, message, "tool_error")
 
+    def _own_fact(self, call: ToolCall) -> ToolResult | None:
+        """This task's own answer to a call where the data disagree (the build's per-task overrides)."""
+        for override in self.task.meta.get("overrides") or ():
+            if override["name"] == call.name and arguments_match(call.arguments, override["arguments"]):
+                return ToolResult(call, override["answer"], "ok")
+        return None
+
     async def step(self, calls, executor) -> StepResult:
-        """Faults are decided before the calls; the other calls run as usual, results kept in call order."""
+        """Faults are decided before the calls; a call this task answers with its own fact does not run; the
+        other calls run as usual, results kept in call order."""
         faults = [self._fault(call) for call in calls]
-        real = [call for call, fault in zip(calls, faults, strict=True) if fault is None]
-        answered = iter((await super().step(real, executor)).observations if real else [])
-        results = []
         for fault in faults:
             if fault is not None:
                 self.injected.add(id(fault))
-            results.append(next(answered) if fault is None else fault)
+        ready = [fault or self._own_fact(call) for call, fault in zip(calls, faults, strict=True)]
+        real = [call for call, done in zip(calls, ready, strict=True) if done is None]
+        answered = iter((await super().step(real, executor)).observations if real else [])
+        results = [next(answered) if done is None else done for done in ready]
         return StepResult(results, info={"injected": sum(f is not None for f in faults)})
 
     async def reply(self, text: str) -> StepResult:
@@ -198,8 +153,20 @@ class BuiltEnv(Environment):
         "max_response_tokens": 512,
         "max_observation_tokens": 96,
     }
-    """Its reference's turns and calls fit these (toolrl env check)."""
+    """At least these; each larger where the build's references need more (`rollout_needs`)."""
     Options = BuiltOptions
+
+    @staticmethod
+    def rollout_needs(options: BuiltOptions) -> dict[str, int]:
+        """What the build recorded its references need (deploy.json `needs`): turns, calls per turn, tokens."""
+        from toolrl.build.deploy import MANIFEST
+
+        manifest = Path(options.path).expanduser() / MANIFEST
+        try:
+            needs = json.loads(manifest.read_text(encoding="utf-8")).get("needs", {})
+        except (OSError, ValueError, AttributeError):
+            return {}  # a missing or broken build is named when the environment starts
+        return {k: v for k, v in needs.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
 
     def __init__(self, config, options: BuiltOptions):
         super().__init__(config, options)
@@ -235,6 +202,8 @@ class BuiltEnv(Environment):
             [
                 *ftrl_criteria(correct, counts=counts),
                 Criterion("correct", correct, 0.0),
+                Criterion("answer", answer_correct, 0.0),
+                Criterion("evidence", evidence, 0.0),
                 Criterion("injected_faults", injected_faults, 0.0),
             ],
             success="correct",
@@ -287,6 +256,24 @@ class BuiltEnv(Environment):
     def reference(self, task: Task) -> list[ReferenceRequest]:
         return reference_requests(task)
 
+    def offered(self, task: Task) -> list[str]:
+        return list(task.meta["tools"])
+
+    def limits_for(self, task: Task, limits):
+        """With `budget: task`, the task's own needs (build.needs.task_needs) times budget_slack, within the
+        run's limits: the widest fan-out keeps its 3,000 tokens, a one-call task gets a few hundred."""
+        need = task.meta.get("needs")
+        if self.options.budget != "task" or not need:
+            return limits
+        slack = self.options.budget_slack
+
+        def scaled(key: str) -> int:
+            return min(getattr(limits, key), int(need[key] * slack) + 1)
+
+        turns = min(limits.max_turns, need["max_turns"] + 1)
+        return replace(limits, max_turns=turns, max_new_tokens=scaled("max_new_tokens"),
+                       max_response_tokens=scaled("max_response_tokens"))  # fmt: skip
+
     def tasks(self, split: str) -> list[Task]:
         tasks = [
             Task(
@@ -297,6 +284,9 @@ class BuiltEnv(Environment):
                     "category": t.scenario,
                     "answers": t.answers,
                     "subproblems": t.calls,
+                    "rounds": rounds(t),
+                    "needs": task_needs(t),
+                    "overrides": t.overrides,
                     "tools": t.tools,
                     **({"requests": t.requests, "request_answers": t.request_answers} if t.requests else {}),
                 },
