@@ -37,6 +37,7 @@ from toolrl.train import RunDir, Trainer, Workbench
 from toolrl.train.evaluate import breakdown, summarize
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "built.yaml"
+FANOUT_RECIPE = Path(__file__).parents[1] / "recipes" / "fanoutqa.yaml"
 
 
 def measure(bench: Workbench, temperature: float) -> dict:
@@ -183,19 +184,27 @@ def one_real(size: int, work: Path) -> dict:
 
 
 def timed(command: list[str], log: Path) -> dict:
-    """Run a command in a process of its own: wall time, its peak memory (wait4's rusage: that child alone)."""
-    import os
+    """Run a command in a process of its own: wall time and its peak resident memory, sampled from /proc every
+    0.2 s (the process's own max RSS is not a measure here: toolrl's PeakMeter resets the kernel's mark)."""
     import subprocess
 
     started = time.perf_counter()
+    peak_kb = 0
     with log.open("w") as out:
         child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
+        while child.poll() is None:
+            try:
+                status = Path(f"/proc/{child.pid}/status").read_text()
+                peak_kb = max(peak_kb, *(int(line.split()[1]) for line in status.splitlines()
+                                         if line.startswith(("VmRSS:", "VmHWM:"))))  # fmt: skip
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
     return {
         "command": " ".join(command[2:]),
         "seconds": round(time.perf_counter() - started, 1),
-        "peak_rss_mib": round(usage.ru_maxrss / 1024),
-        "exit": os.waitstatus_to_exitcode(status),
+        "peak_rss_mib": round(peak_kb / 1024),
+        "exit": child.returncode,
         "log": str(log),
     }
 
@@ -226,15 +235,25 @@ def real(sizes: list[int], out: str, work: Path, eval_tasks: int, train_steps: i
     merges["llm"] = {"measured": False, "why": "no model that can judge is reachable from this machine: set "
                      "integrate.method llm with llm.base_url to a 7B+ instruction model to measure it"}  # fmt: skip
     env = work / f"real-{sizes[-1]}" / "env"
+    run = f"train-{time.strftime('%Y%m%d-%H%M%S')}"
     toolrl = [sys.executable, "-m", "toolrl"]
     where = ["--set", "env.name=built", "--set", f"env.options.path={env}"]
     runs = {
         "check": timed([*toolrl, "env", "check", *where], work / "check.log"),
         "eval": timed([*toolrl, "eval", *where, "--num-tasks", str(eval_tasks)], work / "eval.log"),
-        "train": timed([*toolrl, "train", *where, "--set", f"train.steps={train_steps}", "--set",
-                        f"output_dir={work}", "--set", f"run_name=train-{time.strftime('%Y%m%d-%H%M%S')}",
+        "train": timed([*toolrl, "train", str(FANOUT_RECIPE), "--set", f"env.options.path={env}", "--set",
+                        f"train.steps={train_steps}", "--set", f"output_dir={work}", "--set", f"run_name={run}",
                         "--set", "eval.at_start=false", "--set", "eval.at_end=false"], work / "train.log"),
     }  # fmt: skip
+    steps = [json.loads(line) for line in (work / run / "metrics.jsonl").read_text().splitlines()]
+    runs["train"]["steps"] = [
+        {
+            k: round(m[k], 3)
+            for k in ("step_s", "rollout_s", "train_s", "memory/rollout_peak_gb", "memory/update_peak_gb")
+            if k in m
+        }
+        for m in steps
+    ]
     load_after = os.getloadavg()
     head = f"{'questions':>16}{'subprobs':>9}{'build s':>8}{'deploy s':>9}{'peak MiB':>9}{'tools':>6}{'widest':>7}"
     print(head + f"{'tasks':>6}{'dropped':>8}{'conflicts':>10}")

@@ -34,10 +34,9 @@ def fanout_spec(path, **extra):
 
 @pytest.fixture(scope="module")
 def fanout_dir(tmp_path_factory):
-    dev = fanoutqa_dev()
-    assert dev is not None, "the fanoutqa package ships the data set: make install-test installs it"
+    assert fanoutqa_dev() is not None, "the fanoutqa package ships the data set: make install-test installs it"
     folder = tmp_path_factory.mktemp("fanout")
-    build(fanout_spec(dev), Workspace(folder))
+    build(load_spec(ROOT / "recipes" / "build" / "fanoutqa.yaml"), Workspace(folder))  # tasks.path: fanoutqa-dev
     return folder
 
 

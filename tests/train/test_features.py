@@ -203,3 +203,40 @@ def test_gigpo_and_turn_rewards_on_tokens_train_a_step(tiny_model_dir, tmp_path)
     config = tiny_config(tiny_model_dir, tmp_path, "train.advantage=gigpo", "train.turn_rewards=tokens")
     stats = Trainer(Workbench.load(config)).step(1)
     assert stats["trained_trajectories"] > 0 and math.isfinite(stats["loss"])
+
+
+def test_a_checkpointed_update_replays_the_shared_prompt_instead_of_keeping_it(tiny_model_dir, tmp_path, monkeypatch):
+    """Under gradient checkpointing the shared prefix's pass is replayed in the backward pass (a long prompt's
+    activations are not kept): the same log-probs and gradients as a kept prefix, and the prefix pass is a
+    checkpointed one (its cache written once, a replay's keys ignored)."""
+    from toolrl.train import logprobs
+
+    config = tiny_config(tiny_model_dir, tmp_path)
+    bench = Workbench.load(config)
+    trajs = Trainer(bench).rollout.run([bench.env.tasks("train")[0]] * 4, seed=3)
+    assert logprobs.shared_prefix_length(trajs) > 8
+    made = []
+    original = logprobs.PrefixWriteCache.__init__
+
+    def counting(self, n):
+        made.append(n)
+        original(self, n)
+
+    monkeypatch.setattr(logprobs.PrefixWriteCache, "__init__", counting)
+    results = []
+    for checkpointing in (False, True):
+        bench.model.train()
+        if checkpointing:
+            bench.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        bench.model.zero_grad()
+        scores = logprobs.score_tokens(bench.model, trajs)
+        scores.logprobs.sum().backward()
+        grads = {n: p.grad.clone() for n, p in bench.model.named_parameters() if p.grad is not None}
+        results.append((scores.logprobs.detach(), grads))
+        bench.model.gradient_checkpointing_disable()
+    (kept, grads_kept), (replayed, grads_replayed) = results
+    assert made  # the checkpointed run used the replay-safe prefix cache
+    assert torch.allclose(kept, replayed, atol=1e-5)
+    assert grads_kept.keys() == grads_replayed.keys()
+    for name, grad in grads_kept.items():
+        assert torch.allclose(grad, grads_replayed[name], atol=1e-5, rtol=1e-4), name

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from toolrl.build.artifacts import BuiltTask, FactRow, SubProblem, Workspace
@@ -97,10 +96,10 @@ def _split(question: str, spec: BuildSpec) -> str:
 
 def _records(spec: BuildSpec):
     """(row number, record, question) of the tasks file (tasks.path), with one-line errors."""
-    from toolrl.build.formats import FORMATS
+    from toolrl.build.formats import FORMATS, resolve
 
     assert spec.tasks is not None
-    path = Path(spec.tasks.path).expanduser()
+    path = resolve(spec.tasks.path)
     if not path.is_file():
         raise DataError(f"{path}: tasks file not found (tasks.path)")
     for number, record in FORMATS.lookup(spec.tasks.format)(path):

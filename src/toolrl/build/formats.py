@@ -156,6 +156,17 @@ def read_fanoutqa(path: Path) -> Iterator[tuple[int, Any]]:
             raise DataError(f"{path}: row {number}: not a FanOutQA question ({exc})") from None
 
 
+def resolve(path: str) -> Path:
+    """`tasks.path`: a file, or the name of a set an installed package ships (`fanoutqa-dev`)."""
+    given = Path(path).expanduser()
+    if not given.exists() and path in SHIPPED:
+        found = SHIPPED[path]()
+        if found is None:
+            raise DataError(f"tasks.path {path}: its package is not installed (pip install --no-deps fanoutqa)")
+        return found
+    return given
+
+
 def fanoutqa_dev() -> Path | None:
     """The FanOutQA dev set the `fanoutqa` package ships (310 questions, CC BY-SA 4.0), or None."""
     import importlib.util
@@ -165,3 +176,7 @@ def fanoutqa_dev() -> Path | None:
         return None
     path = Path(next(iter(found.submodule_search_locations))) / "data" / "fanout-final-dev.json"
     return path if path.is_file() else None
+
+
+SHIPPED = {"fanoutqa-dev": fanoutqa_dev}
+"""Data sets a package ships, by the name `tasks.path` may give instead of a file."""

@@ -85,8 +85,10 @@ def _file_hash(path) -> str | None:
 
 def source_files(spec: BuildSpec) -> list[Path]:
     """The user's files the first stage reads (tables, a tasks or decompositions file)."""
+    from toolrl.build.formats import resolve
+
     files = [Path(table.path).expanduser() for table in spec.tables]
-    return files + ([Path(spec.tasks.path).expanduser()] if spec.tasks is not None else [])
+    return files + ([resolve(spec.tasks.path)] if spec.tasks is not None else [])
 
 
 def _input_hash(spec: BuildSpec, ws: Workspace, stage: Stage) -> str:

@@ -3,7 +3,9 @@ prefix computed once.
 
 The prefix (system prompt, tool schemas, examples) runs through the model once; every row's suffix attends to
 its keys and values (a read-only cache, so gradient checkpointing can replay the suffix pass), so the gradient
-of every sample flows back through one prefix. Logits are computed only at positions that predict a trained
+of every sample flows back through one prefix. Under gradient checkpointing the prefix pass is replayed too (its
+cache keeps the first pass's keys and values and ignores a replay's), so a long prompt's activations are not
+kept for the backward pass. Logits are computed only at positions that predict a trained
 token, never for the prompt, and a block of them at a time (train/vocab_logprobs.py: only their softmax is
 kept for the backward pass, up to train.vocab_keep_mb) unless the entropy is a loss term. Vision-language
 policies the same way: positions are the model's own (M-RoPE for the Qwen2-VL family), and the images of the
@@ -71,6 +73,32 @@ class _PrefixLayer(CacheLayerMixin):
         return -1
 
 
+class _PrefixWriteLayer(_PrefixLayer):
+    """The prefix pass's cache under gradient checkpointing: the first pass keeps the keys and values; a replay
+    (the backward recomputing the layer) gets its own back and changes nothing, so the pass can be replayed."""
+
+    def __init__(self):
+        CacheLayerMixin.__init__(self)
+        self.keys = self.values = None
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.keys is None:
+            self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0
+
+
+class PrefixWriteCache(Cache):
+    def __init__(self, num_layers: int):
+        super().__init__(layers=[_PrefixWriteLayer() for _ in range(num_layers)])
+
+
 class PrefixCache(Cache):
     """A one-row prefix's keys and values that every row of a batch reads; never written to."""
 
@@ -110,9 +138,12 @@ def selected_hidden(model, ids, attention, positions, prefix_len, rows_idx, cols
     try:
         cache = None
         if prefix_len:
-            for layer in layers:  # the prefix pass keeps its cache: one row, small, not replayed
-                layer.gradient_checkpointing = False
-            once = DynamicCache()  # given, not asked for: under checkpointing the model drops use_cache
+            if any(replays for replays, _ in saved):  # checkpointed too: a long prompt's activations (1.5k
+                once = PrefixWriteCache(len(layers))  # tokens: ~2 GB) are recomputed, not kept
+                for layer in layers:
+                    layer._can_checkpoint_with_cache = True
+            else:
+                once = DynamicCache()  # given, not asked for
             body(
                 input_ids=ids[:1, :prefix_len],
                 position_ids=positions[..., :1, :prefix_len],
