@@ -195,8 +195,8 @@ def timed(command: list[str], log: Path) -> dict:
         while child.poll() is None:
             try:
                 status = Path(f"/proc/{child.pid}/status").read_text()
-                peak_kb = max(peak_kb, *(int(line.split()[1]) for line in status.splitlines()
-                                         if line.startswith(("VmRSS:", "VmHWM:"))))  # fmt: skip
+                sizes = [int(line.split()[1]) for line in status.splitlines() if line.startswith(("VmRSS:", "VmHWM:"))]
+                peak_kb = max([peak_kb, *sizes])
             except (OSError, ValueError):
                 pass
             time.sleep(0.2)

@@ -19,6 +19,7 @@ with its cube. Writes `3_tools.jsonl` (MergedTool rows) and `3_mapping.jsonl` (e
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -152,15 +153,21 @@ def same_wording(phrases: list[str]) -> list[int]:
     return out
 
 
+@functools.cache
+def _embedder():
+    """The shipped all-MiniLM-L6-v2, loaded once per process (a stage, or the 117 pairs of a measurement)."""
+    from toolrl.envs.search.retriever import Embedder
+
+    return Embedder()
+
+
 def vectors(phrases: list[str], method: str) -> np.ndarray:
     """One unit vector per phrase: its embedding, or its set of words (one-hot over the words seen); phrases one
     wording apart (`same_wording`) get the same vector (the embedding model is weak on word forms)."""
     reps = same_wording(phrases)
     if method == "embedding":
-        from toolrl.envs.search.retriever import Embedder
-
         distinct = sorted(set(reps))
-        encoded = Embedder().encode([canonical_phrase(phrases[i]) for i in distinct]).numpy().astype(np.float64)
+        encoded = _embedder().encode([canonical_phrase(phrases[i]) for i in distinct]).numpy().astype(np.float64)
         row = {rep: k for k, rep in enumerate(distinct)}
         return encoded[[row[r] for r in reps]]
     sets = [set(relation_key(phrases[r])[0]) or {phrases[r]} for r in reps]
