@@ -19,13 +19,27 @@ if str(ROOT) not in sys.path:
 def machine() -> dict[str, str | int]:
     import torch
 
-    cpu = "unknown"
+    cpu, flags = "unknown", set()
     if Path("/proc/cpuinfo").exists():
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == "unknown":
                 cpu = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": cpu, "cores": os.cpu_count() or 0, "torch": torch.__version__, "python": platform.python_version()}
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    isa = [name for flag, name in ISA_FLAGS if flag in flags]
+    return {
+        "cpu": cpu,
+        "isa": " ".join(isa) or "unknown",
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count() or 0,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+ISA_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX-512-VNNI"),
+             ("avx512_bf16", "AVX-512-BF16"), ("amx_tile", "AMX"))  # fmt: skip
+"""The vector instructions a matmul peak depends on (what oneDNN may use on this CPU), as /proc/cpuinfo names them."""
 
 
 def write_results(path: str, result: dict[str, Any]) -> None:
