@@ -62,10 +62,25 @@ def reference_success(bench: Workbench) -> float:
     return summarize(rollout.run(tasks), "correct")["success"]
 
 
+def timed_build(spec, folder: Path) -> tuple[dict, dict]:
+    """Build `spec` into `folder` in this process: its build.json and what a size's row measures of it."""
+    import resource
+
+    from toolrl.build import ORDER
+
+    started = time.perf_counter()
+    manifest = build(spec, Workspace(folder))
+    return manifest, {
+        "subproblems": manifest["documents"]["documents"],
+        "seconds": round(time.perf_counter() - started, 2),
+        "stage_seconds": {name: manifest[name]["seconds"] for name in ORDER},
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
 def one_size(size: int, work: Path, argument: str | None = None) -> dict:
     """Build the first `size` questions of the hand-made set (this process: its peak memory is the build's)."""
     import json
-    import resource
     import shutil
 
     from tests.harness import multihop
@@ -74,18 +89,12 @@ def one_size(size: int, work: Path, argument: str | None = None) -> dict:
     work.mkdir(parents=True)
     path = work / "decompositions.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in multihop.questions(size, argument=argument)))
-    started = time.perf_counter()
     spec = load_spec(None, {"source": "decompositions", "tasks": {"path": str(path)}})
-    manifest = build(spec, Workspace(work / "env"))
-    seconds = time.perf_counter() - started
+    manifest, measured = timed_build(spec, work / "env")
     tools = [json.loads(line) for line in (work / "env" / "3_tools.jsonl").read_text().splitlines()]
-    stages = ("decompose", "documents", "integrate", "scale", "deploy")
     return {
         "questions": size,
-        "subproblems": manifest["documents"]["documents"],
-        "seconds": round(seconds, 2),
-        "stage_seconds": {name: manifest[name]["seconds"] for name in stages},
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        **measured,
         "tools": manifest["integrate"]["tools"],
         "tools_deployed": manifest["deploy"]["tools_validated"],
         "by_scenario": manifest["decompose"]["by_scenario"],
@@ -151,7 +160,6 @@ def fanout_subset(size: int, path: Path) -> Path:
 def one_real(size: int, work: Path) -> dict:
     """Build the first `size` FanOutQA questions (size 0: the synthetic world) in this process."""
     import json
-    import resource
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
@@ -160,18 +168,12 @@ def one_real(size: int, work: Path) -> dict:
                   "format": "fanoutqa"}}  # fmt: skip
     else:
         source = {"source": "synthetic", "seed": 0}
-    started = time.perf_counter()
-    manifest = build(load_spec(None, source), Workspace(work / "env"))
-    seconds = time.perf_counter() - started
+    manifest, measured = timed_build(load_spec(None, source), work / "env")
     tools = [json.loads(line) for line in (work / "env" / "4_tools.jsonl").read_text().splitlines()]
-    stages = ("decompose", "documents", "integrate", "scale", "deploy")
     return {
         "questions": size or "synthetic world",
-        "subproblems": manifest["documents"]["documents"],
+        **measured,
         "kinds": manifest["decompose"]["kinds"],
-        "seconds": round(seconds, 2),
-        "stage_seconds": {name: manifest[name]["seconds"] for name in stages},
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "tools": manifest["deploy"]["tools_validated"],
         "tools_dropped": manifest["deploy"]["tools_dropped"],
         "widest_functional_tool": max((len(t["impl"]["fields"]) for t in tools), default=0),

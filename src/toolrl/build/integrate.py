@@ -237,8 +237,9 @@ def cluster(
     table = vectors(distinct, "name" if judge is not None else method)
     row_of = {p: i for i, p in enumerate(distinct)}
     clashes = conflicts(facts)
-    asked = {q: k for k, q in enumerate(sorted({relation_key(p)[1] or "" for p in phrases}))}
-    question = np.array([asked[relation_key(p)[1] or ""] if relation_key(p)[1] else -1 for p in phrases])
+    words = [relation_key(p)[1] for p in phrases]
+    asked = {q: k for k, q in enumerate(sorted({q for q in words if q}))}
+    question = np.array([asked[q] if q else -1 for q in words])
     result: list[list[int]] = []
     for members in blocks.values():
         vecs = table[[row_of[phrases[i]] for i in members]]
