@@ -114,3 +114,26 @@ def model_sizes(model) -> tuple[int, int]:
     embedding = model.get_input_embeddings().weight
     tied = embedding is model.get_output_embeddings().weight
     return total - head - (0 if tied else embedding.numel()), head
+
+
+def measured_calls(names: list[str]):
+    """Wrap train/logprobs.py's forward and output-layer calls: each one's peak above what was resident before it
+    (the activations it keeps for the backward pass, the scores it makes)."""
+    import toolrl.train.logprobs as module
+    from toolrl.memory import meter, rss_gb
+
+    peaks: dict[str, float] = {}
+
+    def wrap(label, fn):
+        def wrapped(*a, **k):
+            before = rss_gb()
+            with meter.phase(label):
+                out = fn(*a, **k)
+            peaks[label] = max(peaks.get(label, 0.0), meter.last[label] - before)
+            return out
+
+        return wrapped
+
+    for label, name in zip(("activations", "output_layer"), names, strict=True):
+        setattr(module, name, wrap(label, getattr(module, name)))
+    return peaks

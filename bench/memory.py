@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, write_results
+from common import machine, measured_calls, write_results
 
 PHASES = ("load", "rollout", "train", "checkpoint", "eval")
 
@@ -210,7 +210,6 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
     """The demo's memory by component (GB), in this process: see the module's docstring."""
     import torch
 
-    import toolrl.train.logprobs as logprobs_module
     from toolrl.config import load_config
     from toolrl.memory import meter, rss_gb
     from toolrl.train import Trainer, Workbench
@@ -224,20 +223,7 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
     params = [p for p in trainer.model.parameters()]
     weights = sum(p.numel() * p.element_size() for p in params) / gb
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad) / gb
-    peaks: dict[str, float] = {}
-
-    def measured(name, fn):
-        def wrapped(*args, **kwargs):
-            before = rss_gb()
-            with meter.phase(name):
-                out = fn(*args, **kwargs)
-            peaks[name] = max(peaks.get(name, 0.0), meter.last[name] - before)
-            return out
-
-        return wrapped
-
-    logprobs_module.selected_hidden = measured("activations", logprobs_module.selected_hidden)
-    logprobs_module.target_logprobs = measured("output_layer", logprobs_module.target_logprobs)
+    peaks = measured_calls(["selected_hidden", "target_logprobs"])
     engine = bench.engine("train", 0)
 
     def cache_gb(eng) -> float:

@@ -1,6 +1,9 @@
 """The peak resident memory of each phase of a run (toolrl.memory.PeakMeter): each phase's own peak, nested
 phases counted in both, and what a run reports (RUN/memory.json, memory/* metrics, the step line)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -45,3 +48,41 @@ def test_the_step_line_shows_the_step_s_peak_memory():
     assert "mem 3.5 GB" in step_line(metrics, 6, None)
     del metrics["memory/rollout_peak_gb"], metrics["memory/update_peak_gb"]
     assert "mem" not in step_line(metrics, 6, None)  # a platform without the meter: no figure made up
+
+
+def test_long_sequences_map_large_blocks_and_short_ones_leave_the_heap_alone(monkeypatch):
+    """From LONG_SEQUENCE tokens the allocator's threshold is fixed (blocks above 1 MiB mapped, given back when
+    freed); below it nothing changes; and a 64 MiB block freed after bound_heap() leaves the resident set."""
+    from toolrl import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "bound_heap", lambda: calls.append(1) or True)
+    memory.for_sequences(memory.LONG_SEQUENCE - 1)
+    assert calls == []
+    memory.for_sequences(memory.LONG_SEQUENCE)
+    assert calls == [1]
+    monkeypatch.undo()
+    if memory._libc() is None or memory.rss_gb() is None:
+        pytest.skip("needs glibc and /proc (Linux)")
+    # in fresh processes: a long-lived heap's free holes are reused (and stay resident) whatever the threshold
+    script = """
+import sys, torch
+from toolrl import memory
+if sys.argv[1] == "bound":
+    assert memory.bound_heap() is True
+for _ in range(3):  # 16 MiB blocks freed: glibc's own threshold moves up, smaller blocks come from the heap
+    warm = [torch.ones(4 << 20) for _ in range(4)]
+    del warm
+memory.trim()
+before = memory.rss_gb()
+pairs = [(torch.ones(1 << 20), torch.ones(256)) for _ in range(32)]  # 4 MiB blocks between small ones
+kept = [small for _, small in pairs]  # the small blocks stay: in a heap, the large ones' holes would too
+del pairs
+print(memory.rss_gb() - before, len(kept))
+"""
+    left = {}
+    for mode in ("bound", "glibc"):
+        out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
+        left[mode] = float(out.stdout.split()[0])
+    assert left["bound"] < 0.03, f"freed 4 MiB blocks stayed resident: {left}"
+    assert left["glibc"] > 0.05, f"glibc's own threshold gave them back too: the test shows nothing ({left})"

@@ -240,3 +240,45 @@ def test_a_checkpointed_update_replays_the_shared_prompt_instead_of_keeping_it(t
     assert grads_kept.keys() == grads_replayed.keys()
     for name, grad in grads_kept.items():
         assert torch.allclose(grad, grads_replayed[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_shared_prompt_runs_once_per_step_with_the_same_gradients(tiny_model_dir, tmp_path, checkpointing):
+    """A step split into micro-batches computes its shared prompt once (StepPrefix), not once per micro-batch:
+    the same log-probs and the same gradient of every weight as each micro-batch computing its own prefix, with
+    and without gradient checkpointing; and the prefix pass runs once."""
+    from toolrl.train import logprobs
+
+    bench = Workbench.load(tiny_config(tiny_model_dir, tmp_path))
+    trajs = Trainer(bench).rollout.run([bench.env.tasks("train")[0]] * 4, seed=3)
+    batches = [[0, 1], [2], [3]]
+    model = bench.model
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    passes = []
+    original = logprobs._prefix_pass
+    results = []
+    for once in (False, True):
+        model.zero_grad()
+        passes.clear()
+        logprobs._prefix_pass = lambda *a, **k: passes.append(1) or original(*a, **k)
+        try:
+            prefix = logprobs.StepPrefix.of(model, trajs, batches) if once else None
+            scores = []
+            for rows in batches:
+                part = logprobs.score_tokens(model, [trajs[i] for i in rows], step_prefix=prefix)
+                part.logprobs.sum().backward()
+                scores.append(part.logprobs.detach())
+            if prefix is not None:
+                prefix.backward()
+        finally:
+            logprobs._prefix_pass = original
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((torch.cat(scores), grads, len(passes)))
+    (apart, grads_apart, passes_apart), (once, grads_once, passes_once) = results
+    assert (passes_apart, passes_once) == (3, 1)
+    assert torch.allclose(apart, once, atol=1e-5)
+    assert grads_apart.keys() == grads_once.keys() and grads_once
+    for name, grad in grads_apart.items():
+        assert torch.allclose(grad, grads_once[name], atol=1e-5, rtol=1e-4), name

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
@@ -118,43 +117,100 @@ class TokenScores:
     """[tokens] the value head's estimate at each trained token's state."""
 
 
-def hidden_and_logits(model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images):
+def hidden_and_logits(
+    model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images, step_prefix=None
+):
     """The model over the shared prefix (`ids[0, :prefix_len]` with `prefix_images`) once and every row's
     suffix (with `images`, the suffixes' images in row order), then the hidden states and logits at the
     selected positions (counted from the suffix's start) only. Under FSDP2 it is registered as a forward
     method of the sharded model (distributed.shard), so that calling it gathers the weights as `forward`
     would."""
-    selected = selected_hidden(model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images)
+    selected = selected_hidden(
+        model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images, step_prefix
+    )
     return selected, model.get_output_embeddings()(selected).float()
 
 
-def selected_hidden(model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images):
-    """hidden_and_logits' hidden states at the selected positions, without the output layer."""
+def _prefix_pass(model, ids, positions, images) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's keys and values of a one-row prefix. Under gradient checkpointing the pass is replayed in the
+    backward pass (its cache keeps the first pass's keys and values and ignores a replay's), so a long prompt's
+    activations (1.5k tokens: ~2 GB) are recomputed, not kept."""
+    decoder = model.get_decoder()
+    body = multimodal_base(model) if is_vision_config(model.config) else decoder
+    layers = transformer_blocks(decoder)
+    saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
+    try:
+        if any(replays for replays, _ in saved):
+            once = PrefixWriteCache(len(layers))
+            for layer in layers:
+                layer._can_checkpoint_with_cache = True
+        else:
+            once = DynamicCache()  # given, not asked for
+        body(input_ids=ids, position_ids=positions, **cache_arg(body, once), use_cache=True, **images)
+    finally:
+        for layer, (replays, with_cache) in zip(layers, saved, strict=True):
+            layer.gradient_checkpointing, layer._can_checkpoint_with_cache = replays, with_cache
+    return [(layer.keys, layer.values) for layer in once.layers]
+
+
+class StepPrefix:
+    """The prompt all of a step's trajectories share, through the model once for all its micro-batches rather than
+    once per micro-batch: each micro-batch reads its keys and values as leaves, whose gradients add up over the
+    micro-batches' backward passes; `backward()` then carries the sum through the prefix pass once. On a 5k-token
+    prompt with 8 suffixes of a few hundred tokens, the prompt was most of every micro-batch's work."""
+
+    def __init__(self, model, trajs: Sequence[Trajectory]):
+        self.length = shared_prefix_length(trajs, min(t.loss_mask.index(1) for t in trajs) - 1)
+        device = next(model.parameters()).device
+        ids = torch.tensor([trajs[0].token_ids[: self.length]], device=device)
+        positions = torch.arange(self.length, device=device)[None]
+        self.outputs = _prefix_pass(model, ids, positions, {})
+        self.leaves = [(k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
+                       for k, v in self.outputs]  # fmt: skip
+
+    @classmethod
+    def of(cls, model, trajs: Sequence[Trajectory], batches: Sequence[Sequence[int]]) -> StepPrefix | None:
+        """One for `trajs` when they make more than one micro-batch and share a prefix; None where a micro-batch
+        computes its own (one micro-batch, a vision-language policy, a sharded model)."""
+        if len(batches) < 2 or is_vision_config(model.config) or hasattr(model, "toolrl_hidden_and_logits"):
+            return None
+        if not trajs or not all(sum(t.loss_mask) for t in trajs):
+            return None
+        first = min(t.loss_mask.index(1) for t in trajs)
+        return cls(model, trajs) if shared_prefix_length(trajs, first - 1) > 0 else None
+
+    def cache(self, rows: int) -> PrefixCache:
+        return PrefixCache(self.leaves, rows)
+
+    def backward(self) -> None:
+        """The micro-batches' gradients of the prefix's keys and values, through the prefix pass."""
+        pairs = [(out, leaf.grad) for outs, leaves in zip(self.outputs, self.leaves, strict=True)
+                 for out, leaf in zip(outs, leaves, strict=True) if leaf.grad is not None]  # fmt: skip
+        self.outputs = self.leaves = []
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+
+
+def selected_hidden(
+    model, ids, attention, positions, prefix_len, rows_idx, cols_idx, prefix_images, images, step_prefix=None
+):
+    """hidden_and_logits' hidden states at the selected positions, without the output layer. With `step_prefix`
+    (its length is `prefix_len`), the prefix's keys and values are read from it, not computed."""
     device = ids.device
     decoder = model.get_decoder()
     body = multimodal_base(model) if is_vision_config(model.config) else decoder  # reads ids and images
     layers = transformer_blocks(decoder)
     saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
+    cache = None
+    if step_prefix is not None:
+        cache = step_prefix.cache(ids.shape[0])
+    elif prefix_len:
+        cache = PrefixCache(
+            _prefix_pass(model, ids[:1, :prefix_len], positions[..., :1, :prefix_len], prefix_images), ids.shape[0]
+        )
     try:
-        cache = None
-        if prefix_len:
-            if any(replays for replays, _ in saved):  # checkpointed too: a long prompt's activations (1.5k
-                once = PrefixWriteCache(len(layers))  # tokens: ~2 GB) are recomputed, not kept
-                for layer in layers:
-                    layer._can_checkpoint_with_cache = True
-            else:
-                once = DynamicCache()  # given, not asked for
-            body(
-                input_ids=ids[:1, :prefix_len],
-                position_ids=positions[..., :1, :prefix_len],
-                **cache_arg(body, once),
-                use_cache=True,
-                **prefix_images,
-            )
-            cache = PrefixCache([(layer.keys, layer.values) for layer in once.layers], ids.shape[0])
-            for layer, (replays, _) in zip(layers, saved, strict=True):
-                layer.gradient_checkpointing = replays
-                layer._can_checkpoint_with_cache = True  # the suffix pass only reads the prefix cache
+        for layer in layers if cache is not None else ():
+            layer._can_checkpoint_with_cache = True  # the suffix pass only reads the prefix cache
         hidden = body(
             input_ids=ids[:, prefix_len:],
             attention_mask=attention,
@@ -186,12 +242,14 @@ def score_tokens(
     entropy: bool | str = False,
     value_head=None,
     vocab: VocabBlocks = DEFAULT_BLOCKS,
+    step_prefix: StepPrefix | None = None,
 ) -> TokenScores:
     """Log-probs of the tokens with loss_mask 1 (and, when asked, entropy and values at them). `entropy`:
     True for a differentiable entropy (a loss term), "measure" for its value only (logged; no activations
     kept for a backward pass). Vision-language policies too: the positions are the model's own (M-RoPE for
     Qwen2-VL), and an image in the shared prefix (the task's) is encoded once for all rows. `vocab`: how the output
-    layer is scored (train/vocab_logprobs.py; rows 0: all at once, the plain log_softmax)."""
+    layer is scored (train/vocab_logprobs.py; rows 0: all at once, the plain log_softmax). `step_prefix`: the
+    prompt computed once for the step's micro-batches (StepPrefix), read rather than computed here."""
     device = next(model.parameters()).device
     vision = is_vision_config(model.config)
     first_trained = min(t.loss_mask.index(1) for t in trajs)
@@ -199,6 +257,8 @@ def score_tokens(
     sharded = getattr(model, "toolrl_hidden_and_logits", None) is not None
     # sharded (FSDP2): each layer runs once per pass, as its gradient hooks expect, so no prefix pass
     prefix_len = 0 if sharded else shared_prefix_length(trajs, first_trained - 1)
+    if step_prefix is not None:
+        prefix_len = step_prefix.length
     rows, width = len(trajs), max(len(t.token_ids) for t in trajs)
     ids = torch.zeros(rows, width, dtype=torch.long)
     attention = torch.zeros(rows, width, dtype=torch.long)
@@ -224,7 +284,7 @@ def score_tokens(
               model_inputs(images, device))  # fmt: skip
     head = model.get_output_embeddings()
     if vocab.rows and not sharded and entropy is not True and type(head) is torch.nn.Linear:
-        selected = selected_hidden(model, *inputs)
+        selected = selected_hidden(model, *inputs, step_prefix)
         targets_ = torch.tensor(targets, device=device)
         logprobs, measured = target_logprobs(selected, head, targets_, temperature, vocab.rows, vocab.keep_mb)
         return TokenScores(
@@ -233,8 +293,10 @@ def score_tokens(
             measured if entropy == "measure" else None,
             value_head(selected).squeeze(-1).float() if value_head is not None else None,
         )
-    forward = getattr(model, "toolrl_hidden_and_logits", None) or partial(hidden_and_logits, model)
-    selected, logits = forward(*inputs)
+    if sharded:
+        selected, logits = model.toolrl_hidden_and_logits(*inputs)
+    else:
+        selected, logits = hidden_and_logits(model, *inputs, step_prefix)
     if temperature > 0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)

@@ -67,8 +67,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepUpdate:
-    """What one update returns: its metrics (losses, grad norm, ...) and, per trajectory of the step, the
-    per-token values it computed (advantages, trainer log-probs; None for one left out of the loss)."""
+    """An update's metrics and, per trajectory, its per-token values (advantages, log-probs; None: not trained)."""
 
     metrics: dict[str, float]
     values: list[UpdateValues | None]
@@ -235,10 +234,11 @@ class Trainer:
         state.model.train()
         state.optimizer.zero_grad(set_to_none=True)
         batches = self.scorer.micro_batches([w.traj for w in chosen.work])
-        scores = self.scorer.policy(state.model, state.value_head, entropy=True if t.entropy_coef > 0 else "measure")
+        prefix = self.scorer.step_prefix(state.model, chosen.work, batches)  # the prompt once per step
+        scores = self.scorer.policy(state.model, state.value_head, True if t.entropy_coef > 0 else "measure", prefix)
         pad_to = distributed.max_over_ranks(self.dist, len(batches))
-        mismatch = Mismatch()
-        sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0], mismatch)
+        sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0], mismatch := Mismatch(),
+                                 prefix)  # fmt: skip
         backward_done = time.perf_counter()
         params = [p for group in state.optimizer.param_groups for p in group["params"]]
         any_work = distributed.max_over_ranks(self.dist, len(chosen.work)) > 0  # every rank steps its shards

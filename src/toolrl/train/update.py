@@ -16,10 +16,11 @@ from toolrl import distributed
 from toolrl.algos import AdvantageInputs, Advantages, PolicyInputs, StepTotals, TurnInput, informative_groups
 from toolrl.algos import value_loss as clipped_value_loss
 from toolrl.algos.mismatch import Mismatch, tis_weights
+from toolrl.memory import for_sequences
 from toolrl.models.policy import reference_context
 from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import UpdateValues
-from toolrl.train.logprobs import TokenScores, micro_batches, score_tokens, shared_prefix_length
+from toolrl.train.logprobs import StepPrefix, TokenScores, micro_batches, score_tokens, shared_prefix_length
 from toolrl.train.teacher import EndpointTeacher
 from toolrl.train.vocab_logprobs import VocabBlocks
 
@@ -223,6 +224,7 @@ def backward(
     pad_to: int = 0,
     dummy: Trajectory | None = None,
     mismatch: Mismatch | None = None,
+    prefix: StepPrefix | None = None,
 ) -> tuple[dict[str, float], int]:
     """The loss over micro-batches, each backpropagated: policy loss, plus the KL term (train.kl.mode: loss),
     minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count;
@@ -234,7 +236,8 @@ def backward(
     (`mismatch`), or weigh each token by min(pi_trainer / pi_engine, train.tis_cap) with a cap. With
     train.async_steps and no cap, the ratio is against the behaviour log-probs (clipped as PPO does).
     `pad_to`: run forward and backward passes of zero loss on `dummy` until there were that many (data
-    parallel ranks must make the same number of sharded passes)."""
+    parallel ranks must make the same number of sharded passes). `prefix`: the step's shared prompt, computed once
+    for every micro-batch (StepPrefix); the micro-batches' gradients of it go through it at the end."""
     sums = dict.fromkeys(LOSS_TERMS, 0.0)
     clipped = 0
     measured = [0.0, 0]  # entropy: the sum over scored tokens, and their number
@@ -289,6 +292,8 @@ def backward(
         loss.backward()
         sums["loss"] += float(loss.detach())
         clipped += int(was_clipped.sum())
+    if prefix is not None:
+        prefix.backward()
     sums["entropy"] = measured[0] / measured[1] if measured[1] else None  # mean over the tokens scored
     return sums, clipped
 
@@ -306,12 +311,23 @@ class Scorer:
         )
         self.vocab = vocab
 
-    def scores(self, model, trajs: list[Trajectory], entropy: bool | str = False, value_head=None) -> TokenScores:
-        return score_tokens(model, trajs, self.temperature, entropy, value_head, self.vocab)
+    def scores(
+        self, model, trajs: list[Trajectory], entropy: bool | str = False, value_head=None, prefix=None
+    ) -> TokenScores:
+        return score_tokens(model, trajs, self.temperature, entropy, value_head, self.vocab, prefix)
 
-    def policy(self, model, value_head, entropy: bool | str) -> Callable[[list[Trajectory]], TokenScores]:
-        """The policy's log-probs (with entropy and values when the loss needs them) for a micro-batch."""
-        return lambda trajs: self.scores(model, trajs, entropy, value_head)
+    def policy(
+        self, model, value_head, entropy: bool | str, prefix: StepPrefix | None = None
+    ) -> Callable[[list[Trajectory]], TokenScores]:
+        """The policy's log-probs (with entropy and values when the loss needs them) for a micro-batch; with
+        `prefix`, the step's shared prompt is read from it (computed once for every micro-batch)."""
+        return lambda trajs: self.scores(model, trajs, entropy, value_head, prefix)
+
+    def step_prefix(self, model, work: list[Work], batches: list[list[int]]) -> StepPrefix | None:
+        """The step's shared prompt through the model once for all its micro-batches (None where each computes
+        its own: one micro-batch, data-parallel ranks)."""
+        for_sequences(max((len(w.traj.token_ids) for w in work), default=0))  # a long step's heap: memory.py
+        return None if self.dist.on else StepPrefix.of(model, [w.traj for w in work], batches)
 
     def micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
         # sharded, each row runs its whole sequence (logprobs.py): no shared prefix to leave out

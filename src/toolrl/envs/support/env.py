@@ -20,6 +20,7 @@ from pydantic import Field
 
 from toolrl.envs.base import Environment, Episode, StepResult, Task, register_env
 from toolrl.envs.reference import ReferenceRequest
+from toolrl.envs.support.desk import HANDBOOK, Desk
 from toolrl.envs.support.shop import Shop, canonical, draw_case, make_database
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
 from toolrl.envs.users import Scenario, Transcript, User, UserModel, hear, make_user
@@ -44,6 +45,10 @@ class SupportOptions(GeneratedTasks):
     """scripted: the task's opening message, then the conversation ends after the agent answers; simulated: a
     model plays the user from the task's scenario (user_model)."""
     user_model: UserModel | None = None
+    handbook: bool = False
+    """The help desk at a real benchmark's size: the policy as a full handbook (handbook.md) and thirteen tools
+    described as a published benchmark describes its own (desk.py): ~5k tokens of prompt before the customer's
+    first word, where the short policy and five tools are ~0.8k."""
 
 
 def _said(trajectory) -> str:
@@ -120,14 +125,17 @@ class SupportEnv(Environment):
 
         return unique_seeded_tasks(self.config.seed, self.options, draw, "support")
 
+    def _shop(self) -> Shop:
+        return (Desk if self.options.handbook else Shop)(self.db)
+
     def tools(self) -> list[Tool]:
-        return Shop(self.db).tools()  # the schemas the prompt shows; each episode binds its own copy
+        return self._shop().tools()  # the schemas the prompt shows; each episode binds its own copy
 
     def tasks(self, split: str) -> list[Task]:
         return self.splits(split)
 
     def messages(self, task: Task) -> list[dict[str, str]]:
-        system = {"role": "system", "content": POLICY}
+        system = {"role": "system", "content": HANDBOOK if self.options.handbook else POLICY}
         if self.options.user == "simulated":  # the user writes its opening itself (SupportEpisode.open)
             return [system]
         return [system, {"role": "user", "content": task.question}]
@@ -139,4 +147,4 @@ class SupportEnv(Environment):
         return [ReferenceRequest(rounds, f"Done. {outputs}".strip())]
 
     def reset(self, task: Task, seed: int | None = None) -> SupportEpisode:
-        return SupportEpisode(task, self.messages(task), Shop(self.db), self.user, seed)
+        return SupportEpisode(task, self.messages(task), self._shop(), self.user, seed)

