@@ -144,3 +144,33 @@ def test_a_user_that_ends_at_once_is_an_error_of_its_opening(chat):
     (traj,) = play(env, chat, tasks=env.tasks("test")[:1])
     assert traj.stop_reason == "user_failed" and "ended the conversation before saying anything" in traj.env_fault
     assert asyncio.iscoroutinefunction(env.reset(env.tasks("test")[0]).open)
+
+
+def test_the_handbook_desk_is_a_real_size_prompt_the_reference_solves_and_idling_does_not(chat):
+    """`handbook: true`: a ~5k-token prompt (the policy handbook and 12 tools described as a benchmark describes
+    its own), the reference still 100% and idling 0%, and the extra tools work the same database."""
+    env = support("env.options.handbook=true")
+    names = [t.name for t in env.tools()]
+    assert len(names) == 12 and {"calculate", "think", "list_orders", "transfer_to_human_agents"} <= set(names)
+    prompt = chat.prompt_ids(env.messages(env.tasks("test")[0]), [t.to_openai() for t in env.tools()])
+    assert 4500 <= len(prompt) <= 5500, len(prompt)
+    assert summarize(play(env, chat), "correct")["success"] == 1.0
+    assert summarize(play(env, chat, "idle"), "correct")["success"] == 0.0
+
+
+def test_the_desk_tools_take_data_not_code():
+    """calculate reads numbers and + - * / only: names, calls, attributes, powers are an error, never run."""
+    from toolrl.envs.support.desk import Desk
+    from toolrl.envs.support.shop import make_database
+
+    desk = Desk(make_database(0))
+    assert desk.calculate("24.5 + 8.25 * (2 - 1)") == "32.75"
+    assert desk.calculate("-3 / 4") == "-0.75"
+    for hostile in ("__import__('os').system('true')", "open('/etc/passwd')", "9 ** 9 ** 9", "(1).__class__", "x"):
+        with pytest.raises(ValueError, match="numbers"):
+            desk.calculate(hostile)
+    with pytest.raises(ValueError, match="identify the customer first"):
+        desk.list_orders()
+    with pytest.raises(ValueError, match="no product"):
+        desk.get_product("../../etc")
+    assert [p["product"] for p in desk.search_products("", max_price=10)] == ["candle", "mug"]

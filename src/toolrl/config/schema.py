@@ -327,6 +327,9 @@ class TrainConfig(Section):
     model's mistake; keep: train on it like any other."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    memory_limit_gb: float | None = Field(None, gt=0)
+    """The memory a step may peak at: `toolrl train` refuses a configuration estimated above it (train/estimate.py).
+    None: the memory available when the run starts."""
     lora: LoRAConfig = LoRAConfig()
     train_vision: bool = False
     """A vision-language policy: also train its vision tower and merger (frozen by default; with LoRA, give

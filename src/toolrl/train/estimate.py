@@ -1,0 +1,191 @@
+"""Before the first step: what a step will cost on this machine, from the model's shape, the run's limits and the
+measured rates; `toolrl train` prints it and refuses, in one line naming the knob that brings it under, a
+configuration whose peak would not fit in the memory available.
+
+Memory, by part (fp32 throughout, as on this CPU): what the process holds now (interpreter, weights, a reference
+copy), gradients and AdamW's two states of the trained weights, the rollout's KV cache (every trajectory's own
+tokens, the shared prompt once) with the engine's packed copy of the linear weights, and the update's activations:
+the shared prompt computed once per step (train/logprobs.py StepPrefix) and the largest micro-batch, each token
+keeping ACTIVATION_FLOATS per layer, or only its layer input under gradient checkpointing (and one layer's worth
+while it is recomputed). The warm start's fine-tuning has the same shape on the reference's trajectories.
+
+Time: the FLOPs a step cannot avoid (the shared prompt once, every other token once in the rollout, 3x that in the
+update, 4x under checkpointing; attention counted by context) over the machine's matmul rate measured now, times
+the ratio bench/long_context.py measured between a real step and that bound (STEP_OVER_BOUND).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from toolrl.errors import ConfigError
+from toolrl.memory import rss_gb
+
+GB = 1024**3
+ACTIVATION_FLOATS = (6, 3.5)
+"""Floats a token keeps per layer for the backward pass: 6 x hidden + 3.5 x intermediate (measured on the default
+model: 1.06 MB a token over its 30 layers at 2k tokens, bench/long_context.py)."""
+STEP_OVER_BOUND = 3.0
+"""A step's wall time over its FLOP bound, as bench/long_context.py measured it (step_vs_bound) on this project's
+2-core machines: what the estimate multiplies the bound by."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    trajectories: int
+    prompt: int
+    shared: int
+    length: int
+    """Tokens of the longest trajectory the limits allow."""
+    micro_batch_tokens: int
+    checkpointing: bool
+    trainable: int
+    """Trained parameters (all of them, or LoRA's)."""
+
+
+@dataclass
+class Estimate:
+    workload: Workload
+    step_s: float
+    peak_gb: float
+    parts_gb: dict[str, float]
+
+    def line(self) -> str:
+        w = self.workload
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.parts_gb.items() if v >= 0.01)
+        return (f"estimate: {w.trajectories} trajectories of up to {w.length:,} tokens ({w.shared:,} shared), a step "
+                f"~{self.step_s / 60:.1f} min, peak ~{self.peak_gb:.1f} GB ({parts})")  # fmt: skip
+
+
+def memory_gb(model_config, w: Workload, resident: float, packed: float) -> dict[str, float]:
+    """The parts of a step's peak (GB): see the module's docstring."""
+    c = model_config
+    layers, hidden = c.num_hidden_layers, c.hidden_size
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or hidden // c.num_attention_heads
+    kv_token = 2 * layers * heads * head_dim * 4
+    per_layer = (ACTIVATION_FLOATS[0] * hidden + ACTIVATION_FLOATS[1] * c.intermediate_size) * 4
+    own = w.length - w.shared
+    pass_tokens = max(w.micro_batch_tokens, own) + w.shared  # the largest micro-batch reads the prompt computed once
+    if w.checkpointing:
+        activations = layers * hidden * 4 * pass_tokens + per_layer * max(w.shared, w.micro_batch_tokens, own)
+    else:
+        activations = layers * per_layer * pass_tokens
+    return {
+        "resident": resident,
+        "gradients": w.trainable * 4 / GB,
+        "adamw": 2 * w.trainable * 4 / GB,
+        "kv_cache": (w.trajectories * own + w.shared) * kv_token / GB,
+        "packed_weights": packed,
+        "activations": (activations + 2 * w.shared * kv_token) / GB,
+        "logits": 3 * 512 * c.vocab_size * 4 / GB,
+    }
+
+
+def peak(parts: dict[str, float]) -> float:
+    rollout = parts["resident"] + parts["adamw"] + parts["kv_cache"] + parts["packed_weights"]
+    update = parts["resident"] + parts["adamw"] + parts["gradients"] + parts["activations"] + parts["logits"]
+    return max(rollout, update)
+
+
+def step_flops(model_config, w: Workload) -> float:
+    c = model_config
+    hidden, layers = c.hidden_size, c.num_hidden_layers
+    head_dim = getattr(c, "head_dim", None) or hidden // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    body = 2 * layers * (hidden * (c.num_attention_heads + 2 * kv_heads) * head_dim
+                         + c.num_attention_heads * head_dim * hidden + 3 * hidden * c.intermediate_size)  # fmt: skip
+
+    def attention(start: int, end: int) -> float:
+        return 2 * layers * c.num_attention_heads * head_dim * (end * (end - 1) - start * (start - 1))
+
+    own = w.length - w.shared
+    forward = body * (w.shared + w.trajectories * own) + attention(0, w.shared)
+    forward += w.trajectories * (attention(w.shared, w.length) + 2 * c.vocab_size * hidden * (w.length - w.prompt))
+    return forward * (1 + (4 if w.checkpointing else 3))
+
+
+def matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
+    """This machine's fp32 matmul rate now (GFLOP/s): the best of a few n x n products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e9
+
+
+def available_gb() -> float | None:
+    """Memory this process may still take (MemAvailable) plus what it holds; None where /proc is not there."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024**2 + (rss_gb() or 0.0)
+    except OSError:
+        return None
+    return None
+
+
+def workload_of(trainer) -> Workload:
+    cfg = trainer.config
+    t, r = cfg.train, cfg.rollout
+    tasks = list(trainer.bench.env.tasks("train"))[:2]
+    prompts = [trainer.rollout.prompt_ids(task) for task in tasks] if hasattr(trainer.rollout, "prompt_ids") else []
+    prompt = max((len(p) for p in prompts), default=0)
+    shared = 0
+    while len(prompts) > 1 and all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1
+    shared = shared if len(prompts) > 1 else prompt
+    response = min(r.max_turns * (r.max_new_tokens + r.max_observation_tokens), r.max_response_tokens)
+    return Workload(
+        trajectories=t.prompts_per_step * t.group_size, prompt=prompt, shared=shared, length=prompt + response,
+        micro_batch_tokens=t.micro_batch_tokens, checkpointing=t.gradient_checkpointing,
+        trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    )  # fmt: skip
+
+
+def estimate(trainer, rate_gflops: float | None = None) -> Estimate:
+    """The estimate for `trainer`'s run as configured."""
+    w = workload_of(trainer)
+    model_config = trainer.model.config
+    packed = sum(m.weight.numel() * 4 for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)) / GB
+    parts = memory_gb(model_config, w, rss_gb() or 0.0, packed)
+    rate = rate_gflops or matmul_gflops()
+    return Estimate(w, step_flops(model_config, w) / (rate * 1e9) * STEP_OVER_BOUND, peak(parts), parts)
+
+
+KNOBS = (
+    ("train.gradient_checkpointing=true", lambda w: not w.checkpointing, lambda w: replace(w, checkpointing=True)),
+    ("train.micro_batch_tokens=512", lambda w: w.micro_batch_tokens > 512,
+     lambda w: replace(w, micro_batch_tokens=512)),
+)  # fmt: skip
+"""Settings that lower the peak without changing what is learned, tried in order when the estimate does not fit."""
+
+
+def refuse_if_over(est: Estimate, model_config, limit_gb: float | None) -> None:
+    """A one-line ConfigError when the estimated peak exceeds `limit_gb` (None: the memory available now), naming
+    the first knob (or pair of knobs) whose estimate fits, else saying what dominates."""
+    limit = limit_gb if limit_gb is not None else available_gb()
+    if limit is None or est.peak_gb <= limit:
+        return
+    w, parts = est.workload, est.parts_gb
+    tried, fits = [], None
+    for name, applies, apply in KNOBS:
+        if applies(w):
+            w = apply(w)
+            tried.append(name)
+            new = memory_gb(model_config, w, parts["resident"], parts["packed_weights"])
+            if peak(new) <= limit:
+                fits = f"--set {' --set '.join(tried)} (estimated peak {peak(new):.1f} GB)"
+                break
+    biggest = max((k for k in parts if k != "resident"), key=parts.get)
+    fix = fits or (f"its largest part is {biggest} ({parts[biggest]:.1f} GB): lower train.group_size or "
+                   "rollout.max_response_tokens, or train with LoRA (train.lora.r=16)")  # fmt: skip
+    raise ConfigError(f"train: a step's estimated peak is {est.peak_gb:.1f} GB and {limit:.1f} GB is available; "
+                      f"{fix}; train.memory_limit_gb overrides the available figure")  # fmt: skip

@@ -1,0 +1,71 @@
+"""Before the first step, `toolrl train` estimates a step's time and peak memory (train/estimate.py) and refuses, in
+one line naming the knob that brings it under, a configuration whose peak would not fit."""
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from toolrl.train.estimate import Workload, memory_gb, peak, step_flops
+
+
+def toolrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolrl", *args], capture_output=True, text=True, timeout=600)
+
+
+def tiny_run(model_dir, tmp_path, *sets: str) -> subprocess.CompletedProcess:
+    base = [f"model.name={model_dir}", f"output_dir={tmp_path}", "run_name=run", "train.steps=1",
+            "train.prompts_per_step=2", "train.group_size=2", "rollout.max_new_tokens=8", "eval.at_start=false",
+            "eval.at_end=false", *sets]  # fmt: skip
+    return toolrl("train", *(arg for s in base for arg in ("--set", s)))
+
+
+def test_train_prints_the_estimate_before_its_first_step(tiny_model_dir, tmp_path):
+    out = tiny_run(tiny_model_dir, tmp_path)
+    assert out.returncode == 0, out.stderr
+    log = (tmp_path / "run" / "progress.log").read_text()
+    lines = [line for line in log.splitlines() if "estimate:" in line]
+    assert lines and "4 trajectories" in lines[0] and "peak ~" in lines[0] and "min" in lines[0]
+    assert log.index("estimate:") < log.index("step 1")
+
+
+def test_a_step_over_the_memory_limit_is_refused_in_one_line_naming_the_knob(tiny_model_dir, tmp_path):
+    out = tiny_run(tiny_model_dir, tmp_path, "train.memory_limit_gb=0.05")
+    assert out.returncode != 0
+    error = out.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: train: a step's estimated peak is") and "train.memory_limit_gb" in error
+    assert "train.lora.r=16" in error or "--set train." in error  # the knob that brings it under
+    log = tmp_path / "run" / "progress.log"
+    assert not log.exists() or "step 1" not in log.read_text()  # refused before its first step
+
+
+class Shape:
+    """The default model's shape (SmolLM2-135M)."""
+
+    num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, head_dim = 30, 576, 9, 3, 64
+    intermediate_size, vocab_size = 1536, 49152
+
+
+LONG = Workload(trajectories=8, prompt=4887, shared=4841, length=5463, micro_batch_tokens=1024, checkpointing=False,
+                trainable=134_515_008)  # fmt: skip
+
+
+def test_checkpointing_and_smaller_micro_batches_lower_the_peak_and_checkpointing_costs_time():
+    plain = memory_gb(Shape, LONG, 0.4, 0.5)
+    checkpointed = memory_gb(Shape, replace(LONG, checkpointing=True), 0.4, 0.5)
+    assert checkpointed["activations"] < plain["activations"] / 4
+    assert peak(checkpointed) < peak(plain)
+    assert step_flops(Shape, replace(LONG, checkpointing=True)) > step_flops(Shape, LONG)
+    smaller = memory_gb(Shape, replace(LONG, micro_batch_tokens=256, length=4841 + 200), 0.4, 0.5)
+    assert smaller["activations"] < plain["activations"]
+
+
+@pytest.mark.parametrize("trajectories", [8, 32])
+def test_the_shared_prompt_counts_once_in_the_kv_cache_and_the_flops(trajectories):
+    w = replace(LONG, trajectories=trajectories)
+    single = replace(w, trajectories=1)
+    kv, kv_one = memory_gb(Shape, w, 0, 0)["kv_cache"], memory_gb(Shape, single, 0, 0)["kv_cache"]
+    per_own = kv_one * (LONG.length - LONG.shared) / LONG.length  # one trajectory's own tokens
+    assert kv == pytest.approx(kv_one + (trajectories - 1) * per_own, rel=1e-6)
+    assert step_flops(Shape, w) < trajectories * step_flops(Shape, single) / 2
