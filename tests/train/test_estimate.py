@@ -21,13 +21,21 @@ def tiny_run(model_dir, tmp_path, *sets: str) -> subprocess.CompletedProcess:
     return toolrl("train", *(arg for s in base for arg in ("--set", s)))
 
 
-def test_train_prints_the_estimate_before_its_first_step(tiny_model_dir, tmp_path):
-    out = tiny_run(tiny_model_dir, tmp_path)
+def test_train_prints_the_estimate_before_its_first_step_on_a_long_prompt(tiny_model_dir, tmp_path):
+    out = tiny_run(tiny_model_dir, tmp_path, "env.name=support", "env.options.handbook=true", "rollout.max_turns=2",
+                   "train.group_size=2", "train.prompts_per_step=1")  # fmt: skip
     assert out.returncode == 0, out.stderr
     log = (tmp_path / "run" / "progress.log").read_text()
     lines = [line for line in log.splitlines() if "estimate:" in line]
-    assert lines and "4 trajectories" in lines[0] and "peak ~" in lines[0] and "min" in lines[0]
+    assert lines and "2 trajectories of up to" in lines[0] and "shared), a step ~" in lines[0], log
+    assert "peak ~" in lines[0] and "resident" in lines[0]
     assert log.index("estimate:") < log.index("step 1")
+
+
+def test_a_short_prompt_trains_without_the_estimate_line(tiny_model_dir, tmp_path):
+    out = tiny_run(tiny_model_dir, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "estimate:" not in (tmp_path / "run" / "progress.log").read_text()
 
 
 def test_a_step_over_the_memory_limit_is_refused_in_one_line_naming_the_knob(tiny_model_dir, tmp_path):

@@ -87,7 +87,7 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
     from toolrl import distributed
     from toolrl.cli.progress import StepReporter, pick_mode
     from toolrl.train import Trainer, Workbench
-    from toolrl.train.estimate import estimate, refuse_if_over
+    from toolrl.train.estimate import before_first_step
 
     _quiet_libraries()
     started = time.perf_counter()
@@ -106,9 +106,7 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
                 trainer = Trainer(bench, run)
                 trainer.on_note = report.note
                 if cfg.train.steps or cfg.train.warm_start:  # before the first step: its cost, and a refusal
-                    guess = estimate(trainer)
-                    report.note(guess.line())
-                    refuse_if_over(guess, trainer.model.config, cfg.train.memory_limit_gb)
+                    before_first_step(trainer, report.note)
                 if resume is not None:
                     report.start(trainer.resume(resume))
                 summary = trainer.train(report)

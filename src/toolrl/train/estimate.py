@@ -16,6 +16,7 @@ the ratio bench/long_context.py measured between a real step and that bound (STE
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,8 @@ import torch
 
 from toolrl.errors import ConfigError
 from toolrl.memory import rss_gb
+
+log = logging.getLogger(__name__)
 
 GB = 1024**3
 ACTIVATION_FLOATS = (6, 3.5)
@@ -136,7 +139,7 @@ def workload_of(trainer) -> Workload:
     cfg = trainer.config
     t, r = cfg.train, cfg.rollout
     tasks = list(trainer.bench.env.tasks("train"))[:2]
-    prompts = [trainer.rollout.prompt_ids(task) for task in tasks] if hasattr(trainer.rollout, "prompt_ids") else []
+    prompts = [trainer.rollout.prompt_ids(task) for task in tasks]
     prompt = max((len(p) for p in prompts), default=0)
     shared = 0
     while len(prompts) > 1 and all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
@@ -148,6 +151,25 @@ def workload_of(trainer) -> Workload:
         micro_batch_tokens=t.micro_batch_tokens, checkpointing=t.gradient_checkpointing,
         trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     )  # fmt: skip
+
+
+LONG_PROMPT = 1024
+"""From this many prompt tokens `toolrl train` prints the estimate (a short prompt's step takes seconds to a minute)."""
+
+
+def before_first_step(trainer, note) -> None:
+    """What `toolrl train` does before its first step: on a long prompt, `note` the estimate; on any prompt, refuse
+    a configuration whose estimated peak does not fit. Nothing where the rollout has no prompt of its own (agents
+    behind the gateway write theirs)."""
+    env = trainer.bench.env
+    tasks = list(env.tasks("train"))[:2]
+    if not hasattr(trainer.rollout, "prompt_ids") or not all(env.messages(task) for task in tasks):
+        log.info("no step estimate: the prompts are written as episodes start (agents, an OpenEnv server)")
+        return
+    guess = estimate(trainer)
+    if guess.workload.prompt >= LONG_PROMPT:
+        note(guess.line())
+    refuse_if_over(guess, trainer.model.config, trainer.config.train.memory_limit_gb)
 
 
 def estimate(trainer, rate_gflops: float | None = None) -> Estimate:
