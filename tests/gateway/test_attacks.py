@@ -170,9 +170,11 @@ def test_nesting_and_token_ids_are_checked_in_one_line(gateway):
 
 def test_a_10mb_prompt_is_refused_at_once_and_other_clients_are_not_held_up(gateway):
     """Bounded by characters before any tokenizing: refused in well under a second, while another client's
-    request is answered in under 100 ms."""
+    request is answered in under 100 ms (on a busy machine: within 4x what it takes just before, as no request
+    waits for the big one to be read and refused)."""
     big = {"messages": [{"role": "user", "content": "word " * 2_000_000}]}
     latencies, done = [], {}
+    before = [keyed_request_ms(gateway) for _ in range(5)]
 
     def huge() -> None:
         started = time.perf_counter()
@@ -189,4 +191,4 @@ def test_a_10mb_prompt_is_refused_at_once_and_other_clients_are_not_held_up(gate
     error = done["reply"].json()["error"]
     assert done["reply"].status_code == 400 and error["code"] == "context_length_exceeded"
     assert "10,000,000 characters" in error["message"] and done["s"] < 1.0
-    assert latencies and max(latencies) < 100, latencies
+    assert latencies and max(latencies) < max(100, 4 * max(before)), (latencies, before)

@@ -169,13 +169,19 @@ def before_first_step(trainer, note) -> None:
     guess = estimate(trainer)
     if guess.workload.prompt >= LONG_PROMPT:
         note(guess.line())
-    refuse_if_over(guess, trainer.model.config, trainer.config.train.memory_limit_gb)
+    refuse_if_over(guess, text_config(trainer.model), trainer.config.train.memory_limit_gb)
+
+
+def text_config(model):
+    """The language model's shape (a vision-language policy nests it in its config)."""
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def estimate(trainer, rate_gflops: float | None = None) -> Estimate:
     """The estimate for `trainer`'s run as configured."""
     w = workload_of(trainer)
-    model_config = trainer.model.config
+    model_config = text_config(trainer.model)
     packed = sum(m.weight.numel() * 4 for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)) / GB
     parts = memory_gb(model_config, w, rss_gb() or 0.0, packed)
     rate = rate_gflops or matmul_gflops()
