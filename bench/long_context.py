@@ -64,6 +64,7 @@ def part_generation(args) -> dict:
     from toolrl.models import load_model, load_tokenizer
     from toolrl.models.resolve import resolve_model
     from toolrl.rollout import HFEngine, SamplingParams
+    from toolrl.rollout.engine import common_prefix_length
 
     tokenizer = load_tokenizer(MODEL)
     chat = ChatFormat(tokenizer)
@@ -94,7 +95,7 @@ def part_generation(args) -> dict:
     timed(hf, 8, "warm", lambda: None)
     ours = {b: timed(hf, b, f"hf{b}", hf.free_memory) for b in (8, 32)}
     hf.free_memory()
-    out = {"prompt_tokens": len(prompts[0]), "shared_prompt_tokens": _shared(prompts), "ours": ours}
+    out = {"prompt_tokens": len(prompts[0]), "shared_prompt_tokens": common_prefix_length(prompts), "ours": ours}
     print(f"ours: {ours}", file=sys.stderr, flush=True)
     try:
         from toolrl.rollout import VLLMEngine
@@ -114,13 +115,6 @@ def part_generation(args) -> dict:
     import vllm as vllm_package
 
     return out | {"vllm": theirs, "vllm_primed": primed, "vllm_version": vllm_package.__version__}
-
-
-def _shared(prompts) -> int:
-    n = 0
-    while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
-        n += 1
-    return n
 
 
 # ---- training: the warm start and a GRPO step -------------------------------------------------------------------
@@ -143,7 +137,7 @@ def long_trajectories(bench, count: int, tokens: int):
     return played
 
 
-def parts_gb(model, trainable_only: bool) -> dict[str, float]:
+def parts_gb(model) -> dict[str, float]:
     params = list(model.parameters())
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad) / GB
     return {"weights": sum(p.numel() * p.element_size() for p in params) / GB, "gradients": trainable,
@@ -172,7 +166,7 @@ def part_sft(args) -> dict:
         seconds = time.perf_counter() - started
         out = {"peak_gb": meter.last["sft"], "resident_before_gb": before, "seconds": seconds,
                "tokens": [len(t.token_ids) for t in trajs], "trained_tokens": sum(sum(t.loss_mask) for t in trajs),
-               "parts_gb": parts_gb(trainer.model, args.lora) | peaks}  # fmt: skip
+               "parts_gb": parts_gb(trainer.model) | peaks}  # fmt: skip
         bench.close()
     return out
 
@@ -213,7 +207,7 @@ def part_step(args) -> dict:
             "generated_tokens": sum(sum(t.loss_mask) for t in part.trajs),
             "turns": [sum(1 for s in t.spans if s[0] == "model") for t in part.trajs],
             "engine": stats, "gradient_checkpointing": bench.config.train.gradient_checkpointing,
-            "parts_gb": parts_gb(trainer.model, False) | peaks
+            "parts_gb": parts_gb(trainer.model) | peaks
             | {"kv_cache": kv_per_token * slots * (capacity + 1) / GB},
             "flops": step_flops(cfg, part.trajs, stats, bench.config.train.gradient_checkpointing),
             "estimate": {"step_s": guess.step_s, "peak_gb": guess.peak_gb, "parts_gb": guess.parts_gb},
@@ -239,10 +233,9 @@ def step_flops(cfg, trajs, stats, checkpointing: bool) -> dict[str, float]:
     def attention(start: int, end: int) -> float:  # tokens start..end-1, each reading every earlier position
         return 2 * 2 * layers * cfg.num_attention_heads * cfg.head_dim * (end * (end - 1) - start * (start - 1)) / 2
 
-    shared = min(t.loss_mask.index(1) for t in trajs)
-    n = 0
-    while all(len(t.token_ids) > n and t.token_ids[n] == trajs[0].token_ids[n] for t in trajs) and n < shared:
-        n += 1
+    from toolrl.train.logprobs import shared_prefix_length
+
+    n = shared_prefix_length(trajs, min(t.loss_mask.index(1) for t in trajs))
     prefill = body * n + attention(0, n)
     generated = sum(sum(t.loss_mask) for t in trajs)
     rest = sum(len(t.token_ids) - n for t in trajs)

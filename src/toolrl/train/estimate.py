@@ -25,6 +25,7 @@ import torch
 
 from toolrl.errors import ConfigError
 from toolrl.memory import rss_gb
+from toolrl.rollout.engine import common_prefix_length
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +142,7 @@ def workload_of(trainer) -> Workload:
     tasks = list(trainer.bench.env.tasks("train"))[:2]
     prompts = [trainer.rollout.prompt_ids(task) for task in tasks]
     prompt = max((len(p) for p in prompts), default=0)
-    shared = 0
-    while len(prompts) > 1 and all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
-        shared += 1
-    shared = shared if len(prompts) > 1 else prompt
+    shared = common_prefix_length(prompts) if len(prompts) > 1 else prompt
     response = min(r.max_turns * (r.max_new_tokens + r.max_observation_tokens), r.max_response_tokens)
     return Workload(
         trajectories=t.prompts_per_step * t.group_size, prompt=prompt, shared=shared, length=prompt + response,

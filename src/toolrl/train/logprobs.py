@@ -159,8 +159,8 @@ class StepPrefix:
     micro-batches' backward passes; `backward()` then carries the sum through the prefix pass once. On a 5k-token
     prompt with 8 suffixes of a few hundred tokens, the prompt was most of every micro-batch's work."""
 
-    def __init__(self, model, trajs: Sequence[Trajectory]):
-        self.length = shared_prefix_length(trajs, min(t.loss_mask.index(1) for t in trajs) - 1)
+    def __init__(self, model, trajs: Sequence[Trajectory], length: int):
+        self.length = length
         device = next(model.parameters()).device
         ids = torch.tensor([trajs[0].token_ids[: self.length]], device=device)
         positions = torch.arange(self.length, device=device)[None]
@@ -176,8 +176,8 @@ class StepPrefix:
             return None
         if not trajs or not all(sum(t.loss_mask) for t in trajs):
             return None
-        first = min(t.loss_mask.index(1) for t in trajs)
-        return cls(model, trajs) if shared_prefix_length(trajs, first - 1) > 0 else None
+        length = shared_prefix_length(trajs, min(t.loss_mask.index(1) for t in trajs) - 1)
+        return cls(model, trajs, length) if length > 0 else None
 
     def cache(self, rows: int) -> PrefixCache:
         return PrefixCache(self.leaves, rows)
