@@ -31,6 +31,7 @@ def machine() -> dict[str, str | int]:
         "cpu": cpu,
         "isa": " ".join(isa) or "unknown",
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "all"),  # set to measure another machine's ISA
         "cores": os.cpu_count() or 0,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -21,6 +21,7 @@ and writes bench/results/train_vs_trl.json.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -208,6 +209,7 @@ def main() -> None:
         return
     import trl
 
+    load_before = os.getloadavg()
     tokenizer = load_tokenizer(MODEL)
     prompt_ids = prompts(tokenizer, args.prompts * (args.steps + 1))
     results = {"trl": run_trl(args, tokenizer, prompt_ids), "toolrl": run_toolrl(args)}
@@ -221,11 +223,8 @@ def main() -> None:
     shared = min(common_prefix_length(prompt_ids[i : i + args.prompts]) for i in steps)
     for name, r in results.items():
         completion = r["generated_tokens_per_step"] / rows
-        if name == "trl":  # every sample's prompt and completion, logits at the completion
-            processed = rows * (prompt + completion)
-        else:  # the step's shared prefix once per micro-batch, every row's suffix
-            suffix = rows * (prompt - shared + completion)
-            processed = suffix + shared * -(-suffix // load_config().train.micro_batch_tokens)
+        # TRL: every sample's prompt and completion; toolrl: the shared prefix once per step (StepPrefix), each suffix
+        processed = rows * (prompt + completion) if name == "trl" else shared + rows * (prompt - shared + completion)
         flops = 6 * body * processed + 6 * head * r["generated_tokens_per_step"]
         r["update_gflops"] = flops / r["forward_backward_s"] / 1e9
         r["update_share_of_peak"] = r["update_gflops"] / peak
@@ -246,6 +245,7 @@ def main() -> None:
         "toolrl_vs_trl_speedup": round(speedup, 2),
         "toolrl_vs_trl_step_time_ratio": round(results["trl"]["step_s"] / results["toolrl"]["step_s"], 2),
         "matmul_peak_gflops": round(peak, 1),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
     }
     keys = ["step_s", "generated_tokens_per_step", "tokens_per_s", "generation_s", "logprobs_s"]
     keys += ["forward_backward_s", "optimizer_s", "reward"]

@@ -4,6 +4,7 @@ rewards (answer, and verification by running the model's code again)."""
 
 import asyncio
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -172,6 +173,23 @@ def test_generated_questions_have_the_right_answers():
                 n = int(task.question.rsplit(" ", 1)[1].rstrip("?"))
                 code = f"print(sum(p for p in range(2, {n}) if all(p % d for d in range(2, int(p**0.5) + 1))))"
                 assert run_python(code, box) == task.answer
+    finally:
+        box.close()
+
+
+def test_the_reference_computes_each_answer_rather_than_printing_it():
+    """The warm start learns the reference's programs: each kind of question's program, run in the sandbox,
+    prints the task's value, and none has the value written into it (a reference that printed the value taught
+    the default model to print a number it made up: 0% greedy after training)."""
+    env = make_env(EnvConfig(name="code", seed=5, options={"num_train": 16, "num_test": 1}))
+    box = Sandbox(SandboxLimits(timeout_s=10))
+    try:
+        tasks = env.tasks("train")
+        assert len({re.sub(r"\d+", "N", t.question) for t in tasks}) == 8  # every kind of question
+        for task in tasks:
+            ((call,),) = env.reference(task)[0].rounds
+            assert task.answer not in call.arguments["code"], task.question
+            assert run_python(call.arguments["code"], box) == task.answer, task.question
     finally:
         box.close()
 

@@ -56,6 +56,10 @@ def python(code: str, sandbox: Sandbox) -> str:
     return run_python(code, sandbox)
 
 
+Drawn = tuple[str, int, str]
+"""A question, its value, and a program that computes the value."""
+
+
 def _primes_below(n: int) -> list[int]:
     sieve = bytearray([1]) * n
     sieve[:2] = b"\x00\x00"
@@ -72,50 +76,57 @@ def _fib(n: int) -> int:
     return a
 
 
-def _prime_sum(rng: random.Random) -> tuple[str, int]:
+def _prime_sum(rng: random.Random) -> Drawn:
     n = rng.randint(100, 5000)
-    return f"What is the sum of all prime numbers below {n}?", sum(_primes_below(n))
+    program = f"print(sum(p for p in range(2, {n}) if all(p % d for d in range(2, int(p ** 0.5) + 1))))"
+    return f"What is the sum of all prime numbers below {n}?", sum(_primes_below(n)), program
 
 
-def _divisible(rng: random.Random) -> tuple[str, int]:
+def _divisible(rng: random.Random) -> Drawn:
     n, a, b = rng.randint(200, 9000), rng.randint(3, 9), rng.randint(10, 19)
     count = sum(1 for i in range(1, n + 1) if i % a == 0 or i % b == 0)
-    return f"How many integers from 1 to {n} are divisible by {a} or by {b}?", count
+    program = f"print(sum(1 for i in range(1, {n + 1}) if i % {a} == 0 or i % {b} == 0))"
+    return f"How many integers from 1 to {n} are divisible by {a} or by {b}?", count, program
 
 
-def _fibonacci(rng: random.Random) -> tuple[str, int]:
+def _fibonacci(rng: random.Random) -> Drawn:
     n, m = rng.randint(30, 200), rng.randint(1000, 99999)
     question = f"What is F({n}) modulo {m}, where F is the Fibonacci sequence with F(0) = 0 and F(1) = 1?"
-    return question, _fib(n) % m
+    return question, _fib(n) % m, f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a % {m})"
 
 
-def _factorial_digits(rng: random.Random) -> tuple[str, int]:
+def _factorial_digits(rng: random.Random) -> Drawn:
     k = rng.randint(20, 90)
-    return f"What is the sum of the digits of {k} factorial?", sum(map(int, str(math.factorial(k))))
+    program = f"import math\nprint(sum(int(d) for d in str(math.factorial({k}))))"
+    return f"What is the sum of the digits of {k} factorial?", sum(map(int, str(math.factorial(k)))), program
 
 
-def _digit_count(rng: random.Random) -> tuple[str, int]:
+def _digit_count(rng: random.Random) -> Drawn:
     n, d = rng.randint(100, 5000), rng.randint(1, 9)
     count = sum(str(i).count(str(d)) for i in range(1, n + 1))
-    return f"How many times does the digit {d} appear when writing every integer from 1 to {n}?", count
+    program = f"print(sum(str(i).count('{d}') for i in range(1, {n + 1})))"
+    return f"How many times does the digit {d} appear when writing every integer from 1 to {n}?", count, program
 
 
-def _sum_of_squares(rng: random.Random) -> tuple[str, int]:
+def _sum_of_squares(rng: random.Random) -> Drawn:
     n = rng.randint(20, 3000)
-    return f"What is the sum of the squares of the integers from 1 to {n}?", n * (n + 1) * (2 * n + 1) // 6
+    program = f"print(sum(i * i for i in range(1, {n + 1})))"
+    return f"What is the sum of the squares of the integers from 1 to {n}?", n * (n + 1) * (2 * n + 1) // 6, program
 
 
-def _multiples(rng: random.Random) -> tuple[str, int]:
+def _multiples(rng: random.Random) -> Drawn:
     n, k = rng.randint(200, 9000), rng.randint(3, 19)
-    return f"How many integers from 1 to {n} are divisible by {k}?", n // k
+    program = f"print(sum(1 for i in range(1, {n + 1}) if i % {k} == 0))"
+    return f"How many integers from 1 to {n} are divisible by {k}?", n // k, program
 
 
-def _sum_of_cubes(rng: random.Random) -> tuple[str, int]:
+def _sum_of_cubes(rng: random.Random) -> Drawn:
     n = rng.randint(20, 500)
-    return f"What is the sum of the cubes of the integers from 1 to {n}?", (n * (n + 1) // 2) ** 2
+    program = f"print(sum(i ** 3 for i in range(1, {n + 1})))"
+    return f"What is the sum of the cubes of the integers from 1 to {n}?", (n * (n + 1) // 2) ** 2, program
 
 
-QUESTIONS: list[Callable[[random.Random], tuple[str, int]]] = [
+QUESTIONS: list[Callable[[random.Random], Drawn]] = [
     _sum_of_squares,
     _prime_sum,
     _multiples,
@@ -127,7 +138,8 @@ QUESTIONS: list[Callable[[random.Random], tuple[str, int]]] = [
 ]
 """Kinds of question, taken in turn; each draws its numbers from the seeded generator. The first of each
 pair varies an in-context example (a small model can adapt the example's program), the others need a
-program of their own."""
+program of their own. Each comes with a program that computes its value (the reference's, and the warm start's:
+a reference that printed the value itself taught the model to print a number it made up)."""
 
 
 class CodeOptions(GeneratedTasks):
@@ -151,8 +163,8 @@ class CodeOptions(GeneratedTasks):
 
 def generate_tasks(seed: int, options: CodeOptions) -> dict[str, list[Task]]:
     def draw(rng: random.Random, i: int) -> tuple[str, str, dict]:
-        question, value = QUESTIONS[i % len(QUESTIONS)](rng)
-        return question, str(value), {}
+        question, value, program = QUESTIONS[i % len(QUESTIONS)](rng)
+        return question, str(value), {"program": program}
 
     return unique_seeded_tasks(seed, options, draw, "code", [question for question, _, _ in EXAMPLES])
 
@@ -255,8 +267,12 @@ class CodeEnv(Environment):
         return self.splits(split)
 
     def reference(self, task: Task) -> list[ReferenceRequest]:
-        """A program that prints the value, then the value as the answer."""
-        return answered(task.answer, ToolCall("python", {"code": f"print({task.answer})"}))
+        """The task's program (one that computes the value), then the value as the answer; a task from a file
+        without a `program` field gets one that prints the value, so that `env check` still plays it."""
+        program = task.meta.get("program")
+        if not isinstance(program, str):
+            program = f"print({task.answer})"
+        return answered(task.answer, ToolCall("python", {"code": program}))
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": SYSTEM}]
