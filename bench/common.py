@@ -31,7 +31,9 @@ def machine() -> dict[str, str | int]:
         "cpu": cpu,
         "isa": " ".join(isa) or "unknown",
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "all"),  # set to measure another machine's ISA
+        # set to measure another machine's ISA on this one (with ATEN_CPU_CAPABILITY, which torch reports above)
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "all"),
+        "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", "all"),
         "cores": os.cpu_count() or 0,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -212,3 +212,21 @@ def test_a_real_shaped_multi_hop_set_is_solved_by_its_reference_and_by_nothing_e
     assert summarize(trajs, "correct")["success"] == 1.0
     assert breakdown(trajs, "correct")["solve"]["f1"] == 1.0
     assert summarize(play(env, chat, tasks, idle=True), "correct")["success"] == 0.0
+
+
+def test_a_splits_first_tasks_cover_every_scenario(built_dir):
+    """The builder writes tasks scenario by scenario; a warm start on the train split's first 96 of 240 had been
+    single-hop and parallel single-hop only, and the second hop was never taught. The splits take the scenarios in
+    turn, so that any first N (sft.num_tasks, eval.num_tasks) covers each, and the warm start says what it kept."""
+    from toolrl.train.sft import progress_line
+
+    env = built_env(built_dir)
+    for split in ("train", "test"):
+        tasks = env.tasks(split)
+        assert len({t.meta["category"] for t in tasks[:4]}) == 4
+        assert sorted(t.id for t in tasks) == sorted(json.loads(line)["id"] for line in
+                                                     (built_dir / "4_tasks.jsonl").read_text().splitlines()
+                                                     if json.loads(line)["split"] == split)  # fmt: skip
+    line = {"sft_round": 1, "source": "reference", "played": 4, "kept": 4, "play_s": 1.0,
+            "kept_by_category": {"single_hop": 2, "multi_hop": 2}}  # fmt: skip
+    assert progress_line(line) == "sft round 1: reference played 4, kept 4 (single_hop 2, multi_hop 2) (1.0 s)"

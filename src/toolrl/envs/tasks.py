@@ -11,9 +11,10 @@ Every other field is kept in `meta` (gold SQL, sub-problems, data source).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,18 @@ def unique_seeded_tasks(
             seen.add(question)
             tasks.append(Task(f"{prefix}-{len(tasks)}", question, answer, meta))
     return {"test": tasks[: options.num_test], "train": tasks[options.num_test :]}
+
+
+def interleaved(tasks: Sequence[Task], key: Callable[[Task], Any]) -> list[Task]:
+    """`tasks` taken in turn from each group of equal `key` (groups in the order first seen, each in its own
+    order), so that any first N of the result covers every group: a split written group by group (a built
+    environment's scenarios) would otherwise give a warm start of `sft.num_tasks` or an evaluation of
+    `eval.num_tasks` its first groups only."""
+    groups: dict[Any, list[Task]] = {}
+    for task in tasks:
+        groups.setdefault(key(task), []).append(task)
+    columns = itertools.zip_longest(*groups.values())
+    return [task for column in columns for task in column if task is not None]
 
 
 def load_tasks(path: str | Path) -> list[Task]:

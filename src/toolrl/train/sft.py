@@ -17,6 +17,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -233,6 +234,9 @@ class WarmStart:
             line = {"sft_round": round_, "source": cfg.source, "played": len(played.trajs), "kept": len(kept),
                     "left_out_tasks": played.left_out, "unreadable": len(played.unreadable),
                     "play_s": round(time.perf_counter() - started, 2)}  # fmt: skip
+            categories = Counter(str(t.task.meta["category"]) for t in kept if "category" in t.task.meta)
+            if categories:  # what the warm start teaches, by kind of task (a split's first N may be one kind)
+                line["kept_by_category"] = dict(categories)
             record(line)
             summary["sft_played"] += len(played.trajs)
             summary["sft_kept"] += len(kept)
@@ -258,5 +262,6 @@ def progress_line(line: dict[str, Any]) -> str:
                 f"loss {line['loss']:.4f}  tokens {line['tokens']}  {line['step_s']:.1f} s")  # fmt: skip
     left = f", {line['left_out_tasks']} tasks it cannot play" if line.get("left_out_tasks") else ""
     bad = f", {line['unreadable']} records unreadable" if line.get("unreadable") else ""
+    kinds = ", ".join(f"{k} {n}" for k, n in line.get("kept_by_category", {}).items())
     return (f"sft round {line['sft_round']}: {line['source']} played {line['played']}, kept {line['kept']}"
-            f"{left}{bad} ({line['play_s']:.1f} s)")  # fmt: skip
+            f"{f' ({kinds})' if kinds else ''}{left}{bad} ({line['play_s']:.1f} s)")  # fmt: skip

@@ -42,6 +42,7 @@ from toolrl.envs.built.scoring import (
 )
 from toolrl.envs.code.sandbox import SandboxLimits
 from toolrl.envs.reference import ReferenceRequest
+from toolrl.envs.tasks import interleaved
 from toolrl.errors import ConfigError, DataError
 from toolrl.rewards.ftrl import ftrl_criteria
 from toolrl.rewards.rubric import Criterion, Rubric
@@ -275,6 +276,8 @@ class BuiltEnv(Environment):
                        max_response_tokens=scaled("max_response_tokens"))  # fmt: skip
 
     def tasks(self, split: str) -> list[Task]:
+        """The split's tasks, its scenarios taken in turn (the builder writes them scenario by scenario): the first
+        N of a split (sft.num_tasks, eval.num_tasks) cover every scenario."""
         tasks = [
             Task(
                 t.id,
@@ -296,7 +299,7 @@ class BuiltEnv(Environment):
         ]
         if not tasks:
             raise DataError(f"env.options.path: {self.options.path} has no {split} tasks")
-        return tasks
+        return interleaved(tasks, lambda task: task.meta["category"])
 
     def _own_example(self, task: Task) -> tuple[str, list, str] | None:
         """A single-hop exchange with the task's first tool on a train task's entity (never this task's)."""
