@@ -40,9 +40,10 @@ install-test: install
 
 # The demo learns tool use from zero: the calculator without worked examples (0% greedy before), a warm start on
 # the reference policy, GRPO; greedy success before and after (bench/learning.py measures it over 3 seeds).
+# Each `make demo` is a run of its own (runs/calculator-zero-DATE-TIME): run it as often as you like.
 demo: install
 	$(BIN)/toolrl model fetch
-	$(BIN)/toolrl train recipes/calculator-zero.yaml
+	$(BIN)/toolrl train recipes/calculator-zero.yaml --set run_name=calculator-zero-$$(date +%Y%m%d-%H%M%S)
 
 lint:
 	$(BIN)/ruff check src tests bench

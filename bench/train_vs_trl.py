@@ -197,8 +197,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up step")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--out", default="bench/results/train_vs_trl.json")
-    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="toolrl's train.micro_batch_tokens "
-                        "(default: the config's; the step's shared prompt is computed once whatever the split)")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="toolrl's train.micro_batch_tokens "
+        "(default: the config's; the step's shared prompt is computed once whatever the split)",
+    )
     parser.add_argument("--only-toolrl", action="store_true", help="toolrl's half alone (no TRL needed)")
     args = parser.parse_args()
 

@@ -23,8 +23,14 @@ def first_line(exc: BaseException) -> str:
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' (did you mean 'x'?)' when one of `choices` is close to `word` (a typo), else ''."""
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The one of `choices` closest to `word` when it is close enough to be a typo of it, else None."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close[0] if close else None
 
 
 def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

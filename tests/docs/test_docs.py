@@ -141,3 +141,20 @@ def test_the_code_of_each_page_runs(page, tmp_path, tiny_model_dir):
                 run([*command, *argv[1:], *extra], tmp_path, f"{page.name}: {line}")
         elif language == "yaml":
             check_yaml(body, tmp_path)
+
+
+def test_make_demo_runs_again_into_a_run_folder_of_its_own(tmp_path, tiny_model_dir):
+    """`make demo` a second time had stopped at once ("runs/calculator-zero already holds a run", make's Error 2):
+    its train command, as make runs it (with the tiny model and one step), twice, makes two runs."""
+    import time
+
+    lines = subprocess.run(["make", "-n", "demo"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    (train,) = [line for line in lines.splitlines() if " train " in line]
+    quick = (f" --set model.name={tiny_model_dir} --set output_dir={tmp_path} --set train.steps=1 --set device=cpu"
+             " --set train.warm_start=false --set eval.at_start=false --set eval.at_end=false --quiet")  # fmt: skip
+    for _ in range(2):
+        done = subprocess.run(["bash", "-c", train + quick], capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        time.sleep(1.1)  # the run's name has the time to the second
+    runs = sorted(p.name for p in tmp_path.iterdir())
+    assert len(runs) == 2 and all(name.startswith("calculator-zero-") for name in runs)

@@ -110,7 +110,10 @@ def test_tools_cli_lists_and_calls(config):
         "Error: calc.calculator failed: ValueError: division by zero",
     )
     unknown = toolrl("tools", "call", str(config), "nope")
-    assert unknown.returncode == 2 and unknown.stderr.startswith("error: no tool 'nope'")
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: no tool 'nope';")
+    for typo in ("calc.calculater", "calculater"):  # a typo of the full or the short name: the full name offered
+        typed = toolrl("tools", "call", str(config), typo)
+        assert typed.stderr.startswith(f"error: no tool '{typo}' (did you mean 'calc.calculator'?)"), typed.stderr
 
 
 def test_tools_list_shows_why_a_server_failed_with_the_tail_of_its_stderr(tmp_path):

@@ -124,6 +124,9 @@ def test_eval_every_keeps_best_and_last_and_loggers_write(tiny_model_dir, tmp_pa
     assert result.exit_code == 0, result.output
     assert "reward" in result.output and "evaluations" in result.output
     assert (run.path / "plot.png").is_file()
+    as_json = CliRunner().invoke(app, ["report", str(run.path), "--json"])  # a script reads the numbers
+    summary = json.loads(as_json.output)
+    assert summary["steps"] == 3 and "reward" in summary["metrics"] and len(summary["evaluations"]) == 3
 
 
 def test_lr_schedules():

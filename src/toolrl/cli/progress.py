@@ -64,7 +64,8 @@ class StepReporter:
 
     def __init__(self, mode: Mode, total: int, console: Console, log_file: Path | None = None):
         self.mode, self.total, self.console = mode, total, console
-        self.log = log_file.open("a", encoding="utf-8") if log_file is not None else None
+        self.log = log_file.open("a", encoding="utf-8", buffering=1) if log_file is not None else None
+        # (line-buffered: a line is in the file as soon as it is written, the warm start's notes included)
         self.times: list[float] = []
         self.done = 0
         self.progress: Progress | None = None

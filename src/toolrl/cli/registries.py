@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 import typer
@@ -56,6 +57,7 @@ def list_(
         str | None, typer.Argument(help="Only this kind (environment, parser, engine, advantage, ...).")
     ] = None,
     plugin: Annotated[list[str] | None, typer.Option(help="Import this module first (as plugins: does).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The entries as one JSON object on stdout.")] = False,
 ) -> None:
     """The parts a config can name: each registered entry, the config key that picks it, what it declares it
     can do, and its options with their defaults."""
@@ -66,9 +68,13 @@ def list_(
     if kind is not None and kind not in kinds:
         guess = did_you_mean(kind, kinds)
         raise ConfigError(f"toolrl list: unknown kind {kind[:60]!r}{guess}; known: {', '.join(kinds)}")
-    for name, registry in kinds.items():
-        if kind not in (None, name):
-            continue
+    chosen = {name: registry for name, registry in kinds.items() if kind in (None, name)}
+    if as_json:
+        print(json.dumps({name: {"config_key": registry.config_key, "entries": {
+            entry: {"capabilities": registry.capabilities.get(entry, {}), "options": _options(registry, entry)}
+            for entry in sorted(registry)}} for name, registry in chosen.items()}, default=str))  # fmt: skip
+        return
+    for name, registry in chosen.items():
         table = Table(title=f"{name} ({registry.config_key})")
         for column in ("name", "capabilities", "options (defaults)"):
             table.add_column(column)

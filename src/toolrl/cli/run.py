@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +10,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from toolrl.cli.app import ConfigArg, ResumeOption, SetOption, _cell, _eval_table, _quiet_libraries, app, console
+from toolrl.cli.app import (
+    ConfigArg,
+    ResumeOption,
+    SetOption,
+    _cell,
+    _eval_table,
+    _quiet_libraries,
+    app,
+    console,
+    wall_s,
+)
 from toolrl.errors import ConfigError, ToolRLError
 from toolrl.text import first_line
 
@@ -90,7 +99,6 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
     from toolrl.train.estimate import before_first_step
 
     _quiet_libraries()
-    started = time.perf_counter()
     ctx = distributed.from_env()  # under torchrun: rank 0 writes the run directory and prints; the others work
     mode = pick_mode(quiet, as_json) if ctx.main else "silent"
     say = console.print if mode in ("bar", "lines") else (lambda *a, **k: None)
@@ -123,13 +131,13 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
         t = cfg.eval.sampling.temperature
         how = "greedy" if t == 0 else f"sampled at temperature {t:g}"
         console.print(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks, {how})", columns_))
-    end = f"checkpoint: {summary['checkpoint']}   wall time {time.perf_counter() - started:.0f} s"
+    end = f"checkpoint: {summary['checkpoint']}   wall time {wall_s():.0f} s"
     if summary.get("memory", {}).get("peak_gb"):
         end += f"   peak memory {summary['memory']['peak_gb']:.1f} GB"
     if "stopped" in summary:  # RUN/STOP (the UI's stop button) ended it after a step
         end = f"stopped after step {summary['stopped']} (resume: toolrl train --resume {run.path})   " + end
     if mode == "json":
-        print(json.dumps({"checkpoint": summary["checkpoint"], "wall_s": round(time.perf_counter() - started, 1),
+        print(json.dumps({"checkpoint": summary["checkpoint"], "wall_s": round(wall_s(), 1),
                           **{f"eval_{k}": v for k, v in columns_.items()}}))  # fmt: skip
     elif mode == "bar":
         console.print(end)
@@ -137,13 +145,17 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
         print(end, flush=True)  # a whole line, whatever the width a pipe or log file gets
 
 
+ResultsJson = Annotated[bool, typer.Option("--json", help="The results as one JSON object on stdout, nothing else.")]
+ResultsQuiet = Annotated[bool, typer.Option("--quiet", help="The results alone: no progress lines.")]
+
+
 @app.command("eval")
 def eval_(
     model: Annotated[str, typer.Option(help="Embedded model name, local folder or cached hub id.")] = "",
     config: Annotated[Path | None, typer.Option(help="YAML config (env, rollout and eval sections).")] = None,
     set_: SetOption = None,
-    num_tasks: Annotated[int | None, typer.Option(help="Test tasks to run.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature; 0 is greedy.")] = None,
+    num_tasks: Annotated[int | None, typer.Option(min=1, help="Test tasks to run.")] = None,
+    temperature: Annotated[float | None, typer.Option(min=0, help="Sampling temperature; 0 is greedy.")] = None,
     out: Annotated[
         Path | None, typer.Option(help="Folder for summary.json and trajectories.jsonl (every trajectory).")
     ] = None,
@@ -151,28 +163,31 @@ def eval_(
         str,
         typer.Option(help="Who plays: model, or reference (the env's reference calls) or idle (no call), no model."),
     ] = "model",
+    quiet: ResultsQuiet = False,
+    as_json: ResultsJson = False,
 ) -> None:
     """Evaluate a model on the environment's test split: success, tool use, and where the tasks say more,
     success per category and per request, Solve-P/R/F1. A served model: --set rollout.engine=openai.
     --policy reference or idle plays the environment's checks instead (toolrl env check runs both)."""
-    import json
-
     from toolrl.config import resolve_config
     from toolrl.train import Workbench
     from toolrl.train.evaluate import breakdown, summarize
 
     cfg = resolve_config(config, set_)
     _quiet_libraries()
-    started = time.perf_counter()
-    with console.status("evaluating") as status:
+    show = not (quiet or as_json)
+    with console.status("evaluating") if show and console.is_terminal else nullcontext() as status:
         bench = Workbench.load(cfg, model_name=model or None, policy=policy)
         try:
             tasks, left = bench.eval_tasks(num_tasks)
-            if left:
+            if left and not as_json:
                 console.print(f"{len(left)} of {len(tasks) + len(left)} tasks have no reference: left out")
 
             def progress(line: str) -> None:  # on a terminal the spinner's text, else a line every ~10 s
-                status.update(line) if console.is_terminal else console.print(line, highlight=False, markup=False)
+                if status is not None:
+                    status.update(line)
+                elif show:
+                    console.print(line, highlight=False, markup=False)
 
             trajs = bench.evaluation(temperature=temperature, tasks=tasks, progress=progress)
             success = bench.env.rubric.success
@@ -181,6 +196,13 @@ def eval_(
         finally:
             bench.close()
     temp = cfg.eval.sampling.temperature if temperature is None else temperature
+    summary = {"model": model or cfg.model.name, "policy": policy, "temperature": temp, "tasks": len(trajs)}
+    summary |= {"left_out": len(left), **stats, **details}
+    if out is not None:
+        _write_eval(out, summary, trajs, records, len(trajs) * cfg.rollout.max_images)
+    if as_json:
+        print(json.dumps({**summary, "wall_s": round(wall_s(), 1)}))
+        return
     title = f"{cfg.env.name} test split, {len(trajs)} tasks, temperature {temp:g}"
     player = model or cfg.model.name if policy == "model" else f"{policy} policy"
     console.print(_eval_table(title, {player: stats}))
@@ -196,18 +218,20 @@ def eval_(
         s = details["solve"]
         console.print(f"Solve-P {s['precision']:.3f}  Solve-R {s['recall']:.3f}  Solve-F1 {s['f1']:.3f}")
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        summary = {"model": model or cfg.model.name, "policy": policy, "temperature": temp, "tasks": len(trajs)}
-        summary |= {"left_out": len(left), **stats, **details}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        from toolrl.runs.journal import write_images
-
-        write_images(out, "eval", trajs, records, len(trajs) * cfg.rollout.max_images)  # a vision policy's
-        with (out / "trajectories.jsonl").open("w") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
         console.print(f"wrote {out / 'summary.json'} and {out / 'trajectories.jsonl'}")
-    console.print(f"wall time {time.perf_counter() - started:.0f} s")
+    console.print(f"wall time {wall_s():.0f} s")
+
+
+def _write_eval(out: Path, summary: dict, trajs, records: list[dict], max_images: int) -> None:
+    """An evaluation's summary.json and trajectories.jsonl (and a vision policy's images) in `out`."""
+    from toolrl.runs.journal import write_images
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_images(out, "eval", trajs, records, max_images)
+    with (out / "trajectories.jsonl").open("w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
 
 
 @app.command()
@@ -230,6 +254,7 @@ def report(
     ] = False,
     before: Annotated[str | None, typer.Option("--from", help="Model before (default: the run's model.name).")] = None,
     after: Annotated[str | None, typer.Option("--to", help="Model after (default: RUN/final).")] = None,
+    as_json: ResultsJson = False,
 ) -> None:
     """Summarise a run (first, last and mean of its metrics; its evaluations) and (re)write its plot.png; with
     --param-delta, how much training changed each layer and module (param_delta.json and param_delta.png)."""
@@ -242,6 +267,10 @@ def report(
         return
     records = run.read_metrics()
     steps, evals = split_records(records)
+    if as_json:  # the summary without the plot: a script reads numbers
+        rows = {key: {"first": first, "last": last, "mean": mean} for key, first, last, mean in summary_rows(records)}
+        print(json.dumps({"run": str(run.path), "steps": len(steps), "metrics": rows, "evaluations": evals}))
+        return
     table = Table(title=f"{run.path.name}: {len(steps)} steps")
     for column in ("metric", "first step", "last step", "mean"):
         table.add_column(column, justify="left" if column == "metric" else "right")
@@ -302,9 +331,9 @@ def serve(
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML config (model, rollout), without RUN_DIR.")] = None,
     set_: SetOption = None,
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free one).")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0: any free one).")] = 8000,
     max_new_tokens: Annotated[
-        int | None, typer.Option(help="Most tokens per reply (default rollout.max_new_tokens).")
+        int | None, typer.Option(min=1, help="Most tokens per reply (default rollout.max_new_tokens).")
     ] = None,
 ) -> None:
     """Serve the policy (a trained checkpoint, or the configured model: the default model out of the box) as the

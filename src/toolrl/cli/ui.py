@@ -37,7 +37,7 @@ def read_token_file(path: Path) -> str:
 def ui(
     runs_dir: Annotated[Path, typer.Argument(help="Folder of run directories (output_dir).")] = Path("runs"),
     host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 7860,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 7860,
     token: Annotated[
         str | None,
         typer.Option(

@@ -43,7 +43,7 @@ from toolrl.errors import ConfigError, ToolError
 from toolrl.files import load_structured
 from toolrl.plugins import import_object
 from toolrl.registry import Registry
-from toolrl.text import clip, did_you_mean, first_line
+from toolrl.text import clip, closest, did_you_mean, first_line
 from toolrl.tools.function import Tool, tool_from_function
 from toolrl.tools.limits import ToolPolicy
 from toolrl.tools.model import ModelBackend
@@ -317,7 +317,10 @@ class Toolset:
             return matches[0]
         if matches:
             raise ToolError(f"tool name {name!r} is ambiguous: {', '.join(matches)}; use server.tool")
-        raise ToolError(f"no tool {name!r}; tools: {', '.join(names) or 'none'}")
+        forms = {n.split(".", 1)[1]: n for n in names} | {n: n for n in names}  # a typo of either form
+        near = closest(name, forms)
+        guess = f" (did you mean {forms[near]!r}?)" if near else ""
+        raise ToolError(f"no tool {name!r}{guess}; tools: {', '.join(names) or 'none'}")
 
     def close(self) -> None:
         """Close every server at once (each is bounded by its shutdown grace periods), then the clients."""

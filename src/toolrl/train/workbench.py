@@ -20,7 +20,7 @@ from toolrl.envs import Environment, Task, make_env
 from toolrl.errors import ConfigError
 from toolrl.models import load_config, load_model, load_tokenizer, pick_device
 from toolrl.models.fused import use_fused_blocks
-from toolrl.progress import Tally
+from toolrl.progress import Heartbeat, Tally
 from toolrl.rollout import Engine, Rollout, RolloutLimits, SamplingParams, Trajectory, get_engine_factory
 from toolrl.rollout.engine import ENGINES
 from toolrl.rollout.scripted import MODEL, POLICIES, playable, scripted_engine
@@ -232,5 +232,10 @@ class Workbench:
         sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
         rollout = self.rollout(sampling, seed=seeds.engine(self.config.seed, "eval"), purpose="eval")
         rollout.refuse_long_prompts(tasks, self.context_length)
-        tally = Tally(what, len(tasks), progress).advance if progress is not None else None
-        return run_tasks(rollout, tasks, e.batch_size, seed=seeds.evaluation(self.config.seed), on_finished=tally)
+        if progress is None:
+            return run_tasks(rollout, tasks, e.batch_size, seed=seeds.evaluation(self.config.seed))
+        tally = Tally(what, len(tasks), progress, batch=e.batch_size)
+        with Heartbeat(tally):  # a line at least every 10 s, even while a batch runs
+            return run_tasks(
+                rollout, tasks, e.batch_size, seed=seeds.evaluation(self.config.seed), on_finished=tally.advance
+            )
