@@ -165,6 +165,13 @@ def test_runs_list_and_live_overlaid_curves(site):
         with (root / "alpha" / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"step": 4, "reward": 0.9, "success": 0.5, "tool_calls": 1.0, "step_s": 0.2}) + "\n")
         page.wait_for_selector("tr[data-run=alpha] .badge.state-running", timeout=10_000)
+        now = time.time()  # the step running now (RUN/live.json): its phase in the run's row, not just "4 / 4"
+        live = {"step": 5, "steps": 6, "phase": "rollout", "done": 3, "total": 8, "unit": "trajectories",
+                "started_at": now - 30, "phase_started_at": now - 30, "updated_at": now, "phase_eta_s": 50}  # fmt: skip
+        (root / "alpha" / "live.json").write_text(json.dumps(live))
+        phase = page.locator("tr[data-run=alpha] .live")
+        expect(phase).to_contain_text("step 5: rollout 3/8 trajectories", timeout=10_000)
+        assert "eta 50 s" in phase.inner_text()
         page.wait_for_function(
             f"+document.querySelector('.chart[data-metric=reward]').dataset.points > {before}", timeout=10_000
         )
@@ -175,6 +182,38 @@ def test_runs_list_and_live_overlaid_curves(site):
         sleeper.kill()
         sleeper.wait()
     page.wait_for_selector("tr[data-run=alpha] .badge.state-died", timeout=10_000)  # its process is gone
+
+
+def test_log_scale_eval_rings_a_legend_of_runs_and_no_empty_panels(site):
+    """Item 5 and 7 of the UI review: a chart's y axis can be logarithmic (kept across a reload); evaluations are
+    rings, not dots of the line's colour; the legend names the runs; a metric no run logged has no panel; no tick
+    label runs past its chart's edge."""
+    page = site["page"]
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=alpha] .badge")
+    for box in page.locator("#runs-table tbody input:checked").all():
+        box.uncheck()
+    page.check("tr[data-run=alpha] input")
+    reward = page.locator(".chart[data-metric=reward]")
+    expect(reward.locator("path.series")).to_have_count(1)
+    assert page.locator(".chart-empty").count() == 0  # every panel shown has something in it
+    rings = reward.locator("circle.eval-dot")
+    assert rings.count() >= 1 and rings.first.get_attribute("fill") == "#fff"
+    legend = reward.locator(".legend").inner_text()
+    assert "alpha" in legend and "alpha eval" in legend
+    chart = page.locator(".chart[data-metric=step_s]")
+    chart.locator(".chart-log").click()
+    expect(page.locator(".chart[data-metric=step_s]")).to_have_attribute("data-scale", "log")
+    page.reload()
+    page.wait_for_selector("tr[data-run=alpha] .badge")
+    expect(page.locator(".chart[data-metric=step_s]")).to_have_attribute("data-scale", "log")
+    outside = page.evaluate("""() => [...document.querySelectorAll('.chart svg text')].filter((t) => {
+        const box = t.getBBox();
+        return box.x < 0 || box.x + box.width > 300.5;
+    }).map((t) => t.textContent)""")
+    assert outside == []
+    page.locator(".chart[data-metric=step_s] .chart-log").click()  # back to linear for the tests after
+    expect(page.locator(".chart[data-metric=step_s]")).to_have_attribute("data-scale", "linear")
 
 
 def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
@@ -442,6 +481,8 @@ def test_launch_follow_stop_and_resume_a_run(site):
     page.wait_for_selector("#follow-state.state-finished", timeout=600_000)
     steps = [m["step"] for m in run.read_metrics() if "eval" not in m]
     assert steps == list(range(1, 151))  # every step once, across the stop
+    expect(page.locator("#follow-resume")).to_be_disabled(timeout=10_000)  # finished: resume says why it cannot
+    expect(page.locator("#follow-why")).to_contain_text("the run finished all its 150 steps")
 
 
 def _alive(pid: int) -> bool:

@@ -182,3 +182,13 @@ def _succeeded(traj: Trajectory, success: str | None) -> bool:
     if traj.env_fault is not None:
         return False
     return traj.rewards.get(success, 0.0) >= 1.0 if success is not None else traj.reward > 0
+
+
+def curriculum_metrics(rates: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The pass-rate curriculum at a glance: tasks tried, and the shares of them solved (recent pass rate 1),
+    unsolved (0) and in between (the ones with signal)."""
+    n = max(len(rates), 1)
+    solved = sum(r["pass_rate"] == 1.0 for r in rates.values())
+    unsolved = sum(r["pass_rate"] == 0.0 for r in rates.values())
+    return {"curriculum_tasks_tried": len(rates), "curriculum/solved": solved / n, "curriculum/unsolved": unsolved / n,
+            "curriculum/learnable": (len(rates) - solved - unsolved) / n}  # fmt: skip

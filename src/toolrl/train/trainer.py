@@ -45,8 +45,9 @@ from toolrl.rollout.engine import ENGINES
 from toolrl.rollout.trajectory import UpdateValues
 from toolrl.runs import checkpoints
 from toolrl.runs.journal import Journal
+from toolrl.runs.live import LiveStep
 from toolrl.runs.rundir import RunDir
-from toolrl.train.collect import Collector, TaskOrder
+from toolrl.train.collect import Collector, TaskOrder, curriculum_metrics
 from toolrl.train.evaluate import summarize
 from toolrl.train.teacher import endpoint_teacher
 from toolrl.train.update import (
@@ -134,8 +135,9 @@ class Trainer:
             self.reference, self.config.rollout.sampling.temperature, t.micro_batch_tokens, self.dist, VocabBlocks.of(t)
         )  # fmt: skip
         self.journal = Journal(run, self.dist, self.config, bench.tokenizer, bench.env.rubric.success)
-        self.on_note: Callable[[str], None] = lambda text: log.info("%s", text)
-        """Where the warm start's progress lines go (the CLI's reporter prints them and writes progress.log)."""
+        self.on_note: Callable[[str], None] = lambda text: log.info("%s", text)  # the warm start's lines: the CLI's
+        self.live = LiveStep(run and run.write_json, t.steps, t.prompts_per_step * t.group_size // self.dist.world)
+        self.rollout.on_finished = self.live.finished_one  # RUN/live.json: where the running step is (the UI's)
         self.warm_start = None
         if t.warm_start:
             from toolrl.train.sft import WarmStart
@@ -181,6 +183,7 @@ class Trainer:
     def step(self, step: int) -> dict[str, Any]:
         """One step: rollout (scored by the rubric) -> advantages, loss, optimizer -> journal."""
         started = time.perf_counter()
+        self.live.begin(step)
         with meter.phase("rollout"):
             part = self.collector.for_step(step, self.config.train.steps)
         trajs = part.trajs
@@ -235,7 +238,9 @@ class Trainer:
         state.optimizer.zero_grad(set_to_none=True)
         batches = self.scorer.micro_batches([w.traj for w in chosen.work])
         prefix = self.scorer.step_prefix(state.model, chosen.work, batches)  # the prompt once per step
-        scores = self.scorer.policy(state.model, state.value_head, True if t.entropy_coef > 0 else "measure", prefix)
+        scores = self.live.counted(
+            self.scorer.policy(state.model, state.value_head, t.entropy_coef > 0 or "measure", prefix), len(batches)
+        )
         pad_to = distributed.max_over_ranks(self.dist, len(batches))
         sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0], mismatch := Mismatch(),
                                  prefix)  # fmt: skip
@@ -315,7 +320,9 @@ class Trainer:
         finally:
             self.collector.close()
             self.journal.close()
-        self.journal.status(state="stopped" if "stopped" in summary else "finished", step=state.step)
+        late = "stopped" not in summary and self.journal.stop_requested()  # asked during the last step
+        note = {"note": "the stop came during the last step: the run finished first"} if late else {}
+        self.journal.status(state="stopped" if "stopped" in summary else "finished", step=state.step, **note)
         return summary
 
     def run_warm_start(self) -> dict[str, Any]:
@@ -408,13 +415,3 @@ class Trainer:
 
 GRPOTrainer = Trainer
 """The name of earlier versions: the trainer runs GRPO by default."""
-
-
-def curriculum_metrics(rates: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The pass-rate curriculum at a glance: tasks tried, and the shares of them solved (recent pass rate 1),
-    unsolved (0) and in between (the ones with signal)."""
-    n = max(len(rates), 1)
-    solved = sum(r["pass_rate"] == 1.0 for r in rates.values())
-    unsolved = sum(r["pass_rate"] == 0.0 for r in rates.values())
-    return {"curriculum_tasks_tried": len(rates), "curriculum/solved": solved / n, "curriculum/unsolved": unsolved / n,
-            "curriculum/learnable": (len(rates) - solved - unsolved) / n}  # fmt: skip

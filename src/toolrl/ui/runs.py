@@ -18,6 +18,7 @@ import yaml
 
 from toolrl.errors import ConfigError
 from toolrl.runs.files import open_in_run, read_run_file, run_file_problem
+from toolrl.runs.live import LIVE
 from toolrl.runs.rundir import EVALS, METRICS, SAMPLES, RunDir, run_process
 from toolrl.text import clip
 
@@ -71,7 +72,7 @@ def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
     return clip(str(state), 40)
 
 
-RUN_FILES = ("config.yaml", "status.json", METRICS, SAMPLES, EVALS, "console.log", "progress.log", "plot.png")
+RUN_FILES = ("config.yaml", "status.json", METRICS, SAMPLES, EVALS, "console.log", "progress.log", "plot.png", LIVE)
 """The files of a run the UI reads: each is checked to be a regular file inside the run folder."""
 
 
@@ -97,11 +98,13 @@ def summarize_run(root: Path, path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         problems.append(f"config.yaml: a {type(config).__name__}, not a mapping")
     last = last_step(path)
+    state = run_state(path, status)
     train = _section(config, "train", problems)
     env, model = _section(config, "env", problems), _section(config, "model", problems)
     return {
         "name": str(path.relative_to(root)),
-        "state": run_state(path, status),
+        "state": state,
+        "live": read_live(path, last.get("step", 0)) if state == "running" else None,
         "env": _word(env.get("name")),
         "model": _word(model.get("name")),
         "step": last.get("step", 0),
@@ -111,8 +114,22 @@ def summarize_run(root: Path, path: Path) -> dict[str, Any]:
         "started_at": _number(status.get("started_at")) or _mtime(path),
         "updated_at": _number(status.get("updated_at")) or _mtime(path / "config.yaml"),
         "error": clip(str(status["error"]), 600) if status.get("error") else None,
+        "note": clip(str(status["note"]), 200) if status.get("note") else None,
+        "resume_blocked": resume_blocked(path, state, last.get("step", 0), _number(status.get("steps"))),
         "problems": problems,
     }
+
+
+def resume_blocked(path: Path, state: str, step: int, steps: int | float | None) -> str | None:
+    """Why the run cannot be resumed from the page, in one line (None: it can): the page disables its resume
+    button with this as the reason, rather than failing in the log box after a click."""
+    if state in ("running", "stale"):
+        return "the run is running: stop it first"
+    if not (path / "last").is_symlink():
+        return "no checkpoint to resume from (train.save_every writes them)"
+    if state == "finished" and steps is not None and step >= steps:
+        return f"the run finished all its {step} steps: toolrl train --resume {path.name} --set train.steps=N trains on"
+    return None
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:
@@ -159,6 +176,33 @@ def last_step(path: Path, tail: int = 65536) -> dict[str, Any]:
     return {}
 
 
+MAX_LIVE_BYTES = 64 << 10
+LIVE_NUMBERS = ("started_at", "phase_started_at", "updated_at", "phase_eta_s")
+LIVE_COUNTS = ("step", "steps", "done", "total")
+
+
+def read_live(path: Path, logged: int) -> dict[str, Any] | None:
+    """Where a running run's step is (RUN/live.json, runs/live.py): phase, done/total, since when, the phase's ETA;
+    None when there is none, it is about a step already logged, or it is not what the trainer writes (a run folder
+    is data: each field is checked and text is clipped)."""
+    try:
+        value = json.loads(read_run_file(path, path / LIVE, MAX_LIVE_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not all(_count(value.get(k)) for k in LIVE_COUNTS):
+        return None
+    if value["step"] <= logged:
+        return None
+    out: dict[str, Any] = {k: value[k] for k in LIVE_COUNTS}
+    out |= {k: _number(value.get(k)) for k in LIVE_NUMBERS}
+    out |= {k: clip(value[k], 40) if isinstance(value.get(k), str) else "" for k in ("phase", "unit")}
+    return out
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 MAX_PASS_RATES_BYTES = 8 << 20
 
 
@@ -178,22 +222,43 @@ def read_pass_rates(path: Path) -> dict[str, Any]:
     return {"step": value.get("step") if isinstance(value.get("step"), int) else None, "tasks": tasks}
 
 
-def read_metrics(path: Path, since: int = 0) -> list[dict[str, Any]]:
-    """The metrics records from line `since` on; a line still being written (no newline yet) waits."""
+def metrics_problems(records: list[dict[str, Any]], since: int) -> list[str]:
+    """'metrics.jsonl:3: not valid JSON, skipped' for each torn line of `records` (read_metrics' placeholders)."""
+    return [f"{METRICS}:{since + i + 1}: not valid JSON, skipped" for i, r in enumerate(records) if r == {}]
+
+
+def read_metrics(path: Path, since: int = 0, offset: int | None = None) -> tuple[list[dict[str, Any]], int, int]:
+    """The metrics records from line `since` on, the byte offset after the last whole line, and the line number
+    the records start at. With `offset` (what the last poll returned, for the line `since`), the file is read from
+    there: a poll of a 4 MB file with nothing new reads nothing (it had been read from its start every 2 s). An
+    offset past the file's end (rewritten shorter: a resume) starts over from line 0. A line still being written (no
+    newline yet) waits; a torn line is kept as {} so that line numbers hold."""
     try:
         f = open_in_run(path, path / METRICS)
     except OSError:
-        return []
-    out = []
+        return [], 0, 0
+    out: list[dict[str, Any]] = []
     with f:
+        size = os.fstat(f.fileno()).st_size
+        if offset is None or offset < 0:
+            offset, skip = 0, since  # no offset: read from the start, the first `since` lines skipped
+        elif offset > size:
+            offset, skip, since = 0, 0, 0  # the file was rewritten shorter: everything again
+        else:
+            skip = 0
+        f.seek(offset)
+        position, start = offset, since
         for i, line in enumerate(f):
-            if i < since or not line.endswith(b"\n"):
+            if not line.endswith(b"\n"):
+                break
+            position += len(line)
+            if i < skip:
                 continue
             try:
                 out.append(json.loads(line))
             except ValueError:
-                out.append({})  # a torn line (a kill mid-write): kept as a place so line numbers hold
-    return out
+                out.append({})
+    return out, position, start
 
 
 @dataclass

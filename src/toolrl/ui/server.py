@@ -38,6 +38,7 @@ from toolrl.ui.runs import (
     RECORD_FILES,
     RecordIndex,
     list_runs,
+    metrics_problems,
     read_metrics,
     read_pass_rates,
     resolve_run,
@@ -115,8 +116,10 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
     async def metrics(request: Request):
         run = resolve_run(state.root, request.query_params["run"])
         since = int(request.query_params.get("since", 0))
-        records = await run_in_threadpool(read_metrics, run, since)
-        return JSONResponse({"since": since, "records": records})
+        offset = request.query_params.get("offset")  # the byte offset the last poll returned, for line `since`
+        records, end, since = await run_in_threadpool(read_metrics, run, since, None if offset is None else int(offset))
+        return JSONResponse({"since": since, "offset": end, "records": records,
+                             "problems": metrics_problems(records, since)})  # fmt: skip
 
     async def steps(request: Request):
         run = resolve_run(state.root, request.query_params["run"])

@@ -23,33 +23,42 @@ function ticks(lo, hi, count = 4) {
 
 // series: [{label, color, points: [[x, y, step]...], dots: bool, faint: bool, run}]; a point whose y is null is a
 // gap in its line. opts: {xLabel, range: [lo, hi] (zoom), onZoom(lo, hi) (drag across a chart; double-click
-// resets with onZoom(null)), onPick(run, step) (click: that step's trajectories)}.
+// resets with onZoom(null)), onPick(run, step) (click: that step's trajectories), log (a log-scale y axis: values
+// at or below 0 are gaps), onLog(on) (its toggle), hideEmpty (null instead of an empty "not logged" chart)}.
 function lineChart(title, metric, series, opts = {}) {
   const W = 300, H = 170, L = 42, R = 8, T = 22, B = 24;
   const [lo, hi] = opts.range || [-Infinity, Infinity];
-  series = series.map((one) => ({ ...one, points: one.points.filter((p) => p[0] >= lo && p[0] <= hi) }));
+  const kept = (p) => (opts.log && p[1] !== null && !(p[1] > 0) ? [p[0], null, p[2]] : p);
+  series = series.map((one) => ({ ...one, points: one.points.filter((p) => p[0] >= lo && p[0] <= hi).map(kept) }));
   const all = series.flatMap((one) => one.points).filter((p) => p[1] !== null);
-  const box = h("div", { class: "chart", dataset: { metric, points: String(all.length) } });
+  if (!all.length && opts.hideEmpty) return null;
+  const box = h("div", { class: "chart", dataset: { metric, points: String(all.length), scale: opts.log ? "log" : "linear" } });
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title });
-  svg.append(s("text", { x: L, y: 14, class: "chart-title" }, title));
+  // a long title is cut before the chart's buttons, whole in its tooltip (it had run under the PNG button)
+  const shortTitle = title.length > 30 ? `${title.slice(0, 29)}…` : title;
+  svg.append(s("text", { x: L, y: 14, class: "chart-title" }, s("title", {}, title), shortTitle));
   box.append(svg);
   if (!all.length) {
     svg.append(s("text", { x: W / 2, y: H / 2, class: "chart-empty", "text-anchor": "middle" }, "not logged"));
     return box;
   }
+  const v = opts.log ? Math.log10 : (y) => y; // the y axis's scale
   let [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
-  let [y0, y1] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
+  let [y0, y1] = [Math.min(...all.map((p) => v(p[1]))), Math.max(...all.map((p) => v(p[1])))];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
   if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 0.5; y1 += Math.abs(y1) * 0.1 || 0.5; }
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
-  const Y = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
-  for (const t of ticks(y0, y1)) {
+  const Y = (y) => H - B - ((v(y) - y0) / (y1 - y0)) * (H - T - B);
+  const yTicks = opts.log ? ticks(Math.floor(y0), Math.ceil(y1)).filter(Number.isInteger).map((e) => 10 ** e) : ticks(y0, y1);
+  for (const t of yTicks.filter((t) => v(t) >= y0 - 1e-9 && v(t) <= y1 + 1e-9)) {
     svg.append(s("line", { x1: L, x2: W - R, y1: Y(t), y2: Y(t), class: "grid" }));
     svg.append(s("text", { x: L - 4, y: Y(t) + 3, "text-anchor": "end", class: "tick" }, fmt(t, 2)));
   }
   const xTicks = ticks(x0, x1, 5);
   for (const t of (xTicks.some((t) => !Number.isInteger(t)) ? xTicks : xTicks.filter(Number.isInteger))) {
-    svg.append(s("text", { x: X(t), y: H - 8, "text-anchor": "middle", class: "tick" }, fmt(t, 1)));
+    // a tick at either edge is anchored inside the chart (the last one had been cut: "500(")
+    const anchor = X(t) > W - R - 14 ? "end" : X(t) < L + 8 ? "start" : "middle";
+    svg.append(s("text", { x: X(t), y: H - 8, "text-anchor": anchor, class: "tick" }, fmt(t, 1)));
   }
   if (opts.xLabel && opts.xLabel !== "step") {
     svg.append(s("text", { x: W - R, y: H - 1, "text-anchor": "end", class: "tick" }, opts.xLabel));
@@ -57,7 +66,8 @@ function lineChart(title, metric, series, opts = {}) {
   for (const one of series) {
     if (!one.points.length) continue;
     if (one.dots) {
-      for (const [x, y] of one.points) if (y !== null) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3, fill: one.color }));
+      // evaluations: hollow rings, not the line's filled colour
+      for (const [x, y] of one.points) if (y !== null) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3.5, fill: "#fff", stroke: one.color, "stroke-width": 1.6, class: "eval-dot" }));
     } else {
       let d = "", pen = "M";
       for (const [x, y] of one.points) {
@@ -70,7 +80,7 @@ function lineChart(title, metric, series, opts = {}) {
     }
   }
   const legend = h("div", { class: "legend" }, series.filter((o) => o.points.length && !o.faint).map((one) =>
-    h("span", {}, h("i", { style: `background:${one.color}` }), one.label)));
+    h("span", {}, h("i", { class: one.dots ? "ring" : "", style: one.dots ? `border-color:${one.color}` : `background:${one.color}` }), one.label)));
   box.append(legend);
   const cursor = s("line", { y1: T, y2: H - B, class: "cursor", visibility: "hidden" });
   svg.append(cursor);
@@ -125,6 +135,10 @@ function lineChart(title, metric, series, opts = {}) {
   svg.addEventListener("dblclick", () => { if (opts.onZoom) opts.onZoom(null); });
   const png = h("button", { class: "chart-png", title: "download this chart as PNG", onclick: () => downloadPng(svg, metric) }, "PNG");
   box.append(png);
+  if (opts.onLog) {
+    box.append(h("button", { class: `chart-log${opts.log ? " on" : ""}`, title: "log scale (values above 0)",
+      "aria-pressed": String(Boolean(opts.log)), onclick: () => opts.onLog(!opts.log) }, "log"));
+  }
   return box;
 }
 

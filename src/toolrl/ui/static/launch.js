@@ -82,10 +82,15 @@ const Launch = {
     const runs = await refreshRuns();
     const info = runs.find((r) => r.name === this.following);
     const state = info ? info.state : "starting";
-    $("#follow-state").textContent = info ? `${state} · step ${info.step}${info.steps ? ` / ${info.steps}` : ""}` : state;
+    const note = info && info.note ? ` · ${info.note}` : "";
+    $("#follow-state").textContent = info ? `${state} · step ${info.step}${info.steps ? ` / ${info.steps}` : ""}${note}` : state;
     $("#follow-state").className = `badge state-${state}`;
     $("#follow-stop").disabled = $("#follow-kill").disabled = state !== "running";
-    $("#follow-resume").disabled = state === "running" || state === "starting";
+    // disabled with its reason (a finished run's resume had failed in the log box after the click)
+    const blocked = !info ? "the run is starting" : info.resume_blocked;
+    $("#follow-resume").disabled = Boolean(blocked);
+    $("#follow-resume").title = blocked || "continue from the last checkpoint";
+    $("#follow-why").textContent = blocked ? `resume: ${blocked}` : "";
   },
 
   async stop(now) {

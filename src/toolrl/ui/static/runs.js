@@ -23,6 +23,7 @@ const Runs = {
   extra: new Set(saved.extra || []), // metrics chosen beside the default panels (any key a run logs)
   xaxis: saved.xaxis || "step", // step | wall (minutes, the steps' step_s summed) | samples (trajectories)
   smooth: saved.smooth || 0, // exponential moving average weight, as TensorBoard's slider
+  logScale: new Set(saved.log || []), // metrics whose chart has a log-scale y axis
   zoom: null, // [lo, hi] on the x axis, from a drag across a chart
   sort: { key: "updated_at", dir: -1 },
 
@@ -40,6 +41,7 @@ const Runs = {
     $("#runs-filter").addEventListener("input", () => this.table(this.runs));
     $("#chart-reset-zoom").addEventListener("click", () => { this.zoom = null; this.draw(); });
     $("#chart-csv").addEventListener("click", () => this.csv());
+    $("#charts").addEventListener("mouseleave", () => { if (this.dirty) this.drawWhenIdle(); }); // what waited
     for (const th of document.querySelectorAll("#runs-table th[data-sort]")) {
       th.addEventListener("click", () => {
         const key = th.dataset.sort;
@@ -50,16 +52,28 @@ const Runs = {
   },
 
   save() {
-    localStorage.setItem(SETTINGS, JSON.stringify({ extra: [...this.extra], xaxis: this.xaxis, smooth: this.smooth }));
+    localStorage.setItem(SETTINGS, JSON.stringify({ extra: [...this.extra], xaxis: this.xaxis, smooth: this.smooth, log: [...this.logScale] }));
   },
   leave() { stop("runs"); },
 
   async refresh() {
     const runs = await refreshRuns();
+    const before = this.compared.size;
     if (!this.compared.size && runs.length) this.compared.add(runs[0].name);
     for (const name of [...this.compared]) if (!runs.some((r) => r.name === name)) this.compared.delete(name);
-    this.table(runs);
-    await Promise.all([...this.compared].map((name) => this.pull(name)));
+    const listed = JSON.stringify(runs);
+    if (listed !== this.listed) { this.listed = listed; this.table(runs); } // else the rows stay (a selection too)
+    else for (const cell of document.querySelectorAll("#runs-table td.ago")) cell.textContent = ago(+cell.dataset.at);
+    const pulled = await Promise.all([...this.compared].map((name) => this.pull(name)));
+    if (pulled.some(Boolean) || this.compared.size !== before || this.dirty) this.drawWhenIdle();
+  },
+
+  // Charts are redrawn only when a run logged something new, and never under the user's hand: while the pointer
+  // is on a chart (a tooltip, a drag to zoom) or text in them is selected, the redraw waits until it leaves.
+  drawWhenIdle() {
+    const selected = window.getSelection && String(window.getSelection()) && $("#charts").contains(window.getSelection().anchorNode);
+    if (document.querySelector("#charts .chart:hover") || selected) { this.dirty = true; return; }
+    this.dirty = false;
     this.draw();
   },
 
@@ -83,20 +97,29 @@ const Runs = {
         onchange: (e) => { e.target.checked ? this.compared.add(run.name) : this.compared.delete(run.name); this.draw(); },
       })),
       h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.show(run.name); } }, run.name)),
-      h("td", { title: [run.error, ...(run.problems || [])].filter(Boolean).join("\n") },
-        badge(run.state), (run.problems || []).length ? h("span", { class: "warn" }, ` ⚠ ${run.problems.length}`) : ""),
+      h("td", { title: [run.error, run.note, ...this.problemsOf(run)].filter(Boolean).join("\n") },
+        badge(run.state), this.problemsOf(run).length ? h("span", { class: "warn" }, ` ⚠ ${this.problemsOf(run).length}`) : ""),
       h("td", {}, run.env), h("td", { class: "muted" }, run.model),
-      h("td", {}, `${run.step}${run.steps ? ` / ${run.steps}` : ""}`),
+      h("td", {}, `${run.step}${run.steps ? ` / ${run.steps}` : ""}`,
+        run.live ? h("div", { class: "muted live", title: "the step running now (RUN/live.json)" }, livePhase(run.live)) : ""),
       h("td", {}, fmt(run.reward)), h("td", {}, percent(run.success)),
-      h("td", { class: "muted" }, ago(run.updated_at)),
+      h("td", { class: "muted ago", dataset: { at: String(run.updated_at) } }, ago(run.updated_at)),
     )));
   },
 
+  offsets: {}, // run -> byte offset in its metrics.jsonl after the records the page has (the server reads on from it)
+
+  // the run's new metrics records; whether there were any
   async pull(name) {
     const have = this.metrics[name] || [];
-    const data = await api(`/api/metrics?run=${encodeURIComponent(name)}&since=${have.length}`);
-    if (data.since === 0 && have.length) return; // the file was rewritten (a resume): next round starts over
-    this.metrics[name] = have.concat(data.records);
+    const at = this.offsets[name] === undefined ? "" : `&offset=${this.offsets[name]}`;
+    const data = await api(`/api/metrics?run=${encodeURIComponent(name)}&since=${have.length}${at}`);
+    const restarted = data.since === 0 && have.length > 0; // the file was rewritten (a resume): start over
+    if (restarted) { this.metrics[name] = []; this.brokenLines[name] = []; }
+    this.metrics[name] = (this.metrics[name] || []).concat(data.records);
+    this.offsets[name] = data.offset;
+    this.brokenLines[name] = (this.brokenLines[name] || []).concat(data.problems || []);
+    return restarted || data.records.length > 0;
   },
 
   // x of each training step of a run: the step, the wall time so far (minutes) or the trajectories so far
@@ -189,12 +212,15 @@ const Runs = {
         }
       });
       return lineChart(title, key, series, {
-        xLabel, range: this.zoom,
+        xLabel, range: this.zoom, hideEmpty: true, log: this.logScale.has(key),
+        onLog: (on) => { on ? this.logScale.add(key) : this.logScale.delete(key); this.save(); this.draw(); },
         onZoom: (lo, hi) => { this.zoom = lo === null ? null : [lo, hi]; this.draw(); },
         onPick: (run, step) => Viewer.openStep(run, "train", step),
       });
     });
-    $("#charts").replaceChildren(...charts);
+    const shown = charts.filter(Boolean); // a metric none of the runs logged has no panel (11 empty ones had shown)
+    $("#charts").replaceChildren(...shown);
+    $("#charts-empty").hidden = shown.length > 0 || !names.length;
   },
 
   // the charts' data as CSV: one row per run, metric and step (x as the axis shows it)
@@ -207,8 +233,18 @@ const Runs = {
     download(URL.createObjectURL(new Blob([text + "\n"], { type: "text/csv" })), "metrics.csv");
   },
 
+  brokenLines: {}, // run -> "metrics.jsonl:3: not valid JSON, skipped" lines met while reading its metrics
+
+  // what in a run's folder was not read: its files' problems and its metrics' torn lines
+  problemsOf(run) {
+    return [...(run.problems || []), ...(this.brokenLines[run.name] || [])];
+  },
+
   async show(name) {
     const run = await api(`/api/run?run=${encodeURIComponent(name)}`);
+    const problems = this.problemsOf(run);
+    $("#run-problems").hidden = !problems.length;
+    $("#run-problems").textContent = problems.length ? `${name}: ${problems.join("; ")}` : "";
     const box = $("#run-config");
     box.querySelector("span").textContent = name;
     box.querySelector("pre").textContent = run.config;
@@ -231,3 +267,12 @@ const Runs = {
   },
 };
 UI.tabs.runs = Runs;
+
+// the running step's phase as a line: "step 3: rollout 5/8 trajectories · 40 s · eta 30 s"
+function livePhase(live) {
+  const secs = (s) => (s < 120 ? `${Math.round(s)} s` : `${(s / 60).toFixed(1)} min`);
+  const since = Number.isFinite(live.phase_started_at) ? ` · ${secs(Date.now() / 1000 - live.phase_started_at)}` : "";
+  const count = live.total ? ` ${live.done}/${live.total} ${live.unit}` : "";
+  const eta = Number.isFinite(live.phase_eta_s) ? ` · eta ${secs(live.phase_eta_s)}` : "";
+  return `step ${live.step}: ${live.phase}${count}${since}${eta}`;
+}
