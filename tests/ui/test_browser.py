@@ -216,6 +216,39 @@ def test_log_scale_eval_rings_a_legend_of_runs_and_no_empty_panels(site):
     expect(page.locator(".chart[data-metric=step_s]")).to_have_attribute("data-scale", "linear")
 
 
+def test_runs_compared_by_the_config_keys_that_differ_with_tags_and_a_note(site):
+    """Item 3 of the UI review: the ticked runs' differing config keys in a sortable table (alpha and beta differ
+    in their seed and run name), grouped by a key; tags and a note saved from the run's view into its folder, and
+    the runs list filtered by a tag."""
+    page, root = site["page"], site["root"]
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=alpha] .badge")
+    for box in page.locator("#runs-table tbody input:checked").all():
+        box.uncheck()
+    page.check("tr[data-run=alpha] input")
+    page.check("tr[data-run=beta] input")
+    table = page.locator("#compare-table")
+    expect(table.locator("th", has_text="seed")).to_have_count(1, timeout=10_000)
+    assert table.locator("tbody tr[data-run]").count() == 2
+    table.locator("th", has_text="seed").click()
+    table.locator("th", has_text="seed").click()  # descending: beta (seed 1) first
+    expect(table.locator("tbody tr[data-run]").first).to_have_attribute("data-run", "beta")
+    page.select_option("#compare-group", "seed")
+    expect(table.locator("tr.group")).to_have_count(2)
+    page.click("tr[data-run=alpha] a")
+    page.wait_for_selector("#run-meta[data-run=alpha]")  # the run's view has loaded its tags and note
+    page.fill("#meta-tags", "baseline, seed0")
+    page.fill("#meta-note", "the first of two seeds")
+    page.click("#meta-save")
+    expect(page.locator("#meta-saved")).to_contain_text("saved: 2 tags")
+    assert json.loads((root / "alpha" / "ui.json").read_text()) == {"tags": ["baseline", "seed0"],
+                                                                     "note": "the first of two seeds"}  # fmt: skip
+    expect(page.locator("tr[data-run=alpha] .tag", has_text="baseline")).to_have_count(1, timeout=10_000)
+    page.fill("#runs-filter", "baseline")
+    expect(page.locator("#runs-table tbody tr")).to_have_count(1)
+    page.fill("#runs-filter", "")
+
+
 def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     """One NaN in metrics.jsonl had made every chart's request fail (HTTP 400) and "step": null HTTP 500: now
     the value is a gap in its line and the record without a step is left out."""

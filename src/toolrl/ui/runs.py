@@ -21,6 +21,7 @@ from toolrl.runs.files import open_in_run, read_run_file, run_file_problem
 from toolrl.runs.live import LIVE
 from toolrl.runs.rundir import EVALS, METRICS, SAMPLES, RunDir, run_process
 from toolrl.text import clip
+from toolrl.ui.compare import UI_FILE, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,18 @@ def run_state(path: Path, status: dict[str, Any] | None = None) -> str:
     return clip(str(state), 40)
 
 
-RUN_FILES = ("config.yaml", "status.json", METRICS, SAMPLES, EVALS, "console.log", "progress.log", "plot.png", LIVE)
+RUN_FILES = (
+    "config.yaml",
+    "status.json",
+    METRICS,
+    SAMPLES,
+    EVALS,
+    "console.log",
+    "progress.log",
+    "plot.png",
+    LIVE,
+    UI_FILE,
+)
 """The files of a run the UI reads: each is checked to be a regular file inside the run folder."""
 
 
@@ -115,6 +127,8 @@ def summarize_run(root: Path, path: Path) -> dict[str, Any]:
         "updated_at": _number(status.get("updated_at")) or _mtime(path / "config.yaml"),
         "error": clip(str(status["error"]), 600) if status.get("error") else None,
         "note": clip(str(status["note"]), 200) if status.get("note") else None,
+        "tags": (meta := read_meta(path))["tags"],  # the user's own, from the page (RUN/ui.json)
+        "user_note": meta["note"],
         "resume_blocked": resume_blocked(path, state, last.get("step", 0), _number(status.get("steps"))),
         "problems": problems,
     }

@@ -32,11 +32,13 @@ from starlette.staticfiles import StaticFiles
 from toolrl.errors import ToolRLError
 from toolrl.runs.files import read_run_file, run_file_problem
 from toolrl.text import clip
+from toolrl.ui.compare import FINAL_METRICS, differing, read_config, read_meta, write_meta
 from toolrl.ui.launch import Launcher, find_recipes, validate
 from toolrl.ui.runs import (
     MAX_CONFIG_BYTES,
     RECORD_FILES,
     RecordIndex,
+    last_step,
     list_runs,
     metrics_problems,
     read_metrics,
@@ -69,6 +71,8 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
 MAX_IMAGE_BYTES = 32 << 20
+MAX_COMPARED = 50
+"""Most runs one comparison reads (each a config and the end of its metrics)."""
 COOKIE = "toolrl_token"
 
 
@@ -207,6 +211,24 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
         q = request.query_params
         return JSONResponse(state.launcher.log(q["run"], int(q.get("offset", 0))))
 
+    async def compare(request: Request):
+        """The ticked runs' config keys that differ, and each run's last metrics, tags and note."""
+        runs = [resolve_run(state.root, name) for name in request.query_params.getlist("run")[:MAX_COMPARED]]
+
+        def table() -> dict[str, Any]:
+            configs = {str(r.relative_to(state.root)): read_config(r, MAX_CONFIG_BYTES) for r in runs}
+            last = {name: last_step(r) for name, r in zip(configs, runs, strict=True)}
+            final = {name: {k: finite(m.get(k)) for k in FINAL_METRICS if k in m} for name, m in last.items()}
+            meta = {name: read_meta(r) for name, r in zip(configs, runs, strict=True)}
+            return {"runs": list(configs), "keys": differing(configs), "final": final, "meta": meta}
+
+        return JSONResponse(await run_in_threadpool(table))
+
+    async def run_meta(request: Request):
+        data = await _body(request)
+        run = resolve_run(state.root, str(data.get("run", "")))
+        return JSONResponse(await run_in_threadpool(write_meta, run, data.get("tags"), data.get("note", "")))
+
     async def index(request: Request):
         response = FileResponse(STATIC / "index.html")
         if token and _same(request.query_params.get("token", ""), token):
@@ -233,6 +255,8 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
         Route("/api/resume", resume, methods=["POST"]),
         Route("/api/stop", stop, methods=["POST"]),
         Route("/api/console", console),
+        Route("/api/compare", compare),
+        Route("/api/run/meta", run_meta, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
 

@@ -41,6 +41,8 @@ const Runs = {
     $("#runs-filter").addEventListener("input", () => this.table(this.runs));
     $("#chart-reset-zoom").addEventListener("click", () => { this.zoom = null; this.draw(); });
     $("#chart-csv").addEventListener("click", () => this.csv());
+    $("#compare-group").addEventListener("change", () => this.compareTable());
+    $("#meta-save").addEventListener("click", () => attempt(() => this.saveMeta($("#run-meta").dataset.run)));
     $("#charts").addEventListener("mouseleave", () => { if (this.dirty) this.drawWhenIdle(); }); // what waited
     for (const th of document.querySelectorAll("#runs-table th[data-sort]")) {
       th.addEventListener("click", () => {
@@ -64,6 +66,7 @@ const Runs = {
     const listed = JSON.stringify(runs);
     if (listed !== this.listed) { this.listed = listed; this.table(runs); } // else the rows stay (a selection too)
     else for (const cell of document.querySelectorAll("#runs-table td.ago")) cell.textContent = ago(+cell.dataset.at);
+    await this.compare();
     const pulled = await Promise.all([...this.compared].map((name) => this.pull(name)));
     if (pulled.some(Boolean) || this.compared.size !== before || this.dirty) this.drawWhenIdle();
   },
@@ -82,7 +85,7 @@ const Runs = {
     $("#runs-empty").hidden = runs.length > 0;
     const words = $("#runs-filter").value.toLowerCase().split(/\s+/).filter(Boolean);
     const shown = runs.filter((run) => {
-      const text = [run.name, run.env, run.model, run.state].join(" ").toLowerCase();
+      const text = [run.name, run.env, run.model, run.state, ...(run.tags || [])].join(" ").toLowerCase();
       return words.every((w) => text.includes(w));
     });
     const { key, dir } = this.sort;
@@ -94,9 +97,10 @@ const Runs = {
     $("#runs-table tbody").replaceChildren(...shown.map((run) => h("tr", { dataset: { run: run.name } },
       h("td", {}, h("input", {
         type: "checkbox", checked: this.compared.has(run.name), "aria-label": `compare ${run.name}`,
-        onchange: (e) => { e.target.checked ? this.compared.add(run.name) : this.compared.delete(run.name); this.draw(); },
+        onchange: (e) => { e.target.checked ? this.compared.add(run.name) : this.compared.delete(run.name); this.draw(); attempt(() => this.compare()); },
       })),
-      h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.show(run.name); } }, run.name)),
+      h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.show(run.name); } }, run.name),
+        ...(run.tags || []).map((t) => h("span", { class: "tag" }, t))),
       h("td", { title: [run.error, run.note, ...this.problemsOf(run)].filter(Boolean).join("\n") },
         badge(run.state), this.problemsOf(run).length ? h("span", { class: "warn" }, ` ⚠ ${this.problemsOf(run).length}`) : ""),
       h("td", {}, run.env), h("td", { class: "muted" }, run.model),
@@ -240,8 +244,68 @@ const Runs = {
     return [...(run.problems || []), ...(this.brokenLines[run.name] || [])];
   },
 
+  // the ticked runs side by side: each config key that differs between them, their last metrics, their tags;
+  // sorted by any column, grouped by a key's value
+  compareSort: { key: "run", dir: 1 },
+
+  async compare() {
+    const names = [...this.compared];
+    const wanted = names.join("\n");
+    if (wanted === this.comparedFor && !this.compareStale) return;
+    this.comparedFor = wanted;
+    this.compareStale = false;
+    const query = names.map((n) => `run=${encodeURIComponent(n)}`).join("&");
+    this.comparison = names.length ? await api(`/api/compare?${query}`) : { runs: [], keys: [], final: {}, meta: {} };
+    this.compareTable();
+  },
+
+  compareTable() {
+    const c = this.comparison || { runs: [], keys: [], final: {}, meta: {} };
+    const group = $("#compare-group");
+    const chosen = group.value;
+    fillSelect(group, [["", "(none)"], ...c.keys.map((k) => [k.key, k.key])]);
+    group.value = c.keys.some((k) => k.key === chosen) ? chosen : "";
+    const columns = ["run", "tags", ...c.keys.map((k) => k.key), "reward", "success"];
+    const value = (run, col) => col === "run" ? run : col === "tags" ? (c.meta[run] || {}).tags?.join(" ") || ""
+      : col in (c.final[run] || {}) ? c.final[run][col] : (c.keys.find((k) => k.key === col) || { values: {} }).values[run];
+    const cell = (v) => (v === null || v === undefined ? "–" : typeof v === "number" ? fmt(v) : String(v));
+    const order = (a, b) => {
+      const [x, y] = [value(a, this.compareSort.key), value(b, this.compareSort.key)];
+      return (x === y ? 0 : x === undefined || x === null ? 1 : y === undefined || y === null ? -1 : x < y ? -1 : 1) * this.compareSort.dir;
+    };
+    let rows = [...c.runs].sort(order);
+    if (group.value) rows = rows.sort((a, b) => String(value(a, group.value)).localeCompare(String(value(b, group.value))));
+    $("#compare-table thead").replaceChildren(h("tr", {}, ...columns.map((col) => h("th", {
+      class: "sortable", title: "sort by this column",
+      onclick: () => { this.compareSort = { key: col, dir: this.compareSort.key === col ? -this.compareSort.dir : 1 }; this.compareTable(); },
+    }, col))));
+    const body = [];
+    let last;
+    for (const run of rows) {
+      const g = group.value ? cell(value(run, group.value)) : null;
+      if (g !== null && g !== last) body.push(h("tr", { class: "group" }, h("td", { colspan: String(columns.length) }, `${group.value} = ${g}`)));
+      last = g;
+      body.push(h("tr", { dataset: { run } }, ...columns.map((col) => h("td", {}, cell(value(run, col))))));
+    }
+    $("#compare-table tbody").replaceChildren(...body);
+    $("#run-compare").hidden = c.runs.length < 2;
+  },
+
+  async saveMeta(name) {
+    const tags = $("#meta-tags").value.split(/[\s,]+/).filter(Boolean);
+    const saved = await api("/api/run/meta", { run: name, tags, note: $("#meta-note").value });
+    $("#meta-saved").textContent = `saved: ${saved.tags.length} tags`;
+    this.compareStale = true;
+    this.listed = null; // the runs list shows the new tags on its next poll
+  },
+
   async show(name) {
     const run = await api(`/api/run?run=${encodeURIComponent(name)}`);
+    $("#run-meta").hidden = false;
+    $("#run-meta").dataset.run = name;
+    $("#meta-tags").value = (run.tags || []).join(", ");
+    $("#meta-note").value = run.user_note || "";
+    $("#meta-saved").textContent = "";
     const problems = this.problemsOf(run);
     $("#run-problems").hidden = !problems.length;
     $("#run-problems").textContent = problems.length ? `${name}: ${problems.join("; ")}` : "";
