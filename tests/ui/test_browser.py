@@ -143,6 +143,17 @@ def shot(site, name):
     assert not site["errors"], site["errors"]
 
 
+def tick_only(site, *runs):
+    """The runs tab with only `runs` ticked (the newest run is ticked on a first visit)."""
+    page = site["page"]
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector(f"tr[data-run={runs[0]}] .badge")
+    for box in page.locator("#runs-table tbody input:checked").all():
+        box.uncheck()
+    for run in runs:
+        page.check(f"tr[data-run={run}] input")
+
+
 def test_runs_list_and_live_overlaid_curves(site):
     page, root = site["page"], site["root"]
     page.goto(site["url"] + "#runs")
@@ -189,11 +200,7 @@ def test_log_scale_eval_rings_a_legend_of_runs_and_no_empty_panels(site):
     rings, not dots of the line's colour; the legend names the runs; a metric no run logged has no panel; no tick
     label runs past its chart's edge."""
     page = site["page"]
-    page.goto(site["url"] + "#runs")
-    page.wait_for_selector("tr[data-run=alpha] .badge")
-    for box in page.locator("#runs-table tbody input:checked").all():
-        box.uncheck()
-    page.check("tr[data-run=alpha] input")
+    tick_only(site, "alpha")
     reward = page.locator(".chart[data-metric=reward]")
     expect(reward.locator("path.series")).to_have_count(1)
     assert page.locator(".chart-empty").count() == 0  # every panel shown has something in it
@@ -221,18 +228,13 @@ def test_runs_compared_by_the_config_keys_that_differ_with_tags_and_a_note(site)
     in their seed and run name), grouped by a key; tags and a note saved from the run's view into its folder, and
     the runs list filtered by a tag."""
     page, root = site["page"], site["root"]
-    page.goto(site["url"] + "#runs")
-    page.wait_for_selector("tr[data-run=alpha] .badge")
-    for box in page.locator("#runs-table tbody input:checked").all():
-        box.uncheck()
-    page.check("tr[data-run=alpha] input")
-    page.check("tr[data-run=beta] input")
+    tick_only(site, "alpha", "beta")
     table = page.locator("#compare-table")
     expect(table.locator("th", has_text="seed")).to_have_count(1, timeout=10_000)
-    assert table.locator("tbody tr[data-run]").count() == 2
+    assert table.locator("tbody tr[data-compared]").count() == 2
     table.locator("th", has_text="seed").click()
     table.locator("th", has_text="seed").click()  # descending: beta (seed 1) first
-    expect(table.locator("tbody tr[data-run]").first).to_have_attribute("data-run", "beta")
+    expect(table.locator("tbody tr[data-compared]").first).to_have_attribute("data-compared", "beta")
     page.select_option("#compare-group", "seed")
     expect(table.locator("tr.group")).to_have_count(2)
     page.click("tr[data-run=alpha] a")

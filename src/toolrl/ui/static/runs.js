@@ -285,7 +285,7 @@ const Runs = {
       const g = group.value ? cell(value(run, group.value)) : null;
       if (g !== null && g !== last) body.push(h("tr", { class: "group" }, h("td", { colspan: String(columns.length) }, `${group.value} = ${g}`)));
       last = g;
-      body.push(h("tr", { dataset: { run } }, ...columns.map((col) => h("td", {}, cell(value(run, col))))));
+      body.push(h("tr", { dataset: { compared: run } }, ...columns.map((col) => h("td", {}, cell(value(run, col))))));
     }
     $("#compare-table tbody").replaceChildren(...body);
     $("#run-compare").hidden = c.runs.length < 2;
