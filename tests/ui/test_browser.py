@@ -251,6 +251,69 @@ def test_runs_compared_by_the_config_keys_that_differ_with_tags_and_a_note(site)
     page.fill("#runs-filter", "")
 
 
+def test_every_view_is_in_the_url_a_reload_and_another_browser_show_it(site):
+    """Item 1 of the UI review: the ticked runs, x axis, smoothing, log-scale charts and sort are in the URL; a
+    reload restores them, and the copied URL opens the same view in another browser (a fresh context, through the
+    token link). The trajectory open and the filters too."""
+    page = site["page"]
+    tick_only(site, "alpha", "beta")
+    page.select_option("#chart-x", "wall")
+    page.locator(".chart[data-metric=step_s] .chart-log").click()
+    page.locator("#runs-table th[data-sort=name]").click()
+    expect(page).to_have_url(re.compile(r"#runs\?.*runs=alpha%2Cbeta.*x=wall.*log=step_s.*sort=name"))
+    copied = page.url
+    page.reload()
+    expect(page.locator(".chart[data-metric=reward] path.series")).to_have_count(2)
+    assert page.locator("#chart-x").input_value() == "wall"
+    expect(page.locator(".chart[data-metric=step_s]")).to_have_attribute("data-scale", "log")
+    other = page.context.browser.new_context().new_page()  # another browser: no cookie, no localStorage
+    try:
+        other.goto(site["url"] + "#" + copied.split("#", 1)[1])  # the token link, then the copied view
+        expect(other.locator(".chart[data-metric=reward] path.series")).to_have_count(2)
+        assert other.locator("#chart-x").input_value() == "wall"
+        expect(other.locator(".chart[data-metric=step_s]")).to_have_attribute("data-scale", "log")
+        expect(other.locator("tr[data-run=alpha] input")).to_be_checked()
+    finally:
+        other.context.close()
+    page.locator(".chart[data-metric=step_s] .chart-log").click()  # as the tests after expect
+    page.select_option("#chart-x", "step")
+
+    page.goto(site["url"] + "#trajectories")
+    page.select_option("#tr-run", "alpha")
+    page.select_option("#tr-step", "1")
+    page.click("#tr-list .card >> nth=2")
+    page.wait_for_selector("#tr-list .card.selected[data-index='2']")
+    page.select_option("#f-errors", "no")
+    expect(page).to_have_url(re.compile(r"#trajectories\?run=alpha&kind=train&step=1&i=2&.*errors=no"))
+    page.reload()
+    page.wait_for_selector("#tr-list .card.selected[data-index='2']")
+    assert page.locator("#f-errors").input_value() == "no" and page.locator("#tr-detail .tok").count() > 0
+    page.select_option("#f-errors", "")
+
+
+def test_search_across_runs_opens_the_trajectory_it_found(site):
+    """Item 4 of the UI review: text in the tool results, across every run; a hit opens its trajectory (hostile
+    text in a result is shown as text)."""
+    page = site["page"]
+    page.goto(site["url"] + "#trajectories")
+    page.click("#search summary")
+    page.fill("#s-text", "division by ZERO")
+    page.select_option("#s-scope", "all")
+    page.click("#s-go")
+    hit = page.locator("#s-results .hit")
+    expect(hit).to_have_count(1)
+    assert hit.get_attribute("data-run") == "with-calls" and "division by zero" in hit.inner_text()
+    page.fill("#s-text", "")
+    page.fill("#s-tool", "fetch")
+    page.click("#s-go")
+    expect(hit).to_have_count(1)
+    hit.click()
+    page.wait_for_selector("#tr-detail .tok")
+    assert page.locator("#tr-run").input_value() == "with-calls"
+    assert page.locator("#tr-detail b").count() == 0  # the result's <b> is text, not an element
+    page.fill("#s-tool", "")
+
+
 def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     """One NaN in metrics.jsonl had made every chart's request fail (HTTP 400) and "step": null HTTP 500: now
     the value is a gap in its line and the record without a step is left out."""

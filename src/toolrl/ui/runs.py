@@ -336,6 +336,11 @@ class RecordIndex:
         """step -> the summary of each record (task, reward, success, stop reason, tool calls and errors)."""
         return self._index(run / RECORD_FILES[kind]).brief
 
+    def locations(self, run: Path, kind: str) -> dict[int, tuple[int, int]]:
+        """Byte offset of each indexed record -> (step, its index in the step)."""
+        offsets = self._index(run / RECORD_FILES[kind]).offsets
+        return {o: (step, i) for step, found in offsets.items() for i, o in enumerate(found)}
+
     def unreadable(self, run: Path, kind: str) -> int:
         return self._index(run / RECORD_FILES[kind]).unreadable
 

@@ -38,6 +38,7 @@ from toolrl.ui.runs import (
     MAX_CONFIG_BYTES,
     RECORD_FILES,
     RecordIndex,
+    find_runs,
     last_step,
     list_runs,
     metrics_problems,
@@ -46,6 +47,7 @@ from toolrl.ui.runs import (
     resolve_run,
     summarize_run,
 )
+from toolrl.ui.search import Query, search
 from toolrl.ui.tools import ToolBench, find_tool_files
 
 
@@ -224,6 +226,15 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
 
         return JSONResponse(await run_in_threadpool(table))
 
+    async def search_samples(request: Request):
+        """Records of the named runs (all runs without one) matching text, tool, outcome, reward range, stop."""
+        q = request.query_params
+        names = q.getlist("run")
+        runs = [resolve_run(state.root, n) for n in names] if names else find_runs(state.root)
+        query = Query(q.get("q", "")[:200], q.get("tool", "")[:200], q.get("outcome", ""),
+                      _float(q, "rmin"), _float(q, "rmax"), q.get("stop", "")[:80])  # fmt: skip
+        return JSONResponse(await run_in_threadpool(search, state.index, state.root, runs, query))
+
     async def run_meta(request: Request):
         data = await _body(request)
         run = resolve_run(state.root, str(data.get("run", "")))
@@ -256,6 +267,7 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
         Route("/api/stop", stop, methods=["POST"]),
         Route("/api/console", console),
         Route("/api/compare", compare),
+        Route("/api/search", search_samples),
         Route("/api/run/meta", run_meta, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
@@ -310,6 +322,20 @@ def _guarded(app, token: str | None, loopback_only: bool):
 
     guarded.inner = app
     return guarded
+
+
+def _float(params, key: str) -> float | None:
+    """A number parameter (None when absent or empty); anything else is a one-line error naming it."""
+    value = params.get(key, "")
+    if value == "":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise ToolRLError(f"{key}: {clip(repr(value), 40)} is not a number") from None
+    if not math.isfinite(number):
+        raise ToolRLError(f"{key}: {clip(repr(value), 40)} is not a finite number")
+    return number
 
 
 def _kind(request: Request) -> str:

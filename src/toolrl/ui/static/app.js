@@ -88,6 +88,17 @@ function every(name, ms, fn) {
 }
 function stop(name) { clearInterval(UI.timers[name]); delete UI.timers[name]; }
 
+// Each view's state lives in the URL's hash, `#tab?key=value&...`: a reload, or the link opened in another browser
+// (after its token), shows the same view. replaceState: no history entry per click, and no hashchange event.
+function hashTab() { return location.hash.slice(1).split("?")[0]; }
+function hashParams() { return new URLSearchParams(location.hash.slice(1).split("?")[1] || ""); }
+function setHash(tab, params) {
+  const kept = Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== "" && !(Array.isArray(v) && !v.length));
+  const query = new URLSearchParams(kept.map(([k, v]) => [k, Array.isArray(v) ? v.join(",") : String(v)])).toString();
+  const hash = `#${tab}${query ? `?${query}` : ""}`;
+  if (location.hash !== hash) history.replaceState(null, "", location.pathname + hash);
+}
+
 function showTab(name) {
   for (const button of document.querySelectorAll("#tabs button")) {
     button.classList.toggle("active", button.dataset.tab === name);
@@ -95,7 +106,7 @@ function showTab(name) {
   for (const section of document.querySelectorAll("section.tab")) section.hidden = section.id !== `tab-${name}`;
   for (const [tab, view] of Object.entries(UI.tabs)) if (tab !== name && view.leave) view.leave();
   if (UI.tabs[name] && UI.tabs[name].enter) UI.tabs[name].enter();
-  if (location.hash !== `#${name}`) history.replaceState(null, "", `#${name}`);
+  if (hashTab() !== name) history.replaceState(null, "", `#${name}`); // the tab's own state stays in its hash
 }
 
 async function refreshRuns() {
@@ -109,7 +120,7 @@ window.addEventListener("DOMContentLoaded", () => {
   for (const button of document.querySelectorAll("#tabs button")) {
     button.addEventListener("click", () => showTab(button.dataset.tab));
   }
-  const fromHash = () => { const name = location.hash.slice(1); showTab(UI.tabs[name] ? name : "runs"); };
+  const fromHash = () => { const name = hashTab(); showTab(UI.tabs[name] ? name : "runs"); };
   window.addEventListener("hashchange", fromHash);
   fromHash();
 });

@@ -29,7 +29,33 @@ const Runs = {
 
   enter() {
     if (!this.wired) this.wire();
+    this.fromHash();
     every("runs", 2000, () => attempt(() => Runs.refresh()));
+  },
+
+  // the view as the URL says it (over the choices kept in the browser): ticked runs, axis, smoothing, zoom, metrics,
+  // log-scale charts, sort, filter
+  fromHash() {
+    const q = hashParams(), list = (key) => (q.get(key) || "").split(",").filter(Boolean);
+    if (q.has("runs")) this.compared = new Set(list("runs"));
+    if (["step", "wall", "samples"].includes(q.get("x"))) this.xaxis = q.get("x");
+    if (q.has("smooth") && Number.isFinite(+q.get("smooth"))) this.smooth = Math.min(0.99, Math.max(0, +q.get("smooth")));
+    const zoom = list("zoom").map(Number);
+    this.zoom = zoom.length === 2 && zoom.every(Number.isFinite) ? zoom : this.zoom;
+    if (q.has("metrics")) this.extra = new Set(list("metrics"));
+    if (q.has("log")) this.logScale = new Set(list("log"));
+    const [key, dir] = (q.get("sort") || "").split(":");
+    if (key) this.sort = { key, dir: dir === "1" ? 1 : -1 };
+    if (q.has("filter")) $("#runs-filter").value = q.get("filter");
+    $("#chart-x").value = this.xaxis;
+    $("#chart-smooth").value = this.smooth;
+  },
+
+  toHash() {
+    if (hashTab() !== "runs") return;
+    setHash("runs", { runs: [...this.compared], x: this.xaxis === "step" ? null : this.xaxis, smooth: this.smooth || null,
+      zoom: this.zoom ? this.zoom.map((v) => +v.toPrecision(6)) : null, metrics: [...this.extra], log: [...this.logScale],
+      sort: `${this.sort.key}:${this.sort.dir}`, filter: $("#runs-filter").value });
   },
 
   wire() {
@@ -82,6 +108,7 @@ const Runs = {
 
   table(runs) {
     this.runs = runs;
+    this.toHash(); // a sort or a filter
     $("#runs-empty").hidden = runs.length > 0;
     const words = $("#runs-filter").value.toLowerCase().split(/\s+/).filter(Boolean);
     const shown = runs.filter((run) => {
@@ -184,6 +211,7 @@ const Runs = {
   },
 
   draw() {
+    this.toHash();
     const names = [...this.compared];
     const color = (i) => PALETTE[i % PALETTE.length];
     this.pickers();

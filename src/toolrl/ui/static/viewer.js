@@ -14,7 +14,25 @@ const Viewer = {
     showTab("trajectories");
   },
 
+  filters: { "f-reward-min": "rmin", "f-reward-max": "rmax", "f-success": "success", "f-stop": "stop", "f-errors": "errors" },
+
+  // the trajectory open and the filters, in the URL (a reload or a copied link opens the same trajectory)
+  toHash() {
+    if (hashTab() !== "trajectories") return;
+    const [run, kind, step] = [$("#tr-run").value, $("#tr-kind").value, $("#tr-step").value];
+    const c = this.current, open = c && c.run === run && c.kind === kind && String(c.step) === step;
+    const params = { run, kind, step, i: open ? c.index : null };
+    for (const [id, key] of Object.entries(this.filters)) params[key] = $(`#${id}`).value;
+    setHash("trajectories", params);
+  },
+
   async enter() {
+    const q = hashParams();
+    if (!this.pending && q.get("run")) { // a link to a trajectory: its run, step, record and filters
+      this.pending = { run: q.get("run"), kind: q.get("kind") === "eval" ? "eval" : "train", step: q.get("step") || "",
+        index: q.has("i") && Number.isInteger(+q.get("i")) ? +q.get("i") : null };
+      for (const [id, key] of Object.entries(this.filters)) if (q.has(key)) $(`#${id}`).value = q.get(key);
+    }
     await attempt(async () => {
       const runs = UI.runs.length ? UI.runs : await refreshRuns();
       fillSelect($("#tr-run"), runs.map((r) => [r.name, r.name]));
@@ -41,12 +59,15 @@ const Viewer = {
     const previous = $("#tr-step").value;
     fillSelect($("#tr-step"), keys.map((k) => [k, label(k)]));
     if (!keys.map(String).includes(previous) && keys.length) $("#tr-step").value = keys[keys.length - 1]; // the latest
+    const index = this.pending ? this.pending.index : null;
     if (this.pending && keys.map(String).includes(this.pending.step)) {
       $("#tr-step").value = this.pending.step;
       reload = true;
     }
     this.pending = null;
     if (reload || $("#tr-step").value !== previous) await this.loadStep();
+    if (index !== null && index !== undefined && index < this.briefs.length) await this.open(Number($("#tr-step").value), index);
+    this.toHash();
   },
 
   async loadStep() {
@@ -89,6 +110,7 @@ const Viewer = {
       r.tool_errors ? h("span", { class: "badge bad" }, `${r.tool_errors} tool error${r.tool_errors > 1 ? "s" : ""}`) : null,
       h("span", { class: "muted" }, ` ${r.tool_calls} call${r.tool_calls === 1 ? "" : "s"}`)))));
     $("#tr-list").prepend(h("li", { class: "muted count" }, `${records.length} of ${this.briefs.length} trajectories`));
+    this.toHash();
   },
 
   async open(step, index) {
@@ -96,6 +118,7 @@ const Viewer = {
     $("#tr-detail").replaceChildren(h("p", { class: "muted" }, "loading…")); // no stale record to act on
     const record = await api(`/api/record?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}&index=${index}`);
     this.current = { run, kind, step, index, record };
+    this.toHash();
     $("#tr-detail").replaceChildren(this.render(record, true));
     for (const card of document.querySelectorAll("#tr-list .card")) {
       card.classList.toggle("selected", Number(card.dataset.index) === index);
@@ -228,6 +251,32 @@ const Viewer = {
 };
 UI.tabs.trajectories = Viewer;
 
+// Search across steps (and runs): each hit opens its trajectory
+const Search = {
+  async run() {
+    const params = new URLSearchParams();
+    for (const [id, key] of [["s-text", "q"], ["s-tool", "tool"], ["s-outcome", "outcome"], ["s-rmin", "rmin"], ["s-rmax", "rmax"], ["s-stop", "stop"]]) {
+      if ($(`#${id}`).value) params.set(key, $(`#${id}`).value);
+    }
+    if ($("#s-scope").value === "run" && $("#tr-run").value) params.set("run", $("#tr-run").value);
+    const found = await api(`/api/search?${params}`);
+    $("#s-count").textContent = `${found.hits.length}${found.capped ? "+" : ""} of ${found.looked} trajectories`;
+    $("#s-results").replaceChildren(...found.hits.map((hit) => h("li", {
+      class: "card hit", dataset: { run: hit.run, step: hit.step, index: hit.index },
+      onclick: () => attempt(() => Search.open(hit)),
+    }, h("div", {}, h("b", {}, `${hit.run} · ${hit.kind} step ${hit.step} · #${hit.index}`), " ", h("span", { class: "muted" }, hit.task_id || "")),
+    h("div", {}, `reward ${fmt(hit.reward)} `, h("span", { class: "badge" }, hit.stop_reason || "")),
+    hit.snippet ? h("div", { class: "muted snippet" }, hit.snippet) : null)));
+  },
+
+  async open(hit) {
+    Viewer.pending = { run: hit.run, kind: hit.kind, step: String(hit.step), index: hit.index };
+    $("#tr-run").value = hit.run;
+    $("#tr-kind").value = hit.kind;
+    await Viewer.loadSteps(true);
+  },
+};
+
 window.addEventListener("DOMContentLoaded", () => {
   $("#tr-run").addEventListener("change", () => attempt(() => Viewer.loadSteps(true)));
   $("#tr-kind").addEventListener("change", () => attempt(() => Viewer.loadSteps(true)));
@@ -237,6 +286,7 @@ window.addEventListener("DOMContentLoaded", () => {
   }
   $("#tr-heat").addEventListener("change", () => { if (Viewer.current) $("#tr-detail").replaceChildren(Viewer.render(Viewer.current.record, true)); });
   $("#cmp-close").addEventListener("click", () => { $("#tr-compare").hidden = true; });
+  $("#s-form").addEventListener("submit", (event) => { event.preventDefault(); attempt(() => Search.run()); });
   document.addEventListener("mouseover", (event) => {
     const info = $("#token-info");
     if (event.target.classList && event.target.classList.contains("tok")) {
