@@ -3,6 +3,8 @@ the call's own, or the host's watch where no cgroup can be made): six processes 
 with a tool error that says so, a program within the limit runs, and no cgroup is left behind."""
 
 import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -54,6 +56,29 @@ def test_each_call_gets_a_cgroup_that_is_gone_after_it():
     finally:
         box.close()
     assert not [p for parent in parents for p in parent.glob("toolrl-sandbox-*")]
+
+
+def test_cgroups_left_by_a_killed_process_are_swept_and_a_running_ones_kept(monkeypatch):
+    """A process killed mid-call (SIGKILL, the OOM killer) cannot remove its call's cgroup: the next process that
+    makes one removes those of processes no longer running (empty ones only), and keeps a running process's."""
+    bound = memory.CgroupBound(256 << 20, 8)
+    parents = [folder.parent for folder in bound.folders]
+    bound.close()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        left = [parent / f"toolrl-sandbox-{int(dead.stdout)}-0" for parent in parents]
+        kept = [parent / f"toolrl-sandbox-{alive.pid}-0" for parent in parents]
+        for folder in left + kept:
+            folder.mkdir()
+        monkeypatch.setattr(memory, "_swept", set())  # as a fresh process has it
+        memory.CgroupBound(256 << 20, 8).close()
+        assert not any(f.exists() for f in left) and all(f.exists() for f in kept)
+    finally:
+        alive.kill()
+        alive.wait()
+        for folder in kept:
+            folder.rmdir()
 
 
 def test_auto_falls_back_to_the_watch_where_no_cgroup_can_be_made(monkeypatch, caplog):

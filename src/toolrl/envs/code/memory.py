@@ -82,6 +82,39 @@ def _v1_parents() -> tuple[Path, Path | None] | None:
     return memory, pids if pids is not None and os.access(pids, os.W_OK) else None
 
 
+_swept: set[Path] = set()
+
+
+def sweep_stale(parent: Path) -> int:
+    """Remove the call cgroups a killed toolrl process left under `parent` (`toolrl-sandbox-PID-N` of a PID that no
+    longer runs; rmdir removes only an empty cgroup, so nothing in use goes), once per parent per process; how many
+    were removed. A process killed mid-call (SIGKILL, the machine's OOM killer) cannot remove its own."""
+    if parent in _swept:
+        return 0
+    _swept.add(parent)
+    removed = 0
+    for folder in parent.glob("toolrl-sandbox-*-*"):
+        pid = folder.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or _running(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+            removed += 1
+    if removed:
+        log.info("removed %d cgroups left by stopped toolrl processes under %s", removed, parent)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 class CgroupBound:
     """A cgroup made for one sandbox call: memory (and process count) of all its processes together."""
 
@@ -93,6 +126,7 @@ class CgroupBound:
         self.v2 = _v2_parent()
         try:
             if self.v2 is not None:
+                sweep_stale(self.v2)
                 folder = self.v2 / name
                 folder.mkdir()
                 self.folders.append(folder)
@@ -105,6 +139,8 @@ class CgroupBound:
                 if places is None:
                     raise OSError("no writable cgroup with a memory controller")
                 memory, pids = places
+                for parent in (memory, pids) if pids is not None else (memory,):
+                    sweep_stale(parent)
                 folder = memory / name
                 folder.mkdir()
                 self.folders.append(folder)
