@@ -314,6 +314,32 @@ def test_search_across_runs_opens_the_trajectory_it_found(site):
     page.fill("#s-tool", "")
 
 
+def test_pass_rates_are_sorted_by_any_column_and_paged(site):
+    """Item 7 of the UI review: a curriculum's pass rates had shown the first 200 tasks only; now every task, 50 a
+    page, sorted by any column."""
+    page, root = site["page"], site["root"]
+    rates = {f"t{i:03d}": {"pass_rate": (i % 10) / 10, "attempts": i, "weight": 1 + (i % 7)} for i in range(120)}
+    (root / "beta" / "pass_rates.json").write_text(json.dumps({"step": 3, "tasks": rates}))
+    try:
+        page.goto(site["url"] + "#runs")
+        page.click("tr[data-run=beta] a")
+        box = page.locator("#run-pass-rates")
+        expect(box.locator("#pr-page")).to_contain_text("page 1 of 3 (120 tasks, by weight ↓)")
+        box.locator("summary").click()
+        assert box.locator("tbody tr").count() == 50
+        box.locator("th[data-key=attempts]").click()  # the most attempts first
+        assert box.locator("tbody tr").first.locator("td").nth(2).inner_text() == "119"
+        box.locator("th[data-key=attempts]").click()  # then the fewest
+        assert box.locator("tbody tr").first.locator("td").nth(0).inner_text() == "t000"
+        page.click("#pr-next")
+        page.click("#pr-next")
+        expect(box.locator("#pr-page")).to_contain_text("page 3 of 3")
+        assert box.locator("tbody tr").count() == 20 and page.locator("#pr-next").is_disabled()
+        assert box.locator("tbody tr").last.locator("td").nth(0).inner_text() == "t119"
+    finally:
+        (root / "beta" / "pass_rates.json").unlink()
+
+
 def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     """One NaN in metrics.jsonl had made every chart's request fail (HTTP 400) and "step": null HTTP 500: now
     the value is a gap in its line and the record without a step is left out."""

@@ -68,6 +68,15 @@ const Runs = {
     $("#chart-reset-zoom").addEventListener("click", () => { this.zoom = null; this.draw(); });
     $("#chart-csv").addEventListener("click", () => this.csv());
     $("#compare-group").addEventListener("change", () => this.compareTable());
+    for (const th of document.querySelectorAll("#run-pass-rates th[data-key]")) {
+      th.addEventListener("click", () => {
+        const { sort } = this.passRates;
+        this.passRates.sort = { key: th.dataset.key, dir: sort.key === th.dataset.key ? -sort.dir : th.dataset.key === "task" ? 1 : -1 };
+        this.drawPassRates();
+      });
+    }
+    $("#pr-prev").addEventListener("click", () => { this.passRates.page -= 1; this.drawPassRates(); });
+    $("#pr-next").addEventListener("click", () => { this.passRates.page += 1; this.drawPassRates(); });
     $("#meta-save").addEventListener("click", () => attempt(() => this.saveMeta($("#run-meta").dataset.run)));
     $("#charts").addEventListener("mouseleave", () => { if (this.dirty) this.drawWhenIdle(); }); // what waited
     for (const th of document.querySelectorAll("#runs-table th[data-sort]")) {
@@ -345,17 +354,25 @@ const Runs = {
     const tasks = Object.entries((run.pass_rates || {}).tasks || {});
     rates.hidden = !tasks.length;
     rates.querySelector("span").textContent = `${tasks.length} tasks at step ${(run.pass_rates || {}).step}`;
-    tasks.sort((a, b) => b[1].weight - a[1].weight || a[0].localeCompare(b[0]));
-    const rows = tasks.slice(0, 200).map(([id, r]) => {
-      const tr = document.createElement("tr");
-      for (const value of [id, r.pass_rate.toFixed(2), r.attempts, r.weight.toFixed(2)]) {
-        const td = document.createElement("td");
-        td.textContent = value;
-        tr.append(td);
-      }
-      return tr;
-    });
-    rates.querySelector("tbody").replaceChildren(...rows);
+    this.passRates.tasks = tasks;
+    this.passRates.page = 0;
+    this.drawPassRates();
+  },
+
+  // a curriculum's per-task pass rates: sorted by any column (the heaviest first by default), 50 a page
+  passRates: { tasks: [], sort: { key: "weight", dir: -1 }, page: 0 },
+
+  drawPassRates() {
+    const PAGE = 50, state = this.passRates, { key, dir } = state.sort;
+    const value = ([id, r]) => (key === "task" ? id : r[key]);
+    const rows = [...state.tasks].sort((a, b) => (value(a) < value(b) ? -dir : value(a) > value(b) ? dir : a[0].localeCompare(b[0])));
+    const pages = Math.max(1, Math.ceil(rows.length / PAGE));
+    state.page = Math.min(Math.max(0, state.page), pages - 1);
+    $("#run-pass-rates tbody").replaceChildren(...rows.slice(state.page * PAGE, (state.page + 1) * PAGE).map(([id, r]) =>
+      h("tr", {}, ...[id, r.pass_rate.toFixed(2), r.attempts, r.weight.toFixed(2)].map((v) => h("td", {}, String(v))))));
+    $("#pr-page").textContent = `page ${state.page + 1} of ${pages} (${rows.length} tasks, by ${key} ${dir > 0 ? "↑" : "↓"})`;
+    $("#pr-prev").disabled = state.page === 0;
+    $("#pr-next").disabled = state.page >= pages - 1;
   },
 };
 UI.tabs.runs = Runs;
