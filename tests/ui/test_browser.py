@@ -483,6 +483,9 @@ def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(sit
     tokens = [t for s in step1[0]["segments"] if s["kind"] == "model" for t in s["tokens"]]
     assert page.locator("#tr-detail .tok.trained").count() == len(tokens)
     page.hover("#tr-detail .tok >> nth=0")
+    token, box = page.locator("#tr-detail .tok >> nth=0").bounding_box(), page.locator("#token-info").bounding_box()
+    assert abs(box["y"] - (token["y"] + token["height"])) <= 12 or abs(box["y"] + box["height"] - token["y"]) <= 12
+    assert box["x"] <= token["x"] + 4 and box["x"] + box["width"] >= token["x"]  # next to the token, not a corner
     info = page.locator("#token-info").inner_text()
     assert "log-prob" in info and str(step1[0]["segments"][0]["ids"][0]) in info
     successes = sum(r["success"] >= 0.5 for r in step1)

@@ -292,6 +292,11 @@ window.addEventListener("DOMContentLoaded", () => {
     if (event.target.classList && event.target.classList.contains("tok")) {
       info.textContent = event.target.dataset.info;
       info.hidden = false;
+      // next to the token (below it, or above where the window ends), kept inside the window
+      const at = event.target.getBoundingClientRect(), box = info.getBoundingClientRect();
+      const below = at.bottom + 6 + box.height <= window.innerHeight;
+      info.style.top = `${Math.max(4, below ? at.bottom + 6 : at.top - 6 - box.height)}px`;
+      info.style.left = `${Math.max(4, Math.min(at.left, window.innerWidth - box.width - 4))}px`;
     }
   });
 });
