@@ -463,6 +463,19 @@ def test_the_group_view_shows_the_samples_of_one_prompt_side_by_side(site):
     page.click("#tr-group")
     page.wait_for_function("document.querySelectorAll('#cmp-columns .group-member').length === 3")  # group_size 3
     assert page.locator("#cmp-title").inner_text().startswith("Group 0 of step 1: 3 samples of one prompt")
+    # a column with content wider than itself (a long tool call's table) keeps it inside, scrolling, never over the
+    # next column: a 2,000 px table put into the first column
+    spills = page.evaluate("""() => {
+        const columns = [...document.querySelectorAll('#cmp-columns .group-member')];
+        const wide = document.createElement('div');
+        wide.style.cssText = 'width: 2000px; height: 4px';
+        columns[0].append(wide);
+        const visible = (c) => getComputedStyle(c).overflowX === 'visible';
+        const spilled = columns.filter((c) => c.scrollWidth > c.clientWidth && visible(c));
+        wide.remove();
+        return spilled.length;
+    }""")
+    assert spills == 0
     headers = page.locator("#cmp-columns .group-member h4").all_inner_texts()
     assert all("reward" in text and "advantage" in text and "tool calls" in text for text in headers), headers
     shot(site, "group")
