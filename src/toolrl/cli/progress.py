@@ -109,7 +109,6 @@ class StepReporter:
         line = step_line(m, self.total, self.eta())
         if self.log is not None:
             self.log.write(f"{time.strftime('%H:%M:%S')} {line}\n")
-            self.log.flush()
         if self.mode == "bar" and self.progress is not None:
             self.progress.update(self.task, completed=self.done, stats=line.split("  ", 1)[1])
         elif self.mode == "lines":

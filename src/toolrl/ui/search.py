@@ -53,7 +53,8 @@ def search(index: RecordIndex, root: Path, runs: list[Path], query: Query) -> di
     """Hits (at most MAX_HITS, newest step first within a run) and how many records were looked at."""
     hits: list[dict[str, Any]] = []
     looked = 0
-    needle = query.text.lower().encode()
+    lowered = query.text.lower()
+    needle = lowered.encode()
     for run in runs:
         for kind, name in RECORD_FILES.items():
             briefs = index.briefs(run, kind)
@@ -79,7 +80,7 @@ def search(index: RecordIndex, root: Path, runs: list[Path], query: Query) -> di
                             record = json.loads(line)
                         except ValueError:
                             continue
-                        found = [t for t in _texts(record) if query.text.lower() in t.lower()] if query.text else [""]
+                        found = [t for t in _texts(record) if lowered in t.lower()] if query.text else [""]
                         if not found or (query.tool and query.tool not in _tools(record)):
                             continue
                         snippet = _snippet(found[0], query.text)
