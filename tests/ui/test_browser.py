@@ -195,6 +195,61 @@ def test_runs_list_and_live_overlaid_curves(site):
     page.wait_for_selector("tr[data-run=alpha] .badge.state-died", timeout=10_000)  # its process is gone
 
 
+def test_a_long_live_run_is_drawn_per_pixel_and_new_steps_extend_its_lines_never_under_the_cursor(site):
+    """Item 2 of the UI review: a line of 3,000 steps is drawn from at most 4 points a pixel column, hover still
+    reads the exact value of a step; a new step extends the charts in place (same nodes, longer paths), waits while
+    the pointer is on a chart, and a point outside a chart's axes draws that chart anew."""
+    import math
+
+    page, root = site["page"], site["root"]
+    run = root / "long"
+    run.mkdir()
+    value = lambda step: round(math.sin(step / 50) + 0.3 * math.sin(step * 1.7), 6)  # noqa: E731
+    try:
+        (run / "config.yaml").write_text("env:\n  name: calculator\n")
+        status = {"state": "running", "step": 3000, "steps": 10000, "updated_at": time.time()}  # live: fresh, no host
+        (run / "status.json").write_text(json.dumps(status))
+        with (run / "metrics.jsonl").open("w") as f:
+            for step in range(1, 3001):
+                f.write(json.dumps({"step": step, "reward": value(step), "success": 0.5}) + "\n")
+        page.goto(site["url"] + "#runs?runs=long")
+        chart = page.locator(".chart[data-metric=reward]")
+        expect(chart).to_have_attribute("data-points", "3000")
+        drawn = int(chart.locator("path.series").get_attribute("data-drawn"))
+        assert 250 <= drawn <= 4 * 250  # per pixel column of the 250 px plot: first, lowest, highest, last
+        box = chart.locator("svg").bounding_box()
+        page.mouse.move(box["x"] + 42 + (box["width"] - 50) * 0.4, box["y"] + 80)
+        tip = chart.locator(".tip").inner_text()
+        step = int(re.search(r"step (\d+)", tip).group(1))
+        assert float(re.search(r"long: (-?[\d.]+)", tip).group(1)) == pytest.approx(value(step), abs=5e-3)
+        page.evaluate("window.__reward = document.querySelector('.chart[data-metric=reward]')")
+        length = page.evaluate(
+            "document.querySelector('.chart[data-metric=reward] path.series').getAttribute('d').length"
+        )
+        with (run / "metrics.jsonl").open("a") as f:  # while the pointer is on the chart: nothing changes under it
+            f.write(json.dumps({"step": 3001, "reward": 0.1, "success": 0.5}) + "\n")
+        page.wait_for_function("Runs.metrics.long.length === 3001 && Runs.dirty", timeout=10_000)
+        assert chart.get_attribute("data-extended") is None and chart.locator(".tip").is_visible()
+        page.mouse.move(0, 0)  # the pointer leaves: what waited goes onto the chart, in place
+        expect(chart).to_have_attribute("data-extended", "1")
+        assert page.evaluate("window.__reward === document.querySelector('.chart[data-metric=reward]')")
+        longer = page.evaluate("document.querySelector('.chart[data-metric=reward] path.series').getAttribute('d')")
+        assert len(longer) > length and longer.count("L") >= drawn
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": 3002, "reward": 0.2, "success": 0.5}) + "\n")
+        expect(chart).to_have_attribute("data-extended", "2")
+        with (run / "metrics.jsonl").open("a") as f:  # far outside the y axis: this chart is drawn anew, not the rest
+            f.write(json.dumps({"step": 3003, "reward": 50.0, "success": 0.5}) + "\n")
+        page.wait_for_function(
+            "window.__reward !== document.querySelector('.chart[data-metric=reward]')", timeout=10_000
+        )
+        expect(chart).to_have_attribute("data-points", "3003")
+        expect(page.locator(".chart[data-metric=success]")).to_have_attribute("data-extended", "3")
+        assert not site["errors"], site["errors"]
+    finally:
+        shutil.rmtree(run)
+
+
 def test_log_scale_eval_rings_a_legend_of_runs_and_no_empty_panels(site):
     """Item 5 and 7 of the UI review: a chart's y axis can be logarithmic (kept across a reload); evaluations are
     rings, not dots of the line's colour; the legend names the runs; a metric no run logged has no panel; no tick
@@ -237,6 +292,24 @@ def test_runs_compared_by_the_config_keys_that_differ_with_tags_and_a_note(site)
     expect(table.locator("tbody tr[data-compared]").first).to_have_attribute("data-compared", "beta")
     page.select_option("#compare-group", "seed")
     expect(table.locator("tr.group")).to_have_count(2)
+    # grouped charts: a line per value of the key (the mean of its runs), the runs faint; kept in the URL
+    reward = page.locator(".chart[data-metric=reward]")
+    expect(reward.locator(".legend")).to_contain_text("seed=0 (1 run)")
+    assert "seed=1 (1 run)" in reward.locator(".legend").inner_text()
+    expect(reward.locator("path.series-raw")).to_have_count(2)
+    assert "group=seed" in page.url
+    page.reload()
+    expect(page.locator(".chart[data-metric=reward] .legend")).to_contain_text("seed=1 (1 run)", timeout=10_000)
+    steps = {}
+    for name in ("alpha", "beta"):
+        for line in (root / name / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if "eval" not in r and "reward" in r:
+                steps.setdefault(r["step"], []).append(r["reward"])
+    mean = page.evaluate("Runs.groupMean(['alpha', 'beta'], 'reward').map(([x, y, step]) => [step, y])")
+    assert mean == [[step, pytest.approx(sum(v) / len(v))] for step, v in sorted(steps.items())]
+    page.select_option("#compare-group", "")
+    expect(reward.locator("path.series-raw")).to_have_count(0)
     page.click("tr[data-run=alpha] a")
     page.wait_for_selector("#run-meta[data-run=alpha]")  # the run's view has loaded its tags and note
     page.fill("#meta-tags", "baseline, seed0")
@@ -638,3 +711,76 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# Elements whose content runs out of them where they do not scroll (overflow visible), and a page wider than the
+# window. Hidden elements, SVG inside charts and inline text runs are left out: their boxes are their parents'.
+OVERFLOWS = """() => {
+  const out = [];
+  const name = (el) => el.tagName.toLowerCase() + (el.id ? `#${el.id}` : "")
+    + (el.classList.length ? `.${[...el.classList].join(".")}` : "");
+  for (const el of document.querySelectorAll("body *")) {
+    if (!(el instanceof HTMLElement) || !el.getClientRects().length) continue;
+    const style = getComputedStyle(el);
+    if (style.display === "inline" || /(auto|scroll|hidden|clip)/.test(style.overflowX)) continue;
+    if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
+      const widest = [...el.children].sort((a, b) => b.scrollWidth - a.scrollWidth)[0];
+      const inside = widest ? ` (${name(widest)})` : "";
+      out.push(`${name(el)}: ${el.scrollWidth} px of content in ${el.clientWidth}${inside}`);
+    }
+  }
+  const page = document.documentElement.scrollWidth;
+  if (page > window.innerWidth + 1) out.push(`the page: ${page} px wide in a ${window.innerWidth} px window`);
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (390, 844)])
+def test_no_view_overflows_at_desktop_and_phone_widths(site, width, height):
+    """Item 7 of the UI review: each view (runs and charts, a step's trajectories with one open, the group view,
+    tools with a result, launch), screenshot at 1440x900 and at a phone's 390x844: no element's content runs out
+    of a box that does not scroll, and the page is never wider than the window (the trajectory, 521 px, and its
+    calls table had run off a phone's screen)."""
+    page = site["page"]
+    page.set_viewport_size({"width": width, "height": height})
+    try:
+        found = {}
+
+        def check(view):
+            page.wait_for_timeout(300)
+            site["page"].screenshot(path=str(site["shots"] / f"ui-fit-{view}-{width}.png"), full_page=True)
+            found[view] = page.evaluate(OVERFLOWS)
+
+        tick_only(site, "alpha", "beta")
+        page.wait_for_selector(".chart[data-metric=reward]")
+        check("runs")
+        page.goto(site["url"] + "#trajectories")
+        page.select_option("#tr-run", "with-calls")
+        page.select_option("#tr-step", "1")
+        page.click("#tr-list .card >> nth=0")
+        page.wait_for_selector("#tr-detail .tok")
+        check("trajectory")
+        page.select_option("#tr-run", "alpha")
+        page.select_option("#tr-kind", "train")
+        page.select_option("#tr-step", "1")
+        page.click("#tr-list .card >> nth=0")
+        page.click("#tr-group")
+        page.wait_for_selector("#cmp-columns .group-member")
+        check("group")
+        page.goto(site["url"] + "#tools")
+        page.fill("#tools-file", str(site["tools"]))
+        page.click("#tools-load")
+        page.wait_for_selector("[data-tool='calc.calculator']")
+        page.click("[data-tool='calc.calculator']")
+        page.fill("#tools-form [name=expression]", "6 * 7")
+        page.click("#tools-call")
+        page.wait_for_selector("#tools-result:not([hidden])")
+        check("tools")
+        page.goto(site["url"] + "#launch")
+        page.select_option("#launch-recipe", "tiny")
+        check("launch")
+        overflowing = {view: problems for view, problems in found.items() if problems}
+        assert not overflowing, json.dumps(overflowing, indent=1)
+        assert not site["errors"], site["errors"]
+    finally:
+        page.set_viewport_size({"width": 1360, "height": 900})

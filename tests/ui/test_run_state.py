@@ -3,6 +3,8 @@ finished first; resume is refused up front, with its reason, where it cannot wor
 
 import json
 
+import pytest
+
 from tests.ui.test_api import make_run, ui_client
 
 
@@ -27,16 +29,25 @@ def test_resume_is_blocked_with_its_reason_and_torn_metrics_lines_are_named(tmp_
     with (stopped / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "reward": \n')  # torn by a kill mid-write
         f.write(json.dumps({"step": 4, "reward": 0.5}) + "\n")
+        f.write("[1, 2]\n")  # JSON, not a record
+        f.write('{"step": 5, "reward": NaN, "kl": Infinity, "note": "NaN in a string"}\n')
     with ui_client(root) as client:
         runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
         assert runs["done"]["resume_blocked"].startswith("the run finished all its 3 steps")
         assert runs["stopped"]["resume_blocked"] is None  # a stopped run with a checkpoint: resumable
         assert runs["bare"]["resume_blocked"] == "no checkpoint to resume from (train.save_every writes them)"
         assert runs["late"]["note"] == late["note"] and runs["late"]["state"] == "finished"
-        metrics = client.get("/api/metrics", params={"run": "stopped", "since": 0}).json()
-        assert metrics["problems"] == ["metrics.jsonl:4: not valid JSON, skipped"]
-        assert [r.get("step") for r in metrics["records"]] == [0, 1, 2, None, 4]  # the torn line keeps its place
-        assert client.get("/api/metrics", params={"run": "stopped", "since": 4}).json()["problems"] == []
+        answer = client.get("/api/metrics", params={"run": "stopped", "since": 0})
+        metrics = json.loads(
+            answer.text, parse_constant=lambda word: pytest.fail(f"{word} is not JSON a browser reads")
+        )
+        assert metrics["problems"] == [
+            "metrics.jsonl:4: not a JSON object, skipped",
+            "metrics.jsonl:6: not a JSON object, skipped",
+        ]
+        assert [r.get("step") for r in metrics["records"]] == [0, 1, 2, None, 4, None, 5]  # torn lines keep their place
+        assert metrics["records"][-1] == {"step": 5, "reward": None, "kl": None, "note": "NaN in a string"}
+        assert client.get("/api/metrics", params={"run": "stopped", "since": 6}).json()["problems"] == []
 
 
 def test_a_stop_asked_during_the_last_step_says_the_run_finished_first(tmp_path, tiny_model_dir):

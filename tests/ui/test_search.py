@@ -41,3 +41,19 @@ def test_search_finds_text_tools_outcomes_and_rewards_across_runs(tmp_path):
         assert client.get("/api/search", params={"run": "../etc"}).status_code in (400, 404)
         opened = client.get("/api/record", params={"run": "b", "kind": "train", "step": 2, "index": 0}).json()
         assert json.dumps(opened).count("PARIS") == 1  # what a hit opens is that record
+
+
+def test_search_gives_the_newest_steps_first_and_caps_its_hits(tmp_path, monkeypatch):
+    """The cap keeps the latest steps (a long run's first 200 records had been the hits)."""
+    import toolrl.ui.search as search
+
+    root = tmp_path / "runs"
+    run = make_run(root, "long", steps=1)
+    for step in range(1, 6):
+        RunDir(run).log_samples(step, [record(f"t{step}-{i}", 1.0, "the answer is 42") for i in range(2)])
+    monkeypatch.setattr(search, "MAX_HITS", 3)
+    with ui_client(root) as client:
+        found = client.get("/api/search", params={"q": "ANSWER"}).json()
+        assert [(h["step"], h["index"]) for h in found["hits"]] == [(5, 0), (5, 1), (4, 0)] and found["capped"]
+        found = client.get("/api/search", params={"outcome": "success"}).json()  # summaries only, no text
+        assert [(h["step"], h["index"]) for h in found["hits"]] == [(5, 0), (5, 1), (4, 0)]

@@ -237,16 +237,19 @@ def read_pass_rates(path: Path) -> dict[str, Any]:
 
 
 def metrics_problems(records: list[dict[str, Any]], since: int) -> list[str]:
-    """'metrics.jsonl:3: not valid JSON, skipped' for each torn line of `records` (read_metrics' placeholders)."""
-    return [f"{METRICS}:{since + i + 1}: not valid JSON, skipped" for i, r in enumerate(records) if r == {}]
+    """'metrics.jsonl:3: not a JSON object, skipped' for each torn line of `records` (read_metrics' placeholders)."""
+    return [f"{METRICS}:{since + i + 1}: not a JSON object, skipped" for i, r in enumerate(records) if r == {}]
 
 
-def read_metrics(path: Path, since: int = 0, offset: int | None = None) -> tuple[list[dict[str, Any]], int, int]:
+def read_metrics(
+    path: Path, since: int = 0, offset: int | None = None, texts: list[bytes | None] | None = None
+) -> tuple[list[dict[str, Any]], int, int]:
     """The metrics records from line `since` on, the byte offset after the last whole line, and the line number
     the records start at. With `offset` (what the last poll returned, for the line `since`), the file is read from
     there: a poll of a 4 MB file with nothing new reads nothing (it had been read from its start every 2 s). An
     offset past the file's end (rewritten shorter: a resume) starts over from line 0. A line still being written (no
-    newline yet) waits; a torn line is kept as {} so that line numbers hold."""
+    newline yet) waits; a torn line is kept as {} so that line numbers hold. With `texts`, each record's line is
+    appended to it where a browser can read it as it is (JSON with no NaN or Infinity), else None."""
     try:
         f = open_in_run(path, path / METRICS)
     except OSError:
@@ -269,9 +272,13 @@ def read_metrics(path: Path, since: int = 0, offset: int | None = None) -> tuple
             if i < skip:
                 continue
             try:
-                out.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
-                out.append({})
+                record = {}
+            out.append(record if isinstance(record, dict) else {})  # a torn line, or JSON that is not a record
+            if texts is not None:
+                plain = out[-1] != {} and b"NaN" not in line and b"Infinity" not in line
+                texts.append(line.rstrip() if plain else None)
     return out, position, start
 
 

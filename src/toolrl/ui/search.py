@@ -1,7 +1,9 @@
 """Search over the samples of steps and runs: text in the model's turns or the tool results, a tool's name, the
 outcome, a reward range and the stop reason; each hit names its run, kind, step and record index, so that the page
-opens that trajectory. Text is found by a scan of the file's bytes (fast beside parsing); only lines that contain
-the text, lower-cased, are parsed. A run folder is data: files are opened as the index opens them, hits are capped."""
+opens that trajectory. Records are found through the run's record index (the viewer's: byte offsets and summaries
+per step), newest step first; text is found in a record's bytes (fast beside parsing), and only records whose
+line contains the text, lower-cased, are parsed. A run folder is data: files are opened as the index opens them,
+hits are capped."""
 
 from __future__ import annotations
 
@@ -50,7 +52,9 @@ def _tools(record: dict[str, Any]) -> set[str]:
 
 
 def search(index: RecordIndex, root: Path, runs: list[Path], query: Query) -> dict[str, Any]:
-    """Hits (at most MAX_HITS, newest step first within a run) and how many records were looked at."""
+    """Hits (at most MAX_HITS, newest step first within a run) and how many records were looked at. The index's
+    summaries decide outcome, reward and stop reason without reading a record; a record is read (at its indexed
+    offset) only when text or a tool is asked, and parsed only when its line holds the text."""
     hits: list[dict[str, Any]] = []
     looked = 0
     lowered = query.text.lower()
@@ -58,24 +62,25 @@ def search(index: RecordIndex, root: Path, runs: list[Path], query: Query) -> di
     for run in runs:
         for kind, name in RECORD_FILES.items():
             briefs = index.briefs(run, kind)
-            where = index.locations(run, kind)
+            where = sorted(index.locations(run, kind).items(), key=lambda at: (-at[1][0], at[1][1]))
+            if not where:
+                continue
             try:
                 f = open_in_run(run, run / name)
             except OSError:
                 continue
             with f:
-                offset = 0
-                for line in f:
-                    at = where.get(offset)
-                    offset += len(line)
-                    if at is None:
-                        continue
-                    step, i = at
+                for offset, (step, i) in where:
                     brief = briefs[step][i]
                     looked += 1
-                    if not query.brief_passes(brief) or (needle and needle not in line.lower()):
+                    if not query.brief_passes(brief):
                         continue
+                    snippet = ""
                     if query.text or query.tool:
+                        f.seek(offset)
+                        line = f.readline()
+                        if needle and needle not in line.lower():
+                            continue
                         try:
                             record = json.loads(line)
                         except ValueError:
@@ -84,8 +89,6 @@ def search(index: RecordIndex, root: Path, runs: list[Path], query: Query) -> di
                         if not found or (query.tool and query.tool not in _tools(record)):
                             continue
                         snippet = _snippet(found[0], query.text)
-                    else:
-                        snippet = ""
                     hits.append({"run": str(run.relative_to(root)), "kind": kind, "step": step, "index": i,
                                  "task_id": brief.get("task_id"), "reward": brief.get("reward"),
                                  "success": brief.get("success"), "stop_reason": brief.get("stop_reason"),

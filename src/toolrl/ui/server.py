@@ -63,6 +63,17 @@ def finite(value: Any) -> Any:
     return value
 
 
+def records_json(records: list[Any], texts: list[bytes | None]) -> bytes:
+    """`records` as a JSON array: each one's line as the file has it where that is JSON a browser reads (`texts`),
+    else encoded again with NaN and infinities as null. (Encoding 5,000 lines of 40 metrics again had taken 180 ms
+    of a 4.9 MB request's 390.)"""
+    return (
+        b"["
+        + b",".join(text or StrictJSONResponse(finite(r)).body for r, text in zip(records, texts, strict=True))
+        + b"]"
+    )
+
+
 class JSONResponse(StrictJSONResponse):
     def render(self, content: Any) -> bytes:
         return super().render(finite(content))
@@ -123,9 +134,13 @@ def build_app(root: Path, recipe_dirs: list[Path], *, token: str | None, loopbac
         run = resolve_run(state.root, request.query_params["run"])
         since = int(request.query_params.get("since", 0))
         offset = request.query_params.get("offset")  # the byte offset the last poll returned, for line `since`
-        records, end, since = await run_in_threadpool(read_metrics, run, since, None if offset is None else int(offset))
-        return JSONResponse({"since": since, "offset": end, "records": records,
-                             "problems": metrics_problems(records, since)})  # fmt: skip
+        texts: list[bytes | None] = []
+        records, end, since = await run_in_threadpool(
+            read_metrics, run, since, None if offset is None else int(offset), texts
+        )
+        head = JSONResponse({"since": since, "offset": end, "problems": metrics_problems(records, since)}).body
+        return Response(head[:-1] + b',"records":' + await run_in_threadpool(records_json, records, texts) + b"}",
+                        media_type="application/json")  # fmt: skip
 
     async def steps(request: Request):
         run = resolve_run(state.root, request.query_params["run"])

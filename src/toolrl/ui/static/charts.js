@@ -27,25 +27,37 @@ function ticks(lo, hi, count = 4) {
 // at or below 0 are gaps), onLog(on) (its toggle), hideEmpty (null instead of an empty "not logged" chart)}.
 function lineChart(title, metric, series, opts = {}) {
   const W = 300, H = 170, L = 42, R = 8, T = 22, B = 24;
-  const [lo, hi] = opts.range || [-Infinity, Infinity];
-  const kept = (p) => (opts.log && p[1] !== null && !(p[1] > 0) ? [p[0], null, p[2]] : p);
-  series = series.map((one) => ({ ...one, points: one.points.filter((p) => p[0] >= lo && p[0] <= hi).map(kept) }));
-  const all = series.flatMap((one) => one.points).filter((p) => p[1] !== null);
-  if (!all.length && opts.hideEmpty) return null;
-  const box = h("div", { class: "chart", dataset: { metric, points: String(all.length), scale: opts.log ? "log" : "linear" } });
+  if (opts.range || opts.log) {
+    const [lo, hi] = opts.range || [-Infinity, Infinity];
+    const kept = (p) => (opts.log && p[1] !== null && !(p[1] > 0) ? [p[0], null, p[2]] : p);
+    series = series.map((one) => ({ ...one, points: one.points.filter((p) => p[0] >= lo && p[0] <= hi).map(kept) }));
+  }
+  const v = opts.log ? Math.log10 : (y) => y; // the y axis's scale
+  let count = 0, x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+  for (const one of series) {
+    for (const p of one.points) {
+      if (p[1] === null) continue;
+      count += 1;
+      if (p[0] < x0) x0 = p[0];
+      if (p[0] > x1) x1 = p[0];
+      const y = v(p[1]);
+      if (y < y0) y0 = y;
+      if (y > y1) y1 = y;
+    }
+  }
+  if (!count && opts.hideEmpty) return null;
+  const box = h("div", { class: "chart", dataset: { metric, points: String(count), scale: opts.log ? "log" : "linear" } });
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title });
   // a long title is cut before the chart's buttons, whole in its tooltip (it had run under the PNG button)
   const shortTitle = title.length > 30 ? `${title.slice(0, 29)}…` : title;
   svg.append(s("text", { x: L, y: 14, class: "chart-title" }, s("title", {}, title), shortTitle));
   box.append(svg);
-  if (!all.length) {
+  if (!count) {
     svg.append(s("text", { x: W / 2, y: H / 2, class: "chart-empty", "text-anchor": "middle" }, "not logged"));
     return box;
   }
-  const v = opts.log ? Math.log10 : (y) => y; // the y axis's scale
-  let [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
-  let [y0, y1] = [Math.min(...all.map((p) => v(p[1]))), Math.max(...all.map((p) => v(p[1])))];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (opts.live && !opts.range) x1 += Math.max(1, (x1 - x0) * 0.05); // room for the next steps (extend)
   if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 0.5; y1 += Math.abs(y1) * 0.1 || 0.5; }
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => H - B - ((v(y) - y0) / (y1 - y0)) * (H - T - B);
@@ -63,22 +75,59 @@ function lineChart(title, metric, series, opts = {}) {
   if (opts.xLabel && opts.xLabel !== "step") {
     svg.append(s("text", { x: W - R, y: H - 1, "text-anchor": "end", class: "tick" }, opts.xLabel));
   }
-  for (const one of series) {
-    if (!one.points.length) continue;
+  // a line's path: drawn at the chart's resolution (a pixel column's first, lowest, highest and last point; hover
+  // reads the whole line), then extended point by point as the run logs more (extend, below)
+  const segment = (points, pen) => {
+    let d = "";
+    for (const [x, y] of points) {
+      if (y === null || (opts.log && !(y > 0))) { pen = "M"; continue; }  // the next point starts a new piece of line
+      d += `${pen}${X(x).toFixed(1)},${Y(y).toFixed(1)}`;
+      pen = "L";
+    }
+    return [d, pen];
+  };
+  const ring = (one, x, y) => s("circle", { cx: X(x), cy: Y(y), r: 3.5, fill: "#fff", stroke: one.color, "stroke-width": 1.6, class: "eval-dot" });
+  const lines = series.map((one) => {
+    if (!one.points.length) return null;
     if (one.dots) {
       // evaluations: hollow rings, not the line's filled colour
-      for (const [x, y] of one.points) if (y !== null) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3.5, fill: "#fff", stroke: one.color, "stroke-width": 1.6, class: "eval-dot" }));
-    } else {
-      let d = "", pen = "M";
-      for (const [x, y] of one.points) {
-        if (y === null) { pen = "M"; continue; }  // the next point starts a new piece of line
-        d += `${pen}${X(x).toFixed(1)},${Y(y).toFixed(1)}`;
-        pen = "L";
-      }
-      const width = one.faint ? 1 : 1.6, cls = one.faint ? "series-raw" : "series";
-      if (d) svg.append(s("path", { d, stroke: one.color, fill: "none", "stroke-width": width, class: cls, opacity: one.faint ? 0.3 : 1, "data-pieces": String((d.match(/M/g) || []).length) }));
+      for (const [x, y] of one.points) if (y !== null) svg.append(ring(one, x, y));
+      return null;
     }
-  }
+    const drawn = perPixel(one.points, X);
+    const [d, pen] = segment(drawn, "M");
+    const width = one.faint ? 1 : 1.6, cls = one.faint ? "series-raw" : "series";
+    const path = s("path", { d, stroke: one.color, fill: "none", "stroke-width": width, class: cls, opacity: one.faint ? 0.3 : 1, "data-pieces": String((d.match(/M/g) || []).length), "data-drawn": String(drawn.length) });
+    if (d) svg.append(path);
+    return { path, d, pen, drawn: drawn.length };
+  });
+  // A live run's new points go onto the chart as it is when they fall inside its axes (a live chart's x axis keeps
+  // 5% room on the right): its path is extended, nothing else drawn again. Where a point falls outside, or the lines
+  // are not the same ones, extend says false and the caller draws the chart anew.
+  let had = series.map((one) => one.points.length); // the points drawn of each line (its array may grow in place)
+  box.extend = (next) => {
+    if (opts.range || next.length !== series.length || lines.some((line, i) => !line && !series[i].dots && next[i].points.length)) return false;
+    if (next.some((one, i) => one.label !== series[i].label || one.dots !== series[i].dots || one.faint !== series[i].faint || one.points.length < had[i])) return false;
+    const fresh = next.map((one, i) => one.points.slice(had[i]));
+    const inside = (p) => p[0] >= x0 && p[0] <= x1 && (p[1] === null || (opts.log && !(p[1] > 0)) || (v(p[1]) >= y0 && v(p[1]) <= y1));
+    if (!fresh.every((points) => points.every(inside))) return false;
+    next.forEach((one, i) => {
+      if (!fresh[i].length) return;
+      if (one.dots) { for (const [x, y] of fresh[i]) if (y !== null) svg.insertBefore(ring(one, x, y), cursor); return; }
+      const line = lines[i];
+      const [d, pen] = segment(fresh[i], line.pen);
+      [line.d, line.pen] = [line.d + d, pen];
+      line.path.setAttribute("d", line.d);
+      line.drawn += fresh[i].length;
+      line.path.dataset.drawn = String(line.drawn);
+      if (!line.path.isConnected && line.d) svg.insertBefore(line.path, cursor);
+    });
+    series = next;
+    had = series.map((one) => one.points.length);
+    box.dataset.points = String(+box.dataset.points + fresh.flat().filter((p) => p[1] !== null).length);
+    box.dataset.extended = String(+(box.dataset.extended || 0) + 1);
+    return true;
+  };
   const legend = h("div", { class: "legend" }, series.filter((o) => o.points.length && !o.faint).map((one) =>
     h("span", {}, h("i", { class: one.dots ? "ring" : "", style: one.dots ? `border-color:${one.color}` : `background:${one.color}` }), one.label)));
   box.append(legend);
@@ -90,15 +139,14 @@ function lineChart(title, metric, series, opts = {}) {
     const rect = svg.getBoundingClientRect();
     const x = x0 + ((event.clientX - rect.left) * (W / rect.width) - L) / (W - L - R) * (x1 - x0);
     const lines = [];
-    let nearest = null;
+    let at = null;
     for (const one of series) {
       if (one.faint) continue;
-      let best = null;
-      for (const p of one.points) if (p[1] !== null && (!best || Math.abs(p[0] - x) < Math.abs(best[0] - x))) best = p;
-      if (best) { lines.push(`${one.label}: ${fmt(best[1])} (step ${best[2] ?? best[0]})`); nearest = nearest ?? best[0]; }
+      const best = nearest(one.points, x);
+      if (best) { lines.push(`${one.label}: ${fmt(best[1])} (step ${best[2] ?? best[0]})`); at = at ?? best[0]; }
     }
-    if (nearest === null) return;
-    cursor.setAttribute("x1", X(nearest)); cursor.setAttribute("x2", X(nearest));
+    if (at === null) return;
+    cursor.setAttribute("x1", X(at)); cursor.setAttribute("x2", X(at));
     cursor.setAttribute("visibility", "visible");
     tip.textContent = lines.join("\n");
     tip.hidden = false;
@@ -128,7 +176,8 @@ function lineChart(title, metric, series, opts = {}) {
     let best = null;
     for (const one of series) {
       if (one.faint || one.dots || !one.run) continue;
-      for (const p of one.points) if (p[1] !== null && (!best || Math.abs(p[0] - to) < Math.abs(best.p[0] - to))) best = { p, run: one.run };
+      const p = nearest(one.points, to);
+      if (p && (!best || Math.abs(p[0] - to) < Math.abs(best.p[0] - to))) best = { p, run: one.run };
     }
     if (best && opts.onPick) opts.onPick(best.run, best.p[2]);
   });
@@ -140,6 +189,44 @@ function lineChart(title, metric, series, opts = {}) {
       "aria-pressed": String(Boolean(opts.log)), onclick: () => opts.onLog(!opts.log) }, "log"));
   }
   return box;
+}
+
+// The points of a line (in x order) that draw it at the chart's width: per pixel column its first, lowest, highest
+// and last point, so that a line of 5,000 steps is drawn from at most 4 points a pixel and looks as the whole one
+// does (its peaks kept); a gap (y null) is kept where it is.
+function perPixel(points, X) {
+  const out = [];
+  let column = null, bucket = [];
+  const flush = () => {
+    if (bucket.length <= 4) { out.push(...bucket); bucket = []; return; }
+    let lo = bucket[0], hi = bucket[0];
+    for (const p of bucket) { if (p[1] < lo[1]) lo = p; if (p[1] > hi[1]) hi = p; }
+    const picked = new Set([bucket[0], lo, hi, bucket[bucket.length - 1]]);
+    for (const p of bucket) if (picked.has(p)) out.push(p);
+    bucket = [];
+  };
+  for (const p of points) {
+    if (p[1] === null) { flush(); out.push(p); column = null; continue; }
+    const c = Math.floor(X(p[0]));
+    if (c !== column) { flush(); column = c; }
+    bucket.push(p);
+  }
+  flush();
+  return out;
+}
+
+// The point of a line (in x order) nearest x whose value is not a gap: a binary search, then the nearest valued
+// neighbour on either side.
+function nearest(points, x) {
+  let lo = 0, hi = points.length - 1;
+  if (hi < 0) return null;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (points[mid][0] < x) lo = mid + 1; else hi = mid; }
+  let left = lo - 1, right = lo;
+  while (left >= 0 && points[left][1] === null) left -= 1;
+  while (right < points.length && points[right][1] === null) right += 1;
+  const [a, b] = [points[left], points[right]];
+  if (!a || !b) return a || b || null;
+  return Math.abs(a[0] - x) < Math.abs(b[0] - x) ? a : b;
 }
 
 // One chart as a PNG: the SVG drawn on a canvas at twice its size, styles inlined.
