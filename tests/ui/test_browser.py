@@ -422,7 +422,10 @@ def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     (run / "config.yaml").write_text("env:\n  name: calculator\ntrain:\n  steps: 6\n")
     rewards = ["0.1", "0.2", "NaN", "0.4", "Infinity", "0.6"]
     lines = [f'{{"step": {i + 1}, "reward": {r}, "success": 0.5}}' for i, r in enumerate(rewards)]
-    (run / "metrics.jsonl").write_text("\n".join([*lines, '{"step": null, "reward": 9}', '{"reward": 9}']) + "\n")
+    torn = ['{"step": 7, "rew', "[7]"]  # a kill mid-write; JSON that is not a record
+    (run / "metrics.jsonl").write_text(
+        "\n".join([*lines, '{"step": null, "reward": 9}', '{"reward": 9}', *torn]) + "\n"
+    )
     page.goto(site["url"] + "#runs")
     page.wait_for_selector("tr[data-run=gappy]")
     for box in page.locator("#runs-table tbody input:checked").all():
@@ -433,6 +436,11 @@ def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     assert path.get_attribute("data-pieces") == "3"  # 1-2, 4, 6: broken at the NaN and at the inf
     assert page.locator(".chart[data-metric=success] path.series").get_attribute("data-pieces") == "1"
     assert page.locator("tr[data-run=gappy]").inner_text().count("6") >= 1  # its last step, not the stepless line
+    # item 8: the lines that were not read are named in the run's row and view, not skipped silently
+    expect(page.locator("tr[data-run=gappy] .warn")).to_contain_text("2")
+    page.click("tr[data-run=gappy] a")
+    expect(page.locator("#run-problems")).to_contain_text("metrics.jsonl:9: not a JSON object, skipped")
+    assert "metrics.jsonl:10: not a JSON object, skipped" in page.locator("#run-problems").inner_text()
     assert not site["errors"], site["errors"]
 
 

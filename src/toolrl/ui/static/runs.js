@@ -105,7 +105,9 @@ const Runs = {
     if (listed !== this.listed) { this.listed = listed; this.table(runs); } // else the rows stay (a selection too)
     else for (const cell of document.querySelectorAll("#runs-table td.ago")) cell.textContent = ago(+cell.dataset.at);
     await this.compare();
+    const broken = JSON.stringify(this.brokenLines);
     const pulled = await Promise.all([...this.compared].map((name) => this.pull(name)));
+    if (JSON.stringify(this.brokenLines) !== broken) this.table(runs); // a torn line met: named in its run's row
     if (pulled.some(Boolean) || this.compared.size !== before || this.dirty) this.drawWhenIdle();
   },
 
