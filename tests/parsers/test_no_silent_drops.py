@@ -116,3 +116,74 @@ def test_the_cap_on_calls_per_turn_reports_and_counts_what_it_does_not_run():
     noisy = ParseResult([], [f"Error: {i}" for i in range(40)]).within(16)
     assert len(noisy.errors) == 17 and noisy.not_run == 40
     assert noisy.errors[-1] == "Error: at most 16 tool calls per turn; 24 more malformed calls are not shown"
+
+
+PROBE_CALLS = {
+    "search-r1": [ToolCall("search", {"query": "cats"}), ToolCall("search", {"query": "dogs"})],
+}
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_no_parser_drops_a_call_that_strays_from_its_syntax(parser):
+    """Issue 51: case variants of a syntax's tags and keys, attributes on its tag, several calls in one tag and a
+    call nested in its own tag are each run or reported (hermes had dropped `<TOOL_CALL>...</TOOL_CALL>`, counted
+    two calls in one tag as one error; search-r1 had dropped `<SEARCH>` and `<search top="3">` and run the query
+    `<search>x` of a nested tag). Every registered parser, a plug-in's too."""
+    from toolrl.parsers.fuzz import call_shapes, drop_probe
+
+    calls = PROBE_CALLS.get(parser, [ToolCall("ls", {"path": "a"}), ToolCall("cd", {"folder": "b"})])
+    assert len(call_shapes(PARSERS[parser], calls)) >= 2
+    assert drop_probe(PARSERS[parser], calls, KNOWN) == []
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "calls", "reported"),
+    [
+        ("hermes", '<TOOL_CALL>{"name": "ls", "arguments": {"path": "a"}}</TOOL_CALL>', 0, 1),
+        ("hermes", '<tool_call id="1">{"name": "ls", "arguments": {"path": "a"}}</tool_call>', 0, 1),
+        ("hermes", '<tool_call>[{"name": "ls", "arguments": {}}, {"name": "cd", "arguments": {}}]</tool_call>', 2, 0),
+        ("hermes", '<tool_call>{"name": "ls", "arguments": {}}\n{"name": "cd", "arguments": {}}</tool_call>', 2, 0),
+        ("hermes", '<tool_call>{"name": "ls", "arguments": {}} {"name": </tool_call>', 1, 1),
+        ("hermes", '<tool_call>{"Name": "ls", "arguments": {"path": "a"}}</tool_call>', 0, 1),
+        ("hermes", '<tool_call>{"name": "ls", "Arguments": {"path": "a"}}</tool_call>', 0, 1),  # not run without them
+        ("llama3-json", '{"NAME": "ls", "PARAMETERS": {"path": "a"}}', 0, 1),
+        ("llama3-json", '[{"name": "ls", "parameters": {}}, {"name": "cd", "parameters": {}}]', 2, 0),
+        ("search-r1", '<search top="3">x</search>', 0, 1),
+        ("search-r1", "<SEARCH>x</SEARCH>", 0, 1),
+        ("search-r1", "<search><search>x</search></search>", 0, 1),  # one broken span, not the query "<search>x"
+        ("search-r1", "<search>a <search>b</search>", 1, 1),  # the outer never closed; the inner is read
+        ("search-r1", "<search>x</search></search>", 1, 1),
+        ("pythonic", 'ls(path=cd(folder="x"))', 0, 1),  # a call inside a call's arguments: not run, reported
+    ],
+)
+def test_the_shapes_issue_51_found_dropped(parser, text, calls, reported):
+    result = PARSERS[parser](text, KNOWN)
+    assert (len(result.calls), result.not_run) == (calls, reported), result.errors
+    assert all("\n" not in e for e in result.errors)
+
+
+def test_the_probe_finds_what_a_plug_in_parser_drops():
+    """A user's parser registered from outside the package is probed the same way: one that reads only the exact
+    lower-case tag (what hermes did) is caught on the upper-case and attribute shapes."""
+    import re
+
+    from toolrl.parsers.base import register_parser
+    from toolrl.parsers.fuzz import drop_probe
+    from toolrl.parsers.hermes import INSTRUCTIONS, render_hermes
+
+    @register_parser("test-exact-tags", render_hermes, INSTRUCTIONS)
+    def exact(text, known_tools=None):
+        calls = []
+        for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):
+            try:
+                data = json.loads(body)
+                calls.append(ToolCall(data["name"], data["arguments"]))
+            except (ValueError, KeyError, TypeError):
+                pass  # what the probe is for: a span dropped
+        return ParseResult(calls)
+
+    try:
+        failures = drop_probe(PARSERS["test-exact-tags"], [ToolCall("ls", {"path": "a"}), ToolCall("cd", {})], KNOWN)
+    finally:
+        PARSERS.pop("test-exact-tags")
+    assert any("tags in upper case" in f for f in failures) and any("tag with an attribute" in f for f in failures)

@@ -175,10 +175,18 @@ def decode_error(exc: BaseException, expected: str) -> str:
     return f"Error: tool call is not valid JSON ({clip(first_line(exc), 120)}); {expected}"  # a number too long
 
 
+CALL_KEYS = ("name", "arguments", "parameters")
+"""The keys of a call written as a JSON object."""
+
+
 def call_from_object(
     data: Any, known_tools: Collection[str] | None, expected: str
 ) -> tuple[ToolCall | None, str | None]:
-    """A decoded `{"name": ..., "arguments" | "parameters": {...}}` as a call, or a one-line error."""
+    """A decoded `{"name": ..., "arguments" | "parameters": {...}}` as a call, or a one-line error. A key in
+    another case (`"Name"`, `"ARGUMENTS"`) is an error: run without it, the call would lose its arguments."""
+    if isinstance(data, dict) and (bad := [k for k in data if isinstance(k, str) and k.lower() in CALL_KEYS
+                                           and k not in CALL_KEYS]):  # fmt: skip
+        return None, f"Error: write the key {clip(repr(bad[0]), 40)} in lower case; {expected}"
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None, f'Error: tool call needs a "name" string; {expected}'
     name = well_formed(data["name"])

@@ -5,16 +5,22 @@ numbers with thousands of digits, JSON nested past Python's recursion limit, esc
 surrogates. The inputs here are seeded, so a failure is reproducible: model-like text built from the syntax of
 every registered format, mutations of well-formed calls, random unicode, and 100 KB adversarial constructions.
 Used by the test suite (a sample), by `bench/fuzz.py` (>= 100,000 inputs) and by anyone writing a parser.
+
+`drop_probe(syntax, calls, known)` checks the other promise: every span that looks like a call in a syntax (its
+tags in another case or with attributes, several calls in one tag, a call nested in its own tag, keys in another
+case) is run or reported as a format error, never dropped.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from toolrl.parsers.base import ParseResult
+from toolrl.parsers.base import CallSyntax, ParseResult
+from toolrl.tools.call import ToolCall
 
 FRAGMENTS = (
     "<tool_call>", "</tool_call>", "<|python_tag|>", "<search>", "</search>", "<answer>", "</answer>",
@@ -161,3 +167,47 @@ def fuzz_parser(
         if elapsed > report.slowest_s:
             report.slowest_s, report.slowest_input = elapsed, label
     return report
+
+
+_TAG = re.compile(r"</?([A-Za-z_][\w-]*)>")
+_KEY = re.compile(r'"(name|arguments|parameters)"')
+
+
+def call_shapes(syntax: CallSyntax, calls: Sequence[ToolCall]) -> dict[str, tuple[str, int]]:
+    """Spans that look like calls in `syntax` but stray from it, made from its own rendering of `calls` (two or
+    more): name -> (text, the calls it holds). Case variants of its tags and keys, an attribute on its tag,
+    several calls in one tag, a call nested in its own tag, the whole call upper-cased. A syntax without tags
+    (JSON objects, Python calls) gets the shapes that apply to it."""
+    one, two = syntax.render(calls[:1]), syntax.render(calls[:2])
+    shapes = {"upper case": (one.upper(), 1), "two calls": (two, 2)}
+    if _KEY.search(one):
+        shapes["keys in title case"] = (_KEY.sub(lambda m: f'"{m.group(1).title()}"', one), 1)
+    tags = _TAG.findall(one)
+    if tags:
+        tag = tags[0]
+        opening, closing = f"<{tag}>", f"</{tag}>"
+        shapes["tags in upper case"] = (one.replace(opening, opening.upper()).replace(closing, closing.upper()), 1)
+        shapes["tag with an attribute"] = (one.replace(opening, f'<{tag} id="1">', 1), 1)
+        shapes["nested in its own tag"] = (f"{opening}{one}{closing}", 1)
+        inner = [syntax.render([c]).strip()[len(opening) : -len(closing)].strip() for c in calls[:2]]
+        if one.count(opening) == 1 and one.rstrip().endswith(closing) and inner[0][:1] in "{[":
+            # a structured body (JSON) can hold several calls; free text between tags (a query) cannot
+            shapes["two calls in one tag"] = (f"{opening}{inner[0]}\n{inner[1]}{closing}", 2)
+    return shapes
+
+
+def drop_probe(syntax: CallSyntax, calls: Sequence[ToolCall], known_tools: Collection[str] | None) -> list[str]:
+    """What `syntax` drops silently among `call_shapes`: a shape whose calls are neither all run nor all reported
+    (calls run + spans reported < calls it holds), or a run call whose arguments hold the syntax's own tag (the
+    nesting read as text). Empty: nothing dropped."""
+    failures = []
+    tags = {f"<{t.lower()}" for t in _TAG.findall(syntax.render(calls[:1]))}
+    for name, (text, holds) in call_shapes(syntax, calls).items():
+        result = syntax.parse(text, known_tools)
+        if len(result.calls) + result.not_run < holds:
+            failures.append(f"{syntax.name}, {name}: {holds} calls, {len(result.calls)} run and "
+                            f"{result.not_run} reported in {text[:120]!r}")  # fmt: skip
+        leaked = [c for c in result.calls if any(t in str(c.arguments).lower() for t in tags)]
+        if leaked:
+            failures.append(f"{syntax.name}, {name}: ran {leaked[0]!r:.120} (its own tag read as text)")
+    return failures

@@ -16,7 +16,7 @@ MAX_FAILED_DECODES = 64
 text's length, so an unbounded number of them would make hostile text (a run of `{"`) quadratic."""
 _DECODER = json.JSONDecoder()
 _OBJECT_START = re.compile(r'\{\s*["}]')
-_NAMED = re.compile(r'\{\s*"name"\s*:')
+_NAMED = re.compile(r'\{\s*"name"\s*:', re.IGNORECASE)
 """An object that opens like a call: when it does not decode, that is a format error, not prose."""
 INSTRUCTIONS = (
     'To call a tool, reply with exactly:\n{"name": "<tool name>", "parameters": {<arguments as a JSON object>}}'
@@ -54,7 +54,7 @@ def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> 
                 result.errors.append(decode_error(exc, EXPECTED))
             match = _OBJECT_START.search(body, at + 1)
             continue
-        if isinstance(data, dict) and "name" in data:
+        if isinstance(data, dict) and any(isinstance(k, str) and k.lower() == "name" for k in data):
             call, error = call_from_object(data, known_tools, EXPECTED)
             if call:
                 result.calls.append(call)
