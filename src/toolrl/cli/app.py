@@ -38,6 +38,18 @@ console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: section.key=value.")]
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config file; the packaged default when omitted.")]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="The YAML config file, as the CONFIG argument (either way).")
+]
+
+
+def config_given(argument: Path | None, option: Path | None) -> Path | None:
+    """The config file a command was given: as its argument or with --config, the same (both: they must agree)."""
+    from toolrl.errors import ToolRLError
+
+    if argument is not None and option is not None and argument != option:
+        raise ToolRLError(f"config given twice, {argument} and --config {option}: give one (an argument or --config)")
+    return argument if argument is not None else option
 
 
 VERBOSE = {"on": False}

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from toolrl.cli.app import ConfigArg, SetOption, console, env_app, retriever_app
+from toolrl.cli.app import ConfigArg, ConfigOption, SetOption, config_given, console, env_app, retriever_app
 from toolrl.errors import ToolRLError
 
 
@@ -55,6 +55,7 @@ def env_new(
 @env_app.command("check")
 def env_check(
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
     set_: SetOption = None,
     num_tasks: Annotated[int | None, typer.Option(min=1, help="Tasks to play (default: eval.num_tasks).")] = None,
     split: Annotated[str, typer.Option(help="The split to play: test or train.")] = "test",
@@ -77,7 +78,7 @@ def env_check(
     from toolrl.train import Workbench
     from toolrl.train.evaluate import breakdown, summarize
 
-    cfg = resolve_config(config, set_)
+    cfg = resolve_config(config_given(config, config_option), set_)
     _quiet_libraries()
     scores = []
     bench = Workbench.load(cfg, policy="reference")  # loaded once, for both policies
@@ -141,6 +142,7 @@ def env_check(
 @env_app.command("serve-openenv")
 def env_serve_openenv(
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
     set_: SetOption = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1.")] = 8000,
     sessions: Annotated[int, typer.Option(min=1, help="Episodes served at once (WebSocket sessions).")] = 64,
@@ -155,7 +157,7 @@ def env_serve_openenv(
     from toolrl.envs.openenv.server import make_app
     from toolrl.tools.toolset import run_executor
 
-    cfg = resolve_config(config, set_)
+    cfg = resolve_config(config_given(config, config_option), set_)
     _quiet_libraries()
     env = make_env(cfg.env, cfg.model.name, cfg.rollout.parser)
     executor, toolset = run_executor(env.tools(), cfg.tools, None)

@@ -9,15 +9,25 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from toolrl.cli.app import ConfigArg, SetOption, _quiet_libraries, config_app, console, model_app, tools_app
+from toolrl.cli.app import (
+    ConfigArg,
+    ConfigOption,
+    SetOption,
+    _quiet_libraries,
+    config_app,
+    config_given,
+    console,
+    model_app,
+    tools_app,
+)
 
 
 @config_app.command("show")
-def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
+def config_show(config: ConfigArg = None, config_option: ConfigOption = None, set_: SetOption = None) -> None:
     """Print the resolved config (file, then overrides, validated)."""
     from toolrl.config import config_to_yaml, resolve_config
 
-    typer.echo(config_to_yaml(resolve_config(config, set_)), nl=False)
+    typer.echo(config_to_yaml(resolve_config(config_given(config, config_option), set_)), nl=False)
 
 
 @model_app.command("fetch")
@@ -42,12 +52,25 @@ def model_fetch(name: Annotated[str, typer.Argument(help="Model name.")] = "smol
     typer.echo(str(folder))
 
 
-ToolsConfigArg = Annotated[Path, typer.Argument(help="Tool config file (mcpServers style, YAML or JSON).")]
+ToolsConfigArg = Annotated[
+    Path | None, typer.Argument(help="Tool config file (mcpServers style, YAML or JSON); or give it with --config.")
+]
+ToolsConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="The tool config file, as the CONFIG argument.")
+]
+
+
+def _tools_config(argument: Path | None, option: Path | None) -> Path:
+    found = config_given(argument, option)
+    if found is None:
+        raise typer.BadParameter("give the tool config file: toolrl tools list FILE (or --config FILE)")
+    return found
 
 
 @tools_app.command("list")
 def tools_list(
-    config: ToolsConfigArg,
+    config: ToolsConfigArg = None,
+    config_option: ToolsConfigOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="The tools (OpenAI schemas) and servers' status as one JSON object.")
     ] = False,
@@ -55,6 +78,7 @@ def tools_list(
     """List the tools with their parameters, and each server's status."""
     from toolrl.tools.toolset import Toolset
 
+    config = _tools_config(config, config_option)
     toolset = Toolset.load(config)
     try:
         if as_json:
@@ -83,16 +107,28 @@ def tools_list(
 
 @tools_app.command("call")
 def tools_call(
-    config: ToolsConfigArg,
-    name: Annotated[str, typer.Argument(help="server.tool, or a short name that only one server has.")],
-    arguments: Annotated[str, typer.Argument(help="Arguments as a JSON object.")] = "{}",
+    config: Annotated[Path | None, typer.Argument(help="Tool config file (or --config FILE before NAME).")] = None,
+    name: Annotated[str | None, typer.Argument(help="server.tool, or a short name that only one server has.")] = None,
+    arguments: Annotated[str | None, typer.Argument(help="Arguments as a JSON object (default {}).")] = None,
+    config_option: ToolsConfigOption = None,
 ) -> None:
-    """Call one tool by hand, through the same executor a rollout uses, and print the observation."""
+    """Call one tool by hand, through the same executor a rollout uses, and print the observation:
+    `toolrl tools call FILE NAME ARGUMENTS`, or `toolrl tools call --config FILE NAME ARGUMENTS`."""
     import asyncio
 
     from toolrl.errors import ToolError
     from toolrl.tools import ToolCall, ToolExecutor, ToolPolicy
     from toolrl.tools.toolset import Toolset
+
+    if config_option is not None:  # the file given as --config: the words after it are NAME and ARGUMENTS
+        if arguments is not None:
+            raise typer.BadParameter("give the tool config once: FILE NAME ARGUMENTS, or --config FILE NAME ARGUMENTS")
+        config, name, arguments = config_option, None if config is None else str(config), name
+    if config is None or name is None:
+        raise typer.BadParameter(
+            "give the tool config file and the tool's name: toolrl tools call FILE NAME [ARGUMENTS]"
+        )
+    arguments = "{}" if arguments is None else arguments
 
     try:
         args = json.loads(arguments)

@@ -12,12 +12,14 @@ from rich.table import Table
 
 from toolrl.cli.app import (
     ConfigArg,
+    ConfigOption,
     ResumeOption,
     SetOption,
     _cell,
     _eval_table,
     _quiet_libraries,
     app,
+    config_given,
     console,
     wall_s,
 )
@@ -38,6 +40,7 @@ TrustOption = Annotated[
 @app.command()
 def train(
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
     set_: SetOption = None,
     resume: ResumeOption = None,
     quiet: QuietOption = False,
@@ -46,12 +49,13 @@ def train(
 ) -> None:
     """Train a model with RL (GRPO by default) on an environment's tasks. Progress: a bar on a terminal, one
     line per step otherwise (also in RUN/progress.log)."""
-    _train(config, set_, resume, quiet, as_json, trust_run)
+    _train(config_given(config, config_option), set_, resume, quiet, as_json, trust_run)
 
 
 @app.command()
 def sft(
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
     set_: SetOption = None,
     quiet: QuietOption = False,
     as_json: JsonOption = False,
@@ -60,7 +64,8 @@ def sft(
     reference policy, a teacher endpoint, a JSONL of conversations, or the policy's own successes), in the RL
     format. A run like `toolrl train` (evaluations, RUN/final) with the warm start alone; its lines are in
     RUN/sft.jsonl. Train from it with model.name: RUN/final, or set train.warm_start in an RL run."""
-    _train(config, [*(set_ or []), "train.warm_start=true", "train.steps=0"], None, quiet, as_json, False)
+    _train(config_given(config, config_option), [*(set_ or []), "train.warm_start=true", "train.steps=0"], None, quiet,
+           as_json, False)  # fmt: skip
 
 
 def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) -> None:
@@ -151,8 +156,9 @@ ResultsQuiet = Annotated[bool, typer.Option("--quiet", help="The results alone: 
 
 @app.command("eval")
 def eval_(
+    config: ConfigArg = None,
     model: Annotated[str, typer.Option(help="Embedded model name, local folder or cached hub id.")] = "",
-    config: Annotated[Path | None, typer.Option(help="YAML config (env, rollout and eval sections).")] = None,
+    config_option: ConfigOption = None,
     set_: SetOption = None,
     num_tasks: Annotated[int | None, typer.Option(min=1, help="Test tasks to run.")] = None,
     temperature: Annotated[float | None, typer.Option(min=0, help="Sampling temperature; 0 is greedy.")] = None,
@@ -173,7 +179,7 @@ def eval_(
     from toolrl.train import Workbench
     from toolrl.train.evaluate import breakdown, summarize
 
-    cfg = resolve_config(config, set_)
+    cfg = resolve_config(config_given(config, config_option), set_)
     _quiet_libraries()
     show = not (quiet or as_json)
     with console.status("evaluating") if show and console.is_terminal else nullcontext() as status:
@@ -329,7 +335,10 @@ def serve(
     run_dir: Annotated[
         Path | None, typer.Argument(help="A run directory (its last checkpoint) or a checkpoint; default: model.name.")
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="YAML config (model, rollout), without RUN_DIR.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="YAML config (model, rollout), without RUN_DIR; a YAML file as the argument too."),
+    ] = None,
     set_: SetOption = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0: any free one).")] = 8000,
     max_new_tokens: Annotated[
@@ -348,6 +357,8 @@ def serve(
     from toolrl.parsers import get_parser
     from toolrl.rollout import get_engine_factory
 
+    if run_dir is not None and run_dir.suffix in (".yaml", ".yml") and run_dir.is_file():
+        run_dir, config = None, config_given(run_dir, config)  # a config as the argument, as every command takes it
     _quiet_libraries()
     with console.status("loading the model"):
         if run_dir is not None:
