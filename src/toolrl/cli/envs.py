@@ -63,26 +63,34 @@ def env_check(
         float, typer.Option(min=0, max=1, help="The reference policy must succeed at least this often.")
     ] = 0.95,
     max_idle: Annotated[
-        float, typer.Option(min=0, max=1, help="The idle policy may succeed at most this often.")
-    ] = 0.05,
+        float | None,
+        typer.Option(
+            min=0, max=1, help="The idle policy may succeed at most this often (default: the env's, else 0.05)."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="The table and verdict alone: no progress lines.")] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Both policies' scores and the verdict as one JSON object on stdout.")
     ] = False,
 ) -> None:
     """Check an environment without a model: its reference policy (each task's reference calls, turn by turn)
-    must score about 100%, its idle policy (no call) about 0. Prints the table; exit 1 when either is off."""
+    must score about 100%, its idle policy (no call) about 0, or what the environment declares (tasks that pass
+    without action by design, an idle bound). Prints the table, and each rollout limit that cut a reference with
+    the value that would fit; exit 1 when either policy is off."""
     from toolrl.cli.app import _quiet_libraries
     from toolrl.config import resolve_config
-    from toolrl.envs.check import LIMIT_HINTS, PolicyScore, limit_hint, problems
+    from toolrl.envs.check import IdleExpectation, idle_line, problems
     from toolrl.train import Workbench
-    from toolrl.train.evaluate import breakdown, summarize
 
     cfg = resolve_config(config_given(config, config_option), set_)
     _quiet_libraries()
-    scores = []
+    scores, cut = [], []
     bench = Workbench.load(cfg, policy="reference")  # loaded once, for both policies
     try:
+        declared = bench.env.max_idle_success
+        idle = (IdleExpectation(max_idle, "--max-idle") if max_idle is not None
+                else IdleExpectation(declared, "the env's bound (max_idle_success)") if declared is not None
+                else IdleExpectation(0.05, "the default bound"))  # fmt: skip
         for policy in ("reference", "idle"):
             bench.play_as(policy)
             tasks, left = bench.eval_tasks(num_tasks, split)
@@ -91,28 +99,19 @@ def env_check(
                     f"env {cfg.env.name}: none of its {len(left)} {split} tasks has a reference; give tasks "
                     "meta['reference'] or override Environment.reference (docs/environments.md)"
                 )
-            started = time.monotonic()
-
-            def progress(line: str, started: float = started) -> None:  # a long check tells where it is
-                if time.monotonic() - started > 2.0 and not (quiet or as_json):
-                    console.print(line, highlight=False, markup=False)
-
-            trajs = bench.evaluation(tasks=tasks, progress=progress, what=f"env check, {policy} policy")
-            success = bench.env.rubric.success
-            stats = summarize(trajs, success)
-            solve = breakdown(trajs, success).get("solve", {}).get("f1")
-            s = stats.get("success", stats["reward"])
-            limits = {k: stats.get(f"stop/{k}", 0.0) for k in LIMIT_HINTS}
-            scores.append(
-                PolicyScore(policy, len(tasks), len(left), s, stats["reward"], stats["tool_calls"],
-                            stats["format_errors"], solve, limits)
-            )  # fmt: skip
+            trajs = bench.evaluation(
+                tasks=tasks, progress=_progress(quiet or as_json), what=f"env check, {policy} policy"
+            )
+            scores.append(_score(bench, policy, tasks, left, trajs))
+            if policy == "reference":
+                cut = _limits_that_cut(bench, trajs, quiet or as_json)
     finally:
         bench.close()
+    verdicts = {s.policy: problems(s, min_reference, idle) for s in scores}
+    said = idle_line(next(s for s in scores if s.policy == "idle"), idle)
     if as_json:
-        verdicts = {s.policy: problems(s, min_reference, max_idle) for s in scores}
-        hint = "".join(limit_hint(s) for s in scores if s.policy == "reference")
-        print(json.dumps({"env": cfg.env.name, "split": split, "ok": not any(verdicts.values()), "hint": hint.strip(),
+        print(json.dumps({"env": cfg.env.name, "split": split, "ok": not any(verdicts.values()), "limits_cut": cut,
+                          "idle": said, "hint": "; ".join(cut),
                           "policies": [{**asdict(s), "problems": verdicts[s.policy]} for s in scores]}))  # fmt: skip
         if any(verdicts.values()):
             raise typer.Exit(1)
@@ -122,21 +121,77 @@ def env_check(
     table = Table(title=f"env check: {cfg.env.name}, {split} split")
     for column in (*columns, "format errors", "verdict"):
         table.add_column(column, justify="left" if column in ("policy", "verdict") else "right")
-    failed = []
     for s in scores:
-        found = problems(s, min_reference, max_idle)
-        failed += found
         solve = ["n/a" if s.solve_f1 is None else f"{s.solve_f1:.3f}"] if solves else []
         table.add_row(
             s.policy, str(s.tasks), str(s.left_out), f"{s.success:.1%}", *solve, f"{s.reward:.3f}",
-            f"{s.tool_calls:.2f}", f"{s.format_errors:.2f}", "WRONG" if found else "ok",
+            f"{s.tool_calls:.2f}", f"{s.format_errors:.2f}", "WRONG" if verdicts[s.policy] else "ok",
         )  # fmt: skip
     console.print(table)
+    for line in [said, *cut]:  # one line each, whatever the width
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    failed = [p for found in verdicts.values() for p in found]
     if failed:
-        hint = "".join(limit_hint(s) for s in scores if s.policy == "reference")
-        line = f"env {cfg.env.name} is wrong: {'; '.join(failed)}{hint}"
-        console.print(line, soft_wrap=True, highlight=False, markup=False)  # one line, whatever the width
+        line = f"env {cfg.env.name} is wrong: {'; '.join(failed)}"
+        if cut and verdicts["reference"]:
+            line += f"; the reference was cut by the run's limits ({len(cut)} named above)"
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(1)
+
+
+def _progress(silent: bool):
+    """A long check tells where it is (lines after its first 2 s)."""
+    started = time.monotonic()
+
+    def progress(line: str) -> None:
+        if time.monotonic() - started > 2.0 and not silent:
+            console.print(line, highlight=False, markup=False)
+
+    return progress
+
+
+def _score(bench, policy: str, tasks, left, trajs):
+    """A policy's PolicyScore; for the idle policy, the tasks the env marks as passing without action apart."""
+    from toolrl.envs.check import LIMIT_HINTS, PolicyScore
+    from toolrl.train.evaluate import breakdown, summarize
+
+    success = bench.env.rubric.success
+    stats = summarize(trajs, success)
+    solve = breakdown(trajs, success).get("solve", {}).get("f1")
+    by_design = others = None
+    if policy == "idle":
+        marked = [t for t in trajs if bench.env.passes_without_action(t.task)]
+        rest = [t for t in trajs if not bench.env.passes_without_action(t.task)]
+        passed = summarize(marked, success) if marked else {}
+        by_design = (len(marked), round(passed.get("success", passed.get("reward", 0.0)) * len(marked)))
+        rest_stats = summarize(rest, success) if rest else {}
+        others = (len(rest), rest_stats.get("success", rest_stats.get("reward", 0.0)))
+    return PolicyScore(policy, len(tasks), len(left), stats.get("success", stats["reward"]), stats["reward"],
+                       stats["tool_calls"], stats["format_errors"], solve,
+                       {k: stats.get(f"stop/{k}", 0.0) for k in LIMIT_HINTS}, by_design, others)  # fmt: skip
+
+
+def _limits_that_cut(bench, trajs, silent: bool) -> list[str]:
+    """The reference's failed tasks played again with room in every rollout limit: each limit below what one of
+    them needs, with the value that would fit (envs/check.py limits_cut)."""
+    from toolrl.envs.check import ROOM, limits_cut, use_of
+    from toolrl.train.evaluate import summarize
+
+    success = bench.env.rubric.success
+    failed = [t.task for t in trajs if summarize([t], success).get("success", 1.0) < 1.0]
+    if not failed:
+        return []
+    config = bench.config
+    bench.config = config.model_copy(update={"rollout": config.rollout.model_copy(update=ROOM)})
+    try:
+        again = bench.evaluation(
+            tasks=failed, progress=_progress(silent), what="env check, the failed references with room"
+        )
+    finally:
+        bench.config = config
+    syntax, encode = bench.env.syntax, bench.chat.encode
+    uses = [use_of(t, lambda text: len(syntax.parse(text, None).calls), lambda text: len(encode(text))) for t in again]
+    return limits_cut(uses, {k: getattr(config.rollout, k) for k in ROOM}, len(trajs))
 
 
 @env_app.command("serve-openenv")

@@ -210,6 +210,18 @@ class Environment(ABC):
         `episode.offer`) need not define it."""
         return []
 
+    max_idle_success: ClassVar[float | None] = None
+    """The idle policy's success (no call, "Done." to everything) this environment expects at most on the tasks it
+    does not mark as passing without action: `toolrl env check` judges the idle policy against it (None: 5%). A
+    port of a benchmark whose own reward passes some tasks with no action declares them with
+    `passes_without_action` instead, or this bound where they cannot be told apart."""
+
+    def passes_without_action(self, task: Task) -> bool:
+        """Whether a do-nothing agent passes `task` by design (its expected actions leave the state unchanged
+        and require nothing said): `task.meta["passes_without_action"]` by default. The idle bound is judged on
+        the other tasks."""
+        return bool(task.meta.get("passes_without_action", False))
+
     def limits_for(self, task: Task, limits):
         """The rollout limits (RolloutLimits) of one task's trajectories: the run's by default; an environment
         whose tasks need very different budgets may lower them per task (never raise them past the run's)."""

@@ -1,0 +1,104 @@
+"""`toolrl env check` on a faithful port of a benchmark (issue 51, items 1 and 2): an environment declares the
+idle success it expects (per task, "passes without action", or as a bound) and the check judges the idle policy
+against it, printing both; every rollout limit that cut a reference is named, one line each, with the value that
+would fit. The port is a plug-in environment outside the package (tests/fixtures/airline_env.py)."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tests.envs.test_policies import toolrl
+from toolrl.envs.check import IdleExpectation, PolicyScore, limits_cut, problems, use_of
+
+PORT = ["--set", "plugins=[tests.fixtures.airline_env]", "--set", "env.name=airline-port"]
+
+
+def check(model, *extra):
+    out = toolrl("env", "check", "--set", f"model.name={model}", *PORT, "--set", "rollout.max_new_tokens=128", *extra)
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_port_whose_idle_policy_passes_some_tasks_by_design(tiny_model_dir):
+    marked = check(tiny_model_dir)  # 2 of 5 tasks expect no change: the env marks them
+    assert marked.returncode == 0, marked.stdout
+    assert ("idle policy: 40.0% of 5 tasks; 2 pass without action by design (the env marks them; 2 of them "
+            "passed), the other 3: 0.0% (want <= 5%: the default bound)") in marked.stdout  # fmt: skip
+
+    unmarked = check(tiny_model_dir, "--set", "env.options.mark=false")  # the same port, saying nothing
+    assert unmarked.returncode == 1
+    assert "env airline-port is wrong: idle policy success 40.0% (want <= 5%: the default bound)" in unmarked.stdout
+
+    declared = check(tiny_model_dir, "--set", "env.options.mark=false", "--set", "env.options.declared=0.5")
+    assert declared.returncode == 0, declared.stdout
+    assert "idle policy: 40.0% of 5 tasks (want <= 50%: the env's bound (max_idle_success))" in declared.stdout
+    overridden = check(tiny_model_dir, "--set", "env.options.mark=false", "--set", "env.options.declared=0.5",
+                       "--max-idle", "0.1", "--json")  # fmt: skip
+    verdict = json.loads(overridden.stdout)
+    assert overridden.returncode == 1 and not verdict["ok"]
+    idle = next(p for p in verdict["policies"] if p["policy"] == "idle")
+    assert idle["problems"] == ["idle policy success 40.0% (want <= 10%: --max-idle)"]
+
+
+@pytest.mark.slow
+def test_each_limit_that_cut_a_reference_is_named_with_the_value_that_fits(tiny_model_dir):
+    """A long booking call cut by rollout.max_new_tokens (it had shown only as a format error) and three
+    cancellations in one turn past rollout.max_calls_per_turn: one line each, with what would fit; raised to
+    those values, the reference passes."""
+    cut = check(tiny_model_dir, "--set", "env.options.passengers=20", "--set", "rollout.max_calls_per_turn=2",
+                "--json")  # fmt: skip
+    verdict = json.loads(cut.stdout)
+    assert cut.returncode == 1 and len(verdict["limits_cut"]) == 2, verdict
+    tokens, calls = verdict["limits_cut"]
+    assert tokens.startswith("rollout.max_new_tokens 128 cut 1 of 5 reference trajectories: ")
+    assert (
+        calls
+        == "rollout.max_calls_per_turn 2 cut 1 of 5 reference trajectories: 3 would fit (the most calls in one turn)"
+    )
+    fits = int(tokens.split(": ")[1].split()[0])
+    raised = check(tiny_model_dir, "--set", "env.options.passengers=20", "--set", f"rollout.max_new_tokens={fits}",
+                   "--set", "rollout.max_calls_per_turn=3", "--json")  # fmt: skip
+    assert raised.returncode == 0 and json.loads(raised.stdout)["limits_cut"] == [], raised.stdout
+
+
+def trajectory(turns, texts, results, response):
+    spans = [("prompt", 0, 10)] + [("model", 10, 10 + n) for n in turns]
+    return SimpleNamespace(spans=spans, num_turns=len(turns), texts=texts, response_length=response,
+                           results=[SimpleNamespace(content=c) for c in results])  # fmt: skip
+
+
+def test_the_limits_named_and_the_values_that_fit():
+    """Every limit a reference needs more of than the run gives (turns, tokens per turn, calls per turn, tool
+    result tokens, response tokens) is one line with the largest need among the failed references."""
+    count_calls = lambda text: text.count("call")  # noqa: E731
+    count_tokens = lambda text: len(text.split())  # noqa: E731
+    uses = [
+        use_of(trajectory([40, 300], ["call call call", "done"], ["a " * 700], 1500), count_calls, count_tokens),
+        use_of(trajectory([20] * 5, ["call"] * 5, ["b"], 200), count_calls, count_tokens),
+    ]
+    assert uses[0] == {"max_turns": 2, "max_new_tokens": 300, "max_calls_per_turn": 3,
+                       "max_observation_tokens": 700, "max_response_tokens": 1500}  # fmt: skip
+    limits = {"max_turns": 3, "max_new_tokens": 256, "max_calls_per_turn": 2, "max_observation_tokens": 512,
+              "max_response_tokens": 1024}  # fmt: skip
+    assert limits_cut(uses, limits, played=10) == [
+        "rollout.max_turns 3 cut 1 of 10 reference trajectories: 5 would fit (the most model turns one plays)",
+        "rollout.max_new_tokens 256 cut 1 of 10 reference trajectories: 300 would fit (its longest turn, in tokens)",
+        "rollout.max_calls_per_turn 2 cut 1 of 10 reference trajectories: 3 would fit (the most calls in one turn)",
+        "rollout.max_observation_tokens 512 cut 1 of 10 reference trajectories: 700 would fit (its longest tool "
+        "result, in tokens)",
+        "rollout.max_response_tokens 1024 cut 1 of 10 reference trajectories: 1500 would fit (its longest response "
+        "after the prompt, in tokens)",
+    ]
+    assert limits_cut(uses, {k: 10**6 for k in limits}, played=10) == []
+
+
+def test_the_idle_verdict_judges_the_unmarked_tasks_against_the_declared_bound():
+    idle = PolicyScore("idle", 10, 0, 0.5, 0.5, 0.0, 0.0, by_design=(4, 4), others=(6, 1 / 6))
+    assert problems(idle, idle=IdleExpectation(0.2, "the env's bound (max_idle_success)")) == []
+    assert problems(idle, idle=IdleExpectation(0.05, "the default bound")) == [
+        "idle policy success 16.7% on the 6 tasks not marked to pass without action (want <= 5%: the default bound)"
+    ]
+    unmarked = PolicyScore("idle", 10, 0, 0.5, 0.5, 0.0, 0.0, by_design=(0, 0), others=(10, 0.5))
+    assert problems(unmarked, idle=0.05) == ["idle policy success 50.0% (want <= 5%: the default bound)"]
