@@ -40,7 +40,19 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
     reasons = Counter(t.stop_reason for t in trajs)
     for reason in (*STOP_REASONS, *(r for r in reasons if r not in STOP_REASONS)):
         stats[f"stop/{reason}"] = reasons[reason] / n  # every reason, so each step has the same columns
+    outcomes = Counter(user_outcome(t) for t in trajs if t.stop_reason == "user_ended")
+    for outcome, count in sorted(outcomes.items()):  # how a simulated user ended (users.UserPrompt.stop)
+        stats[f"user_outcome/{outcome}"] = count / n
     return stats
+
+
+def user_outcome(traj: Trajectory) -> str:
+    """How the user ended `traj`: its stop marker's outcome (done, transfer, out_of_scope, ...), or `done` for a
+    scripted user's last line."""
+    found = next(
+        (i.get("user_outcome") for i in reversed(traj.infos) if isinstance(i, dict) and i.get("user_outcome")), None
+    )
+    return clip(str(found), 40) if found else "done"
 
 
 MAX_CATEGORIES = 32

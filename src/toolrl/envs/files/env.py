@@ -23,7 +23,7 @@ from toolrl.envs.base import Environment, Episode, StepResult, Task, register_en
 from toolrl.envs.files.backend import TOOL_NAMES, FileSystem
 from toolrl.envs.files.tasks import canonical, generate
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits
-from toolrl.envs.users import Transcript, User, UserModel, hear, make_user, requests_scenario
+from toolrl.envs.users import Transcript, User, UserModel, UserPrompt, hear, make_user, requests_scenario
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.rewards.rules import common_criteria
 from toolrl.tools.function import Tool, tool_from_function
@@ -51,6 +51,8 @@ class FilesOptions(GeneratedTasks):
     """scripted: the task's requests in order; simulated: a model asks for them in its own words."""
     user_model: UserModel | None = None
     """The simulated user's model (needed with user: simulated)."""
+    user_prompt: UserPrompt = Field(default_factory=UserPrompt)
+    """How the simulated user plays (users.UserPrompt: its system prompt, guidelines, stop markers)."""
     persona: str = "You write short, friendly messages."
 
 
@@ -184,7 +186,7 @@ class FilesEnv(Environment):
 
     @staticmethod
     def _user(options: FilesOptions) -> User:
-        return make_user(options.user, options.user_model)
+        return make_user(options.user, options.user_model, options.user_prompt)
 
     def tools(self) -> list[Tool]:
         return file_tools(FileSystem({}))

@@ -23,7 +23,7 @@ from toolrl.envs.reference import ReferenceRequest
 from toolrl.envs.support.desk import HANDBOOK, Desk
 from toolrl.envs.support.shop import Shop, canonical, draw_case, make_database
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
-from toolrl.envs.users import Scenario, Transcript, User, UserModel, hear, make_user
+from toolrl.envs.users import Scenario, Transcript, User, UserModel, UserPrompt, hear, make_user
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.tools.call import ToolCall
 from toolrl.tools.function import Tool
@@ -37,6 +37,19 @@ POLICY = """You are the customer-service agent of Harbor Goods, an online shop. 
 Use the tools for every lookup and change; never guess an order's contents."""
 
 
+SUPPORT_USER = UserPrompt(
+    guidelines="""Guidelines:
+- You are a customer of the shop; the assistant is its support agent. Say one message at a time.
+- Do not give all of your instructions at once: say what is needed for the step the agent is at.
+- Never make up information your instructions do not give; if you are asked for it, say you do not know.
+- If what you wanted is done, write ###STOP###.
+- If the agent says it will transfer you to a human agent, write ###TRANSFER###.
+- If the agent asks something your instructions cannot answer, write ###OUT-OF-SCOPE###.""",
+    stop={"###STOP###": "done", "###TRANSFER###": "transfer", "###OUT-OF-SCOPE###": "out_of_scope"},
+)
+"""The support environment's simulated customer: tau-bench's three ways to end a conversation."""
+
+
 class SupportOptions(GeneratedTasks):
     num_train: int = Field(200, ge=1)
     num_test: int = Field(40, ge=1)
@@ -45,6 +58,10 @@ class SupportOptions(GeneratedTasks):
     """scripted: the task's opening message, then the conversation ends after the agent answers; simulated: a
     model plays the user from the task's scenario (user_model)."""
     user_model: UserModel | None = None
+    """The simulated user's model and sampling (base_url + model, or path; temperature, max_tokens)."""
+    user_prompt: UserPrompt = Field(default_factory=lambda: SUPPORT_USER)
+    """How the simulated user plays (users.UserPrompt): a customer's guidelines, and three ways to end: done,
+    transfer (to a human agent), out_of_scope (the scenario does not say what to answer). Any of it from config."""
     handbook: bool = False
     """The help desk at a real benchmark's size: the policy as a full handbook (handbook.md) and thirteen tools
     described as a published benchmark describes its own (desk.py): ~5k tokens of prompt before the customer's
@@ -102,7 +119,7 @@ class SupportEnv(Environment):
     def __init__(self, config, options: SupportOptions):
         super().__init__(config, options)
         self.db = make_database(config.seed, options.customers)
-        self.user = make_user(options.user, options.user_model)
+        self.user = make_user(options.user, options.user_model, options.user_prompt)
         self.splits = TaskSplits(config, self._tasks())
         self.rubric = Rubric(
             [
