@@ -145,6 +145,7 @@ def test_no_parser_drops_a_call_that_strays_from_its_syntax(parser):
         ("hermes", '<tool_call>{"name": "ls", "arguments": {}}\n{"name": "cd", "arguments": {}}</tool_call>', 2, 0),
         ("hermes", '<tool_call>{"name": "ls", "arguments": {}} {"name": </tool_call>', 1, 1),
         ("hermes", '<tool_call>{"Name": "ls", "arguments": {"path": "a"}}</tool_call>', 0, 1),
+        ("hermes", '<tool_call\n id="1">{"name": "ls", "arguments": {}}</tool_call\n>', 0, 1),  # the error one line
         ("hermes", '<tool_call>{"name": "ls", "Arguments": {"path": "a"}}</tool_call>', 0, 1),  # not run without them
         ("llama3-json", '{"NAME": "ls", "PARAMETERS": {"path": "a"}}', 0, 1),
         ("llama3-json", '[{"name": "ls", "parameters": {}}, {"name": "cd", "parameters": {}}]', 2, 0),
@@ -153,6 +154,7 @@ def test_no_parser_drops_a_call_that_strays_from_its_syntax(parser):
         ("search-r1", "<search><search>x</search></search>", 0, 1),  # one broken span, not the query "<search>x"
         ("search-r1", "<search>a <search>b</search>", 1, 1),  # the outer never closed; the inner is read
         ("search-r1", "<search>x</search></search>", 1, 1),
+        ("search-r1", '<search\ntop="3">x</search\n>', 0, 1),
         ("pythonic", 'ls(path=cd(folder="x"))', 0, 1),  # a call inside a call's arguments: not run, reported
     ],
 )
@@ -187,3 +189,15 @@ def test_the_probe_finds_what_a_plug_in_parser_drops():
     finally:
         PARSERS.pop("test-exact-tags")
     assert any("tags in upper case" in f for f in failures) and any("tag with an attribute" in f for f in failures)
+
+
+def test_pythonic_reads_its_first_calls_and_counts_the_rest_of_a_flood():
+    """100 KB of bare calls (14,285) had taken 300-400 ms, a parse each; past MAX_CALLS the rest is counted in
+    one error, not read."""
+    from toolrl.parsers.pythonic import MAX_CALLS
+
+    result = PARSERS["pythonic"]('ls(path="a")\n' * (MAX_CALLS + 76), KNOWN)
+    assert len(result.calls) == MAX_CALLS and result.not_run == 76
+    assert result.errors == [
+        f"Error: 76 more call-like spans after the first {MAX_CALLS} calls were not read. Write fewer calls"
+    ]

@@ -57,7 +57,7 @@ def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> Parse
             continue
         closed_blocks += 1
         if opening != OPEN or closing != CLOSE:
-            shown = clip(f"{opening}...{closing}", 120)
+            shown = clip(" ".join(f"{opening}...{closing}".split()), 120)  # one line, whatever the tags held
             result.errors.append(f"Error: write the tags exactly {OPEN} and {CLOSE} (lower case, no attributes), "
                                  f"not {shown}; {EXPECTED}")  # fmt: skip
             continue

@@ -52,7 +52,7 @@ def tag_parser(tags: Mapping[str, tuple[str, str]]) -> Parser:
             elif nested:
                 result.errors.append(f"Error: <{tag}> opened inside <{tag}>; write one {exact} per call")
             elif opened.group(0) != f"<{tag}>" or closed.group(0) != f"</{tag}>":
-                shown = clip(f"{opened.group(0)}...{closed.group(0)}", 120)
+                shown = clip(" ".join(f"{opened.group(0)}...{closed.group(0)}".split()), 120)  # one line
                 result.errors.append(f"Error: write the tags exactly {exact} (lower case, no attributes), not {shown}")
             elif not (content := text[opened.end() : closed.start()].strip()):
                 result.errors.append(f"Error: <{tag}></{tag}> is empty; put the {argument} between the tags")
