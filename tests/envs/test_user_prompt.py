@@ -108,6 +108,8 @@ def test_the_user_turn_says_how_it_ended():
         ("env.options.user_prompt.template=Be a user.", "put {instructions} in it"),
         ("env.options.user_prompt.template='{instructions} {persona}'", "unknown field {persona}"),
         ("env.options.user_prompt.template='{instructions} {'", "write a literal brace doubled"),
+        ("env.options.user_prompt.template='{instructions:>999999999}'", "takes no format spec"),
+        ("env.options.user_prompt.template='{instructions.__class__}'", "unknown field {instructions.__class__}"),
         ("env.options.user_prompt.stop={'###X###': 'Hand Off'}", "outcome 'Hand Off' of '###X###'"),
         ("env.options.user_prompt.stop={' ': done}", "a stop marker is empty"),
         ("env.options.user_prompt.stop={}", "give at least one marker"),

@@ -31,6 +31,9 @@ def test_resume_is_blocked_with_its_reason_and_torn_metrics_lines_are_named(tmp_
         f.write(json.dumps({"step": 4, "reward": 0.5}) + "\n")
         f.write("[1, 2]\n")  # JSON, not a record
         f.write('{"step": 5, "reward": NaN, "kl": Infinity, "note": "NaN in a string"}\n')
+    with (stopped / "metrics.jsonl").open("ab") as f:  # JSON Python reads from bytes and a browser would not
+        f.write(b"\xef\xbb\xbf" + json.dumps({"step": 6}).encode() + b"\n")  # a byte order mark
+        f.write(json.dumps({"step": 7}).encode("utf-16-le") + b"\n")
     with ui_client(root) as client:
         runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
         assert runs["done"]["resume_blocked"].startswith("the run finished all its 3 steps")
@@ -41,13 +44,11 @@ def test_resume_is_blocked_with_its_reason_and_torn_metrics_lines_are_named(tmp_
         metrics = json.loads(
             answer.text, parse_constant=lambda word: pytest.fail(f"{word} is not JSON a browser reads")
         )
-        assert metrics["problems"] == [
-            "metrics.jsonl:4: not a JSON object, skipped",
-            "metrics.jsonl:6: not a JSON object, skipped",
-        ]
-        assert [r.get("step") for r in metrics["records"]] == [0, 1, 2, None, 4, None, 5]  # torn lines keep their place
-        assert metrics["records"][-1] == {"step": 5, "reward": None, "kl": None, "note": "NaN in a string"}
-        assert client.get("/api/metrics", params={"run": "stopped", "since": 6}).json()["problems"] == []
+        torn = [4, 6, 8, 9]
+        assert metrics["problems"] == [f"metrics.jsonl:{n}: not a JSON object, skipped" for n in torn]
+        assert [r.get("step") for r in metrics["records"]] == [0, 1, 2, None, 4, None, 5, None, None]  # in place
+        assert metrics["records"][6] == {"step": 5, "reward": None, "kl": None, "note": "NaN in a string"}
+        assert client.get("/api/metrics", params={"run": "stopped", "since": 9}).json()["problems"] == []
 
 
 def test_a_stop_asked_during_the_last_step_says_the_run_finished_first(tmp_path, tiny_model_dir):

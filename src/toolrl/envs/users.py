@@ -86,9 +86,13 @@ class UserPrompt(BaseModel):
     @classmethod
     def known_fields(cls, template: str) -> str:
         try:
-            named = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+            fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(template)
+                      if name is not None]  # fmt: skip
         except ValueError as exc:
             raise ValueError(f"not a template ({exc}); write a literal brace doubled, {{{{ or }}}}") from None
+        if shaped := [name for name, spec, conversion in fields if spec or conversion]:  # {x:>999999999} pads
+            raise ValueError(f"field {{{shaped[0]}}} takes no format spec or conversion: write it bare")
+        named = {name for name, _, _ in fields}
         if unknown := named - set(TEMPLATE_FIELDS):
             raise ValueError(f"unknown field {{{sorted(unknown)[0]}}}; its fields: "
                              + ", ".join(f"{{{k}}} ({v})" for k, v in TEMPLATE_FIELDS.items()))  # fmt: skip

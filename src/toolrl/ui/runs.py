@@ -271,9 +271,9 @@ def read_metrics(
             position += len(line)
             if i < skip:
                 continue
-            try:
-                record = json.loads(line)
-            except ValueError:
+            try:  # UTF-8 JSON text only: json.loads would take UTF-16 or a BOM from bytes, which a browser cannot
+                record = json.loads(line.decode("utf-8"))
+            except ValueError:  # also UnicodeDecodeError
                 record = {}
             out.append(record if isinstance(record, dict) else {})  # a torn line, or JSON that is not a record
             if texts is not None:
