@@ -151,6 +151,7 @@ def part_sft(args) -> dict:
     from toolrl.train.sft import fine_tune
 
     extra = ["train.lora.r=16", "train.gradient_checkpointing=true"] if args.lora else []
+    extra += ["train.gradient_checkpointing=true"] if args.checkpointing and not args.lora else []
     with tempfile.TemporaryDirectory() as tmp:
         bench = Workbench.load(config(tmp, extra))
         trainer = Trainer(bench)
@@ -261,6 +262,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["generation", "sft", "step"])
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--checkpointing", action="store_true", help="the sft part with gradient checkpointing")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vllm-memory", type=float, default=0.45, help="vLLM's gpu_memory_utilization (CPU memory)")
     parser.add_argument("--set", action="append", default=[], help="config overrides for the step")
@@ -280,6 +282,7 @@ def main() -> None:
                                                              str(args.vllm_memory)])  # fmt: skip
     if "sft" not in args.skip:
         rows["sft"] = run_part("sft", sys.executable, [])
+        rows["sft_checkpointed"] = run_part("sft", sys.executable, ["--checkpointing"])  # full weights, the knob on
         rows["sft_lora"] = run_part("sft", sys.executable, ["--lora"])
     if "step" not in args.skip:
         rows["step"] = run_part("step", sys.executable, [f"--set={s}" for s in args.set])
@@ -321,7 +324,11 @@ def summarize(result: dict, peak: float) -> None:
               f"{step['rollout_s']:.1f}, update {step['update_s']:.1f}); bound {bound:.1f} s at {peak:.0f} GFLOP/s -> "
               f"{step['step_s'] / bound:.2f}x; peak {step['peak_gb']:.2f} GB; toolrl train estimated "
               f"{step['estimate']['step_s']:.0f} s, {step['estimate']['peak_gb']:.2f} GB")  # fmt: skip
-    for key, name in (("sft", "sft_peak_gb"), ("sft_lora", "sft_lora_peak_gb")):
+    for key, name in (
+        ("sft", "sft_peak_gb_plain"),
+        ("sft_checkpointed", "sft_peak_gb"),
+        ("sft_lora", "sft_lora_peak_gb"),
+    ):
         if key in result:
             result[name] = round(result[key]["peak_gb"], 2)
             print(
