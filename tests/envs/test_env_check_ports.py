@@ -8,33 +8,40 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.envs.test_policies import toolrl
+from tests.test_cli_usage import run
 from toolrl.envs.check import IdleExpectation, PolicyScore, limits_cut, problems, use_of
 
 PORT = ["--set", "plugins=[tests.fixtures.airline_env]", "--set", "env.name=airline-port"]
 
 
-def check(model, *extra):
-    out = toolrl("env", "check", "--set", f"model.name={model}", *PORT, "--set", "rollout.max_new_tokens=128", *extra)
-    assert "Traceback" not in out.stderr, out.stderr[-2000:]
-    return out
+@pytest.fixture
+def check(tiny_model_dir, monkeypatch, capsys):
+    """`toolrl env check` on the port, in this process (as a user's shell runs it, without the start-up cost)."""
+
+    def run_check(*extra):
+        argv = ["env", "check", "--set", f"model.name={tiny_model_dir}", *PORT, "--set", "rollout.max_new_tokens=128"]
+        code, out, err = run([*argv, *extra], monkeypatch, capsys)
+        assert "Traceback" not in err, err[-2000:]
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run_check
 
 
 @pytest.mark.slow
-def test_a_port_whose_idle_policy_passes_some_tasks_by_design(tiny_model_dir):
-    marked = check(tiny_model_dir)  # 2 of 5 tasks expect no change: the env marks them
+def test_a_port_whose_idle_policy_passes_some_tasks_by_design(check):
+    marked = check()  # 2 of 5 tasks expect no change: the env marks them
     assert marked.returncode == 0, marked.stdout
     assert ("idle policy: 40.0% of 5 tasks; 2 pass without action by design (the env marks them; 2 of them "
             "passed), the other 3: 0.0% (want <= 5%: the default bound)") in marked.stdout  # fmt: skip
 
-    unmarked = check(tiny_model_dir, "--set", "env.options.mark=false")  # the same port, saying nothing
+    unmarked = check("--set", "env.options.mark=false")  # the same port, saying nothing
     assert unmarked.returncode == 1
     assert "env airline-port is wrong: idle policy success 40.0% (want <= 5%: the default bound)" in unmarked.stdout
 
-    declared = check(tiny_model_dir, "--set", "env.options.mark=false", "--set", "env.options.declared=0.5")
+    declared = check("--set", "env.options.mark=false", "--set", "env.options.declared=0.5")
     assert declared.returncode == 0, declared.stdout
     assert "idle policy: 40.0% of 5 tasks (want <= 50%: the env's bound (max_idle_success))" in declared.stdout
-    overridden = check(tiny_model_dir, "--set", "env.options.mark=false", "--set", "env.options.declared=0.5",
+    overridden = check("--set", "env.options.mark=false", "--set", "env.options.declared=0.5",
                        "--max-idle", "0.1", "--json")  # fmt: skip
     verdict = json.loads(overridden.stdout)
     assert overridden.returncode == 1 and not verdict["ok"]
@@ -43,11 +50,11 @@ def test_a_port_whose_idle_policy_passes_some_tasks_by_design(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_each_limit_that_cut_a_reference_is_named_with_the_value_that_fits(tiny_model_dir):
+def test_each_limit_that_cut_a_reference_is_named_with_the_value_that_fits(check):
     """A long booking call cut by rollout.max_new_tokens (it had shown only as a format error) and three
     cancellations in one turn past rollout.max_calls_per_turn: one line each, with what would fit; raised to
     those values, the reference passes."""
-    cut = check(tiny_model_dir, "--set", "env.options.passengers=20", "--set", "rollout.max_calls_per_turn=2",
+    cut = check("--set", "env.options.passengers=20", "--set", "rollout.max_calls_per_turn=2",
                 "--json")  # fmt: skip
     verdict = json.loads(cut.stdout)
     assert cut.returncode == 1 and len(verdict["limits_cut"]) == 2, verdict
@@ -58,7 +65,7 @@ def test_each_limit_that_cut_a_reference_is_named_with_the_value_that_fits(tiny_
         == "rollout.max_calls_per_turn 2 cut 1 of 5 reference trajectories: 3 would fit (the most calls in one turn)"
     )
     fits = int(tokens.split(": ")[1].split()[0])
-    raised = check(tiny_model_dir, "--set", "env.options.passengers=20", "--set", f"rollout.max_new_tokens={fits}",
+    raised = check("--set", "env.options.passengers=20", "--set", f"rollout.max_new_tokens={fits}",
                    "--set", "rollout.max_calls_per_turn=3", "--json")  # fmt: skip
     assert raised.returncode == 0 and json.loads(raised.stdout)["limits_cut"] == [], raised.stdout
 
