@@ -3,8 +3,6 @@
 that takes a config is held to it."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -45,16 +43,15 @@ def test_two_different_configs_are_refused_in_one_line(config_file, tmp_path, mo
     assert err.strip().count("\n") == 0 and "config given twice" in err and "give one" in err
 
 
-def test_eval_and_env_check_take_the_config_as_an_argument(config_file):
+def test_eval_and_env_check_take_the_config_as_an_argument(config_file, monkeypatch, capsys):
     """`toolrl eval` had needed --config while `toolrl env check` took the file as an argument."""
     for argv in (["eval", str(config_file), "--policy", "idle", "--json"],
                  ["eval", "--config", str(config_file), "--policy", "idle", "--json"]):  # fmt: skip
-        out = subprocess.run([sys.executable, "-m", "toolrl", *argv], capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert json.loads(out.stdout)["tasks"] == 2  # eval.num_tasks from the file
-    out = subprocess.run([sys.executable, "-m", "toolrl", "env", "check", "--config", str(config_file), "--json"],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert out.returncode == 0 and json.loads(out.stdout)["env"] == "calculator", out.stderr[-2000:]
+        code, out, err = run(argv, monkeypatch, capsys)
+        assert code == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["tasks"] == 2  # eval.num_tasks from the file
+    code, out, err = run(["env", "check", "--config", str(config_file), "--json"], monkeypatch, capsys)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["env"] == "calculator", err[-2000:]
 
 
 def test_a_tool_config_is_given_the_same_two_ways(tmp_path, monkeypatch, capsys):
