@@ -143,13 +143,19 @@ def shot(site, name):
     assert not site["errors"], site["errors"]
 
 
+def untick_all(page):
+    """Untick every ticked run, each found by its own label: the table may be drawn again between a click and its
+    check (a torn metrics line met names itself in the row), and `input:checked >> nth=0` would then match none."""
+    for label in [box.get_attribute("aria-label") for box in page.locator("#runs-table tbody input:checked").all()]:
+        page.uncheck(f'#runs-table tbody input[aria-label="{label}"]')
+
+
 def tick_only(site, *runs):
     """The runs tab with only `runs` ticked (the newest run is ticked on a first visit)."""
     page = site["page"]
     page.goto(site["url"] + "#runs")
     page.wait_for_selector(f"tr[data-run={runs[0]}] .badge")
-    for box in page.locator("#runs-table tbody input:checked").all():
-        box.uncheck()
+    untick_all(page)
     for run in runs:
         page.check(f"tr[data-run={run}] input")
 
@@ -159,8 +165,7 @@ def test_runs_list_and_live_overlaid_curves(site):
     page.goto(site["url"] + "#runs")
     page.wait_for_selector("tr[data-run=alpha] .badge.state-finished")
     assert page.locator("tr[data-run=beta] .badge").inner_text() == "finished"
-    for box in page.locator("#runs-table tbody input:checked").all():  # the newest run is shown first
-        box.uncheck()
+    untick_all(page)  # the newest run is shown first
     page.check("tr[data-run=alpha] input")
     page.check("tr[data-run=beta] input")
     reward = page.locator(".chart[data-metric=reward]")
@@ -428,8 +433,7 @@ def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     )
     page.goto(site["url"] + "#runs")
     page.wait_for_selector("tr[data-run=gappy]")
-    for box in page.locator("#runs-table tbody input:checked").all():
-        box.uncheck()
+    untick_all(page)
     page.check("tr[data-run=gappy] input")
     page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 1")
     path = page.locator(".chart[data-metric=reward] path.series")
@@ -457,8 +461,7 @@ def test_success_by_category_draws_a_never_solved_category_at_zero(site):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     page.goto(site["url"] + "#runs")
     page.wait_for_selector("tr[data-run=kinds]")
-    for box in page.locator("#runs-table tbody input:checked").all():
-        box.uncheck()
+    untick_all(page)
     page.check("tr[data-run=kinds] input")
     chart = ".chart[data-metric='success/*']"
     try:
@@ -486,8 +489,7 @@ def test_any_metric_smoothing_x_axes_zoom_downloads_and_a_point_to_its_trajector
     assert names == sorted(names) and "alpha" in names
     page.click("#runs-table th[data-sort=name]")
     assert page.eval_on_selector_all("#runs-table tbody tr", "rows => rows.map(r => r.dataset.run)") == names[::-1]
-    for box in page.locator("#runs-table tbody input:checked").all():
-        box.uncheck()
+    untick_all(page)
     page.check("tr[data-run=alpha] input")
     page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 1")
     page.click("#chart-metrics summary")  # every metric the run logs, grouped by prefix

@@ -99,15 +99,19 @@ const Runs = {
   async refresh() {
     const runs = await refreshRuns();
     const before = this.compared.size;
-    if (!this.compared.size && runs.length) this.compared.add(runs[0].name);
+    // a first visit shows the newest run; a user who unticks every run is left with none (it had come back at the
+    // next poll, re-ticked under the user's click)
+    if (!this.compared.size && runs.length && !this.ticked) this.compared.add(runs[0].name);
+    this.ticked = this.ticked || this.compared.size > 0;
     for (const name of [...this.compared]) if (!runs.some((r) => r.name === name)) this.compared.delete(name);
     const listed = JSON.stringify(runs);
     if (listed !== this.listed) { this.listed = listed; this.table(runs); } // else the rows stay (a selection too)
     else for (const cell of document.querySelectorAll("#runs-table td.ago")) cell.textContent = ago(+cell.dataset.at);
     await this.compare();
-    const broken = JSON.stringify(this.brokenLines);
+    const torn = () => Object.values(this.brokenLines).reduce((n, lines) => n + lines.length, 0);
+    const broken = torn();
     const pulled = await Promise.all([...this.compared].map((name) => this.pull(name)));
-    if (JSON.stringify(this.brokenLines) !== broken) this.table(runs); // a torn line met: named in its run's row
+    if (torn() !== broken) this.table(runs); // a torn line met: named in its run's row
     if (pulled.some(Boolean) || this.compared.size !== before || this.dirty) this.drawWhenIdle();
   },
 
