@@ -143,6 +143,14 @@ def shot(site, name):
     assert not site["errors"], site["errors"]
 
 
+def load_tools(site):
+    """The tools tab with the test's tool config loaded."""
+    page = site["page"]
+    page.goto(site["url"] + "#tools")
+    page.fill("#tools-file", str(site["tools"]))
+    page.click("#tools-load")
+
+
 def untick_all(page):
     """Untick every ticked run, each found by its own label: the table may be drawn again between a click and its
     check (a torn metrics line met names itself in the row), and `input:checked >> nth=0` would then match none."""
@@ -654,9 +662,7 @@ def test_the_viewer_shows_a_vision_policys_images(site):
 
 def test_tools_load_and_call_through_a_form(site):
     page = site["page"]
-    page.goto(site["url"] + "#tools")
-    page.fill("#tools-file", str(site["tools"]))
-    page.click("#tools-load")
+    load_tools(site)
     page.wait_for_selector("[data-server=srv] .badge.ok")
     page.click("[data-tool='srv.add']")
     page.fill("#tools-form [name=a]", "2")
@@ -777,9 +783,7 @@ def test_no_view_overflows_at_desktop_and_phone_widths(site, width, height):
         page.click("#tr-group")
         page.wait_for_selector("#cmp-columns .group-member")
         check("group")
-        page.goto(site["url"] + "#tools")
-        page.fill("#tools-file", str(site["tools"]))
-        page.click("#tools-load")
+        load_tools(site)
         page.wait_for_selector("[data-tool='calc.calculator']")
         page.click("[data-tool='calc.calculator']")
         page.fill("#tools-form [name=expression]", "6 * 7")

@@ -152,33 +152,35 @@ def _progress(silent: bool):
 
 def _score(bench, policy: str, tasks, left, trajs):
     """A policy's PolicyScore; for the idle policy, the tasks the env marks as passing without action apart."""
-    from toolrl.envs.check import LIMIT_HINTS, PolicyScore
+    from toolrl.envs.check import STOP_LIMITS, PolicyScore
     from toolrl.train.evaluate import breakdown, summarize
 
     success = bench.env.rubric.success
+
+    def rate(some) -> float:  # success where the rubric names it, else the reward (0 for no trajectories)
+        stats = summarize(some, success) if some else {"reward": 0.0}
+        return stats.get("success", stats["reward"])
+
     stats = summarize(trajs, success)
     solve = breakdown(trajs, success).get("solve", {}).get("f1")
     by_design = others = None
     if policy == "idle":
-        marked = [t for t in trajs if bench.env.passes_without_action(t.task)]
-        rest = [t for t in trajs if not bench.env.passes_without_action(t.task)]
-        passed = summarize(marked, success) if marked else {}
-        by_design = (len(marked), round(passed.get("success", passed.get("reward", 0.0)) * len(marked)))
-        rest_stats = summarize(rest, success) if rest else {}
-        others = (len(rest), rest_stats.get("success", rest_stats.get("reward", 0.0)))
+        marks = [bench.env.passes_without_action(t.task) for t in trajs]
+        marked = [t for t, m in zip(trajs, marks, strict=True) if m]
+        rest = [t for t, m in zip(trajs, marks, strict=True) if not m]
+        by_design, others = (len(marked), round(rate(marked) * len(marked))), (len(rest), rate(rest))
     return PolicyScore(policy, len(tasks), len(left), stats.get("success", stats["reward"]), stats["reward"],
                        stats["tool_calls"], stats["format_errors"], solve,
-                       {k: stats.get(f"stop/{k}", 0.0) for k in LIMIT_HINTS}, by_design, others)  # fmt: skip
+                       {k: stats.get(f"stop/{k}", 0.0) for k in STOP_LIMITS}, by_design, others)  # fmt: skip
 
 
 def _limits_that_cut(bench, trajs, silent: bool) -> list[str]:
     """The reference's failed tasks played again with room in every rollout limit: each limit below what one of
     them needs, with the value that would fit (envs/check.py limits_cut)."""
     from toolrl.envs.check import ROOM, limits_cut, use_of
-    from toolrl.train.evaluate import summarize
 
-    success = bench.env.rubric.success
-    failed = [t.task for t in trajs if summarize([t], success).get("success", 1.0) < 1.0]
+    success = bench.env.rubric.success  # a rubric without a success criterion: nothing is judged failed
+    failed = [t.task for t in trajs if success is not None and t.rewards.get(success, 0.0) < 1.0]
     if not failed:
         return []
     config = bench.config

@@ -72,16 +72,8 @@ def idle_line(score: PolicyScore, idle: IdleExpectation) -> str:
     return f"{line} (want <= {idle.bound:.0%}: {idle.declared_by})"
 
 
-LIMIT_HINTS = {
-    "max_turns": "reached rollout.max_turns",
-    "length": "were cut by a token limit (rollout.max_new_tokens, max_response_tokens)",
-}
-
-
-def limit_hint(score: PolicyScore) -> str:
-    """Why a reference may fall short that is the run's limits, not the environment: '' when none."""
-    said = [f"{share:.0%} of its trajectories {LIMIT_HINTS[k]}" for k, share in (score.limits or {}).items() if share]
-    return f"; the reference policy is held to the run's limits: {', '.join(said)}" if said else ""
+STOP_LIMITS = ("max_turns", "length")
+"""The stop reasons of a trajectory cut by a limit (max_turns; length: a token limit), counted in PolicyScore.limits."""
 
 
 ROOM = {

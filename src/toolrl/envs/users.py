@@ -113,19 +113,12 @@ class UserPrompt(BaseModel):
         return stop
 
     def system(self, instructions: str) -> str:
-        rules = "\n".join(
-            f"- To end the conversation as {o}, write {m} and nothing else." for m, o in self.stop.items()
-        )
+        rules = [f"- To end the conversation as {o}, write {m} and nothing else." for m, o in self.stop.items()]
         guidelines = self.guidelines.strip()
-        if (
-            self.template == USER_SYSTEM
-        ):  # the default template: the other markers, then the guidelines, after its rules
-            more = [
-                f"- To end the conversation as {o}, write {m} and nothing else." for m, o in list(self.stop.items())[1:]
-            ]
-            guidelines = "".join("\n" + line for line in more) + (f"\n\n{guidelines}" if guidelines else "")
+        if self.template == USER_SYSTEM:  # the default names the first marker: the others, then the guidelines
+            guidelines = "".join("\n" + line for line in rules[1:]) + (f"\n\n{guidelines}" if guidelines else "")
         return self.template.format(instructions=instructions.strip(), guidelines=guidelines,
-                                    stop=next(iter(self.stop)), stop_rules=rules)  # fmt: skip
+                                    stop=next(iter(self.stop)), stop_rules="\n".join(rules))  # fmt: skip
 
     def ending(self, text: str) -> tuple[str, str | None]:
         """`text` with every marker taken out, and the outcome of the first marker in it (None: it goes on)."""

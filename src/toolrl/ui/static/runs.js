@@ -293,9 +293,12 @@ const Runs = {
       if (groups && !key.endsWith("*")) {
         // grouped: each group's mean as its line, its runs faint beside it in the group's colour
         groups.forEach(([label, members], i) => {
-          for (const name of members) series.push({ label: name, color: color(i), points: this.linesOf(name).train.get(key) || [], faint: true, run: name });
+          for (const name of members) {
+            const points = this.linesOf(name).train.get(key) || [];
+            series.push({ label: name, color: color(i), points, faint: true, run: name });
+            this.drawn.push({ run: name, metric: key, points });
+          }
           series.push({ label: `${label} (${members.length} run${members.length > 1 ? "s" : ""})`, color: color(i), points: this.smoothed(this.groupMean(members, key)) });
-          for (const name of members) this.drawn.push({ run: name, metric: key, points: this.linesOf(name).train.get(key) || [] });
         });
       } else names.forEach((name, i) => {
         const lines = this.linesOf(name);
