@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import logging
 import resource
@@ -39,7 +40,8 @@ from toolrl.train import RunDir, Trainer, Workbench
 
 RECIPES = {"demo": "calculator-zero"}
 METRICS = ("greedy_before", "greedy_after", "sampled_before", "sampled_after")
-SAME_MEASUREMENT = ("steps", "num_tasks", "set", "quick")  # arguments that must agree for seeds to be merged
+SAME_MEASUREMENT = ("steps", "num_tasks", "set", "quick", "recipe")  # what must agree for seeds to be merged:
+# the arguments and the recipe file's digest (seeds of an edited recipe are another measurement)
 log = logging.getLogger("bench.learning")
 
 
@@ -161,6 +163,11 @@ def write_readme(results_path: str) -> None:
                       + rest.split(END, 1)[1])  # fmt: skip
 
 
+def recipe_digest(name: str) -> str:
+    """The recipe file's sha256 (12 hex digits): seeds measured with different recipes are not merged."""
+    return hashlib.sha256(recipe_path(name).read_bytes()).hexdigest()[:12]
+
+
 def merged(path: str, name: str, entry: dict) -> dict:
     """The results file with `name`'s entry updated (written back); other recipes' entries are kept. Seeds of
     the same measurement (same steps, tasks and overrides) measured by another run are merged in, a seed measured
@@ -239,6 +246,7 @@ def main() -> None:
         entry["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         entry["machine"] = {**machine(), "torch_threads": torch.get_num_threads()}
         entry["args"] = {k: v for k, v in vars(args).items() if k not in ("out", "recipes")}
+        entry["args"]["recipe"] = recipe_digest(name)
         results = merged(args.out, name, entry)  # after each recipe: a long run keeps what it measured
     print(f"\n{'recipe':<10}{'greedy before':>15}{'greedy after':>14}{'sampled before':>16}{'sampled after':>15}")
     for name in args.recipes:

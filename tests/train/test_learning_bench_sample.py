@@ -56,3 +56,28 @@ def test_the_readmes_table_is_the_one_the_committed_results_make():
     table = learning.table(results)
     assert f"{learning.BEGIN}\n{table}\n{learning.END}" in (ROOT / "README.md").read_text()
     assert "| `calculator-zero.yaml` (`make demo`): warm start + " in table and len(results["demo"]["seeds"]) == 3
+
+
+def test_seeds_of_an_edited_recipe_replace_the_entry_rather_than_merge(tmp_path):
+    """A seed measured after the recipe file changed is another measurement: merged with the old recipe's seeds,
+    the mean would mix two recipes."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import learning
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    out = tmp_path / "learning.json"
+
+    def entry(seed: int, after: float, recipe: str) -> dict:
+        row = {"greedy_before": 0.1, "greedy_after": after, "sampled_before": 0.0, "sampled_after": after}
+        args = {"seeds": [seed], "steps": None, "num_tasks": 48, "set": [], "quick": False, "recipe": recipe}
+        return {**learning.summary([row]), "wall_s": 1.0, "peak_rss_mb": 1.0, "machine": {}, "args": args}
+
+    learning.merged(str(out), "built", entry(0, 0.2, "aaa"))
+    learning.merged(str(out), "built", entry(1, 0.4, "aaa"))
+    assert json.loads(out.read_text())["built"]["greedy_after"] == 0.3  # the same recipe: merged
+    learning.merged(str(out), "built", entry(1, 0.5, "bbb"))
+    built = json.loads(out.read_text())["built"]
+    assert built["args"]["seeds"] == [1] and built["greedy_after"] == 0.5  # the edited recipe's seed alone
+    digests = {learning.recipe_digest(name) for name in ("built", "demo")}
+    assert len(digests) == 2 and all(len(d) == 12 for d in digests)
