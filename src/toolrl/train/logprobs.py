@@ -26,6 +26,7 @@ from toolrl.models.loading import transformer_blocks
 from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inputs, multimodal_base, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.train.packed import KEYWORD, PackedRows, packable
 from toolrl.train.vocab_logprobs import DEFAULT_BLOCKS, VocabBlocks, target_logprobs
 
 
@@ -201,28 +202,31 @@ def selected_hidden(
     body = multimodal_base(model) if is_vision_config(model.config) else decoder  # reads ids and images
     layers = transformer_blocks(decoder)
     saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
+    lengths = (attention.sum(1) - prefix_len).tolist()
+    packed = PackedRows(lengths, device) if len(set(lengths)) > 1 and not images and packable(model) else None
+    rows = 1 if packed is not None else ids.shape[0]  # packed: one row of every row's tokens
     cache = None
     if step_prefix is not None:
-        cache = step_prefix.cache(ids.shape[0])
+        cache = step_prefix.cache(rows)
     elif prefix_len:
-        cache = PrefixCache(
-            _prefix_pass(model, ids[:1, :prefix_len], positions[..., :1, :prefix_len], prefix_images), ids.shape[0]
-        )
+        cache = PrefixCache(_prefix_pass(model, ids[:1, :prefix_len], positions[..., :1, :prefix_len], prefix_images),
+                            rows)  # fmt: skip
+    if packed is not None:  # no linear layer computes a padding position (train/packed.py)
+        inputs = {"input_ids": packed.tokens_of(ids, prefix_len),
+                  "position_ids": packed.positions(positions, prefix_len), KEYWORD: packed}  # fmt: skip
+    else:
+        inputs = {"input_ids": ids[:, prefix_len:], "attention_mask": attention,
+                  "position_ids": positions[..., prefix_len:], **images}  # fmt: skip
     try:
         for layer in layers if cache is not None else ():
             layer._can_checkpoint_with_cache = True  # the suffix pass only reads the prefix cache
-        hidden = body(
-            input_ids=ids[:, prefix_len:],
-            attention_mask=attention,
-            position_ids=positions[..., prefix_len:],
-            **cache_arg(body, cache),
-            use_cache=cache is not None,
-            **images,
-        ).last_hidden_state
+        hidden = body(**inputs, **cache_arg(body, cache), use_cache=cache is not None).last_hidden_state
     finally:
         for layer, (replays, with_cache) in zip(layers, saved, strict=True):
             layer.gradient_checkpointing, layer._can_checkpoint_with_cache = replays, with_cache
-
+    if packed is not None:
+        packed.check(len(layers))
+        return hidden[0, packed.index(rows_idx, cols_idx)]
     return hidden[torch.tensor(rows_idx, device=device), torch.tensor(cols_idx, device=device)]
 
 
