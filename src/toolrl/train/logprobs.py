@@ -212,8 +212,8 @@ def selected_hidden(
         cache = PrefixCache(_prefix_pass(model, ids[:1, :prefix_len], positions[..., :1, :prefix_len], prefix_images),
                             rows)  # fmt: skip
     if packed is not None:  # no linear layer computes a padding position (train/packed.py)
-        inputs = {"input_ids": packed.tokens_of(ids, prefix_len),
-                  "position_ids": packed.positions(positions, prefix_len), KEYWORD: packed}  # fmt: skip
+        packed_ids, packed_positions = packed.pack(prefix_len, ids, positions)
+        inputs = {"input_ids": packed_ids, "position_ids": packed_positions, KEYWORD: packed}
     else:
         inputs = {"input_ids": ids[:, prefix_len:], "attention_mask": attention,
                   "position_ids": positions[..., prefix_len:], **images}  # fmt: skip

@@ -47,22 +47,17 @@ class PackedRows:
         self.calls = 0
         self._masks: dict[int, torch.Tensor] = {}
 
-    def positions(self, positions: torch.Tensor, offset: int) -> torch.Tensor:
-        """[1, N] position ids of the packed tokens: row i's `positions[i, offset + j]`."""
-        return positions[:, offset:].flatten()[self._padded_index(positions.shape[1] - offset)][None]
-
-    def tokens_of(self, ids: torch.Tensor, offset: int) -> torch.Tensor:
-        """[1, N] the rows' ids after `offset`, packed."""
-        return ids[:, offset:].flatten()[self._padded_index(ids.shape[1] - offset)][None]
+    def pack(self, offset: int, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Each [rows, width] tensor's columns after `offset` (ids, position ids), as [1, N] packed tokens."""
+        width = tensors[0].shape[1] - offset
+        rows = torch.arange(self.rows, device=self.starts.device)[:, None]
+        index = (rows * width + torch.arange(self.width, device=self.starts.device)[None, :])[self.valid]
+        return [t[:, offset:].flatten()[index][None] for t in tensors]
 
     def index(self, rows_idx: Sequence[int], cols_idx: Sequence[int]) -> torch.Tensor:
         """Packed positions of (row, column after the prefix) pairs."""
         device = self.starts.device
         return self.starts[torch.tensor(rows_idx, device=device)] + torch.tensor(cols_idx, device=device)
-
-    def _padded_index(self, width: int) -> torch.Tensor:
-        cols = torch.arange(self.width, device=self.starts.device)
-        return (torch.arange(self.rows, device=self.starts.device)[:, None] * width + cols[None, :])[self.valid]
 
     def mask(self, prefix: int) -> torch.Tensor:
         """[rows, 1, width, prefix + width], True where a query may attend: the whole prefix and, in its own
@@ -79,8 +74,8 @@ class PackedRows:
         if self.calls < layers:
             raise RuntimeError(
                 f"packed rows: {self.calls} of {layers} attention layers read the packed layout; this model's "
-                "attention does not pass keyword arguments on (set train.micro_batch_tokens so that rows are not "
-                "padded, or report the model family)"
+                "attention does not pass keyword arguments on to the attention function (toolrl/train/packed.py): "
+                "report the model family"
             )
 
 
