@@ -20,17 +20,20 @@ def allocate(mb: int) -> None:
 
 def test_each_phase_has_its_own_peak_and_a_nested_phase_counts_in_its_parent():
     meter = PeakMeter()
+    # Each peak is compared with the resident set just before its phase: in a long test session the process's
+    # resident set drifts between phases (a full suite once grew it by 20 MB after the big phase had ended).
+    before_big = rss_gb()
     with meter.phase("big"):
         allocate(300)
     with meter.phase("small"):
         allocate(20)
+    before_outer = rss_gb()
     with meter.phase("outer"), meter.phase("inner"):
         allocate(200)
-    now = rss_gb()
     # A phase's peak is at least what it held at once; the small phase does not inherit the big one's peak.
-    assert meter.last["big"] >= now + 0.25
+    assert meter.last["big"] >= before_big + 0.28
     assert meter.last["small"] < meter.last["big"] - 0.2
-    assert meter.last["inner"] >= now + 0.15 and meter.last["outer"] >= meter.last["inner"]
+    assert meter.last["inner"] >= before_outer + 0.18 and meter.last["outer"] >= meter.last["inner"]
     assert meter.current_overall() >= meter.last["big"]
 
 
