@@ -24,6 +24,19 @@ REPLY = "Done."
 
 
 @dataclass(frozen=True)
+class Said:
+    """A model turn of calls with text written before them (a note, a plan, a thought): `text`, then `calls` in
+    the run's call syntax."""
+
+    text: str
+    calls: tuple[ToolCall, ...]
+
+
+Turn = tuple[ToolCall, ...] | Said | str
+"""One model turn of a scripted policy: calls (written in the run's syntax), calls after text, or a reply."""
+
+
+@dataclass(frozen=True)
 class ReferenceRequest:
     """What a perfect agent does for one user request: rounds of calls, then the reply."""
 
@@ -31,15 +44,22 @@ class ReferenceRequest:
     """Each round is one model turn of calls; an empty round is never played (a request without calls is a
     reply alone)."""
     reply: str = REPLY
+    notes: tuple[str, ...] = ()
+    """Text that opens each of its turns, in order (each non-empty round, then the reply); a turn past the
+    notes has none."""
 
     @classmethod
     def of(cls, calls: Sequence[ToolCall] = (), reply: str = REPLY) -> ReferenceRequest:
         """One round of `calls` (none: the reply alone), then `reply`."""
         return cls((tuple(calls),) if calls else (), reply)
 
-    def turns(self) -> list[tuple[ToolCall, ...] | str]:
-        """The model turns it takes: each non-empty round, then the reply."""
-        return [*(round_ for round_ in self.rounds if round_), self.reply]
+    def turns(self) -> list[Turn]:
+        """The model turns it takes: each non-empty round, then the reply, each after its note."""
+        turns: list[Turn] = [*(round_ for round_ in self.rounds if round_), self.reply]
+        for k, note in enumerate(self.notes[: len(turns)]):
+            turn = turns[k]
+            turns[k] = note + turn if isinstance(turn, str) else Said(note, turn)
+        return turns
 
 
 def _call(value: Any, where: str) -> ToolCall:

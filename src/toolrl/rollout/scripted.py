@@ -4,7 +4,8 @@
 of calls written in the run's call syntax, then each request's reply; `idle` makes no call and replies
 "Done." to everything. A correct environment scores about 100% under the first and about 0 under the second
 (`toolrl env check`); `toolrl eval --policy NAME` plays one. `register_policy(name)` adds one from outside:
-a function `(env, task) -> turns`, each turn a tuple of calls or a reply text, or None when the policy cannot
+a function `(env, task) -> turns`, each turn a tuple of calls, a `Said` (text, then calls) or a reply
+text, or None when the policy cannot
 play that task (the task is left out and counted).
 
 The engine knows each sequence's task from `Engine.begin` and keeps its own count of the turns played, so
@@ -17,11 +18,10 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from toolrl.envs.reference import REPLY
+from toolrl.envs.reference import REPLY, Said, Turn
 from toolrl.errors import ConfigError
 from toolrl.registry import Registry
 from toolrl.rollout.engine import Engine, Sampled
-from toolrl.tools.call import ToolCall
 
 if TYPE_CHECKING:
     from toolrl.chat import ChatFormat
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from toolrl.parsers import CallSyntax
     from toolrl.rollout.sampling import SamplingParams
 
-Turn = tuple[ToolCall, ...] | str
-"""One model turn of a scripted policy: calls (written in the run's syntax) or a reply."""
 Script = Callable[["Environment", "Task"], "Sequence[Turn] | None"]
 
 POLICIES: Registry[Script] = Registry("policy", "--policy")
@@ -87,7 +85,12 @@ class ScriptedEngine(Engine):
         self.plays[seq] = _Play(list(turns))
 
     def _ids(self, turn: Turn) -> list[int]:
-        text = turn if isinstance(turn, str) else self.syntax.render(list(turn))
+        if isinstance(turn, str):
+            text = turn
+        elif isinstance(turn, Said):
+            text = turn.text + self.syntax.render(list(turn.calls))
+        else:
+            text = self.syntax.render(list(turn))
         return self.chat.encode(text) + [self.chat.end_of_turn_id]
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
@@ -96,11 +99,14 @@ class ScriptedEngine(Engine):
             raise RuntimeError("a scripted policy was asked for a turn of a sequence that never began")
         turn = play.turns[play.played] if play.played < len(play.turns) else REPLY
         ids, budget = self._ids(turn), params.max_new_tokens
-        if len(ids) > budget and not isinstance(turn, str) and len(turn) > 1:
-            # calls that do not fit one turn's budget go in as many turns as they need, in order
-            fits = max((k for k in range(1, len(turn)) if len(self._ids(turn[:k])) <= budget), default=1)
-            play.turns = [*play.turns[: play.played], turn[:fits], turn[fits:], *play.turns[play.played + 1 :]]
-            ids = self._ids(turn[:fits])
+        calls = turn.calls if isinstance(turn, Said) else turn
+        if len(ids) > budget and not isinstance(turn, str) and len(calls) > 1:
+            # calls that do not fit one turn's budget go in as many turns as they need, in order (the text
+            # before them opens the first)
+            first = (lambda k: Said(turn.text, calls[:k])) if isinstance(turn, Said) else (lambda k: calls[:k])
+            fits = max((k for k in range(1, len(calls)) if len(self._ids(first(k))) <= budget), default=1)
+            play.turns = [*play.turns[: play.played], first(fits), calls[fits:], *play.turns[play.played + 1 :]]
+            ids = self._ids(first(fits))
         play.played += 1
         if len(ids) > budget:  # one call or a reply longer than the budget is cut, as a model's would be
             return Sampled(ids[:budget], [0.0] * budget, ended=False)

@@ -35,6 +35,7 @@ from toolrl.envs.built.scoring import (
     arguments_match,
     contains_all,
     correct,
+    countdown,
     counts,
     evidence,
     injected_faults,
@@ -54,6 +55,12 @@ SYSTEM = (
     "when a question needs an earlier answer, call the next tool with it. When you have the answer, reply with "
     "<answer>ANSWER</answer> (several answers separated by semicolons)."
 )
+COUNTDOWN = (
+    " Begin every reply with `Steps left: N`, N the rounds of tool calls the question still needs, this one "
+    "included (0 when you answer)."
+)
+NOTE_TOKENS = 8
+"""What a turn's countdown adds to its token budget (`Steps left: 3` and a newline: 6 tokens in SmolLM2's)."""
 EXAMPLES = (
     (
         "What is the height of the mountain Orvel Peak?",
@@ -86,6 +93,11 @@ class BuiltOptions(EnvOptions):
     examples: Literal["task_tools", "generic"] = "task_tools"
     """In-context exchanges: task_tools: one call of the task's first tool on a train task's entity, then a
     generic chain of two calls; generic: tools of no task only (one call, then the chain)."""
+    countdown: bool = False
+    """Every turn opens with `Steps left: N`, the rounds of calls the question still needs (0: the answer):
+    in the instructions, the in-context exchanges and the reference (what a warm start imitates). It makes
+    the choice after a tool result (call again or answer) a count the model carries from turn to turn, rather
+    than a reading of the question's structure at every turn."""
 
 
 class BuiltEpisode(Episode):
@@ -255,7 +267,7 @@ class BuiltEnv(Environment):
         ]
 
     def reference(self, task: Task) -> list[ReferenceRequest]:
-        return reference_requests(task)
+        return reference_requests(task, notes=self.options.countdown)
 
     def offered(self, task: Task) -> list[str]:
         return list(task.meta["tools"])
@@ -272,8 +284,11 @@ class BuiltEnv(Environment):
             return min(getattr(limits, key), int(need[key] * slack) + 1)
 
         turns = min(limits.max_turns, need["max_turns"] + 1)
-        return replace(limits, max_turns=turns, max_new_tokens=scaled("max_new_tokens"),
-                       max_response_tokens=scaled("max_response_tokens"))  # fmt: skip
+        notes = NOTE_TOKENS if self.options.countdown else 0  # each turn's countdown, on top of its reference
+        return replace(limits, max_turns=turns,
+                       max_new_tokens=min(limits.max_new_tokens, scaled("max_new_tokens") + notes),
+                       max_response_tokens=min(limits.max_response_tokens,
+                                               scaled("max_response_tokens") + notes * turns))  # fmt: skip
 
     def tasks(self, split: str) -> list[Task]:
         """The split's tasks, its scenarios taken in turn (the builder writes them scenario by scenario): the first
@@ -321,16 +336,19 @@ class BuiltEnv(Environment):
         examples = list(EXAMPLES)
         if self.options.examples == "task_tools" and (own := self._own_example(task)) is not None:
             examples = [EXAMPLES[1], own]  # the chain, then the task's tool last (closest to the question)
+        note = countdown if self.options.countdown else (lambda left: "")
         example = []
         for question, chain, answer in examples:
             example.append({"role": "user", "content": question})
-            for tool, arguments, result in chain:
+            for k, (tool, arguments, result) in enumerate(chain):
+                call = self.syntax.render([ToolCall(tool, arguments)])
                 example += [
-                    {"role": "assistant", "content": self.syntax.render([ToolCall(tool, arguments)])},
+                    {"role": "assistant", "content": note(len(chain) - k) + call},
                     {"role": "tool", "content": result},
                 ]
-            example.append({"role": "assistant", "content": f"<answer>{answer}</answer>"})
-        return [{"role": "system", "content": SYSTEM}, *example, {"role": "user", "content": task.question}]
+            example.append({"role": "assistant", "content": f"{note(0)}<answer>{answer}</answer>"})
+        system = SYSTEM + (COUNTDOWN if self.options.countdown else "")
+        return [{"role": "system", "content": system}, *example, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task, seed: int | None = None) -> BuiltEpisode:
         """The injected tool faults draw from the trajectory's own stream (seeds.episode), so a trajectory meets

@@ -78,18 +78,27 @@ def correct(trajectory, task: Task) -> float:
     return float(answer_correct(trajectory, task) == 1.0 and evidence(trajectory, task) == 1.0)
 
 
-def reference_requests(task: Task) -> list[ReferenceRequest]:
-    """What a perfect model does: each sub-problem's call, then the answer; per request for multi-turn tasks."""
+def countdown(left: int) -> str:
+    """The note that opens a turn under `env.options.countdown`: the rounds of calls still needed, this one
+    included (0: the answer)."""
+    return f"Steps left: {left}\n"
+
+
+def reference_requests(task: Task, notes: bool = False) -> list[ReferenceRequest]:
+    """What a perfect model does: each sub-problem's call, then the answer; per request for multi-turn tasks.
+    With `notes`, each turn opens with its countdown (the rounds of calls still needed)."""
     calls = [ToolCall(c["name"], c["arguments"]) for c in task.meta["subproblems"]]
     if task.meta.get("requests"):
         answers = task.meta["request_answers"]
+        opened = (countdown(1), countdown(0)) if notes else ()
         return [
-            ReferenceRequest.of([call], f"<answer>{'; '.join(a)}</answer>")
+            ReferenceRequest(((call,),), f"<answer>{'; '.join(a)}</answer>", opened)
             for call, a in zip(calls, answers, strict=True)
         ]
     rounds = task.meta.get("rounds") or [list(range(len(calls)))]
     reply = f"<answer>{'; '.join(task.meta['answers'])}</answer>"
-    return [ReferenceRequest(tuple(tuple(calls[i] for i in r) for r in rounds), reply)]
+    opened = tuple(countdown(len(rounds) - k) for k in range(len(rounds) + 1)) if notes else ()
+    return [ReferenceRequest(tuple(tuple(calls[i] for i in r) for r in rounds), reply, opened)]
 
 
 def injected_faults(trajectory, task: Task) -> float:
