@@ -230,3 +230,32 @@ def test_a_splits_first_tasks_cover_every_scenario(built_dir):
     line = {"sft_round": 1, "source": "reference", "played": 4, "kept": 4, "play_s": 1.0,
             "kept_by_category": {"single_hop": 2, "multi_hop": 2}}  # fmt: skip
     assert progress_line(line) == "sft round 1: reference played 4, kept 4 (single_hop 2, multi_hop 2) (1.0 s)"
+
+
+def test_a_countdown_opens_every_turn_and_the_reference_still_scores_everything(built_dir, multi_turn_dir, chat):
+    """env.options.countdown: each turn of the reference, of the in-context exchanges and (asked by the
+    instructions) of the model opens with the rounds of calls still needed; the calls after it score as before,
+    and each turn's token budget grows by the note's tokens."""
+    env = built_env(built_dir, "env.options.countdown=true")
+    tasks = env.tasks("test")
+    trajs = play(env, chat, tasks)
+    assert summarize(trajs, "correct")["success"] == 1.0 and all(t.num_format_errors == 0 for t in trajs)
+    for t in trajs:
+        needed = len(t.task.meta["rounds"])
+        assert [text.split("\n")[0] for text in t.texts] == [f"Steps left: {n}" for n in range(needed, -1, -1)]
+    assert {len(t.task.meta["rounds"]) for t in trajs} >= {1, 2}  # single and multi-hop both counted down
+    messages = env.messages(tasks[0])
+    assert "Begin every reply with `Steps left: N`" in messages[0]["content"]
+    shown = [m["content"] for m in messages[1:-1] if m["role"] == "assistant"]
+    firsts = "|".join(s.split("\n")[0] for s in shown)  # one call (1, 0) and the chain of two (2, 1, 0)
+    assert all(s.startswith("Steps left: ") for s in shown) and "Steps left: 2|Steps left: 1|Steps left: 0" in firsts
+    plain = built_env(built_dir)
+    assert "Steps left" not in json.dumps(plain.messages(tasks[0]))  # off by default: the prompt as before
+    run = RolloutLimits(8, 256, 4000, 200)
+    with_notes, without = env.limits_for(tasks[0], run), plain.limits_for(tasks[0], run)
+    assert with_notes.max_new_tokens == without.max_new_tokens + 8
+    assert with_notes.max_response_tokens == without.max_response_tokens + 8 * with_notes.max_turns
+    multi = built_env(multi_turn_dir, "env.options.countdown=true")
+    (mt,) = [t for t in play(multi, chat, multi.tasks("test")) if t.task.meta.get("requests")][:1]
+    assert mt.rewards["correct"] == 1.0
+    assert [text.split("\n")[0] for text in mt.texts] == ["Steps left: 1", "Steps left: 0"] * len(mt.texts[::2])

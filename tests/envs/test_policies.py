@@ -68,6 +68,35 @@ def test_a_policy_plays_only_the_tasks_it_has_a_script_for(chat):
     assert traj.rewards["kept"] == 0.0 and traj.num_tool_calls == 0  # it stops after the first request's reply
 
 
+def test_text_before_a_turns_calls_is_written_once_and_the_calls_still_run(chat):
+    """A policy from outside the package writes a thought before its calls (envs.reference.Said): the calls are
+    parsed and run as without it, and calls split over turns by the token budget keep the text on the first."""
+    env = notes()
+    trajs = play(env, chat, "thinking")
+    assert [t.rewards["kept"] for t in trajs] == [1.0] * 5 and all(t.num_format_errors == 0 for t in trajs)
+    three = next(t for t in trajs if t.task.id == "three")
+    written = three.texts
+    assert written[0].startswith("Thinking: 3 to write.\n<tool_call>") and written[0].count("<tool_call>") == 3
+    (split,) = play(env, chat, "thinking", [t for t in env.tasks("test") if t.id == "three"], max_new_tokens=40)
+    turns = split.texts
+    assert split.rewards["kept"] == 1.0 and len(turns) >= 3 and turns[0].startswith("Thinking: 3 to write.")
+    assert not any("Thinking" in turn for turn in turns[1:])
+
+
+def test_a_reference_in_task_data_may_open_its_turns_with_notes():
+    from toolrl.envs.reference import Said, reference_from_meta
+    from toolrl.errors import DataError
+
+    call = {"name": "note", "arguments": {"text": "a"}}
+    entry = {"rounds": [[call], [call]], "reply": "<answer>a</answer>", "notes": ["Two steps.\n", "One more.\n"]}
+    (request,) = reference_from_meta("t", {"reference": [entry]})
+    first, second, reply = request.turns()
+    assert isinstance(first, Said) and first.text == "Two steps.\n" and second.text == "One more.\n"
+    assert reply == "<answer>a</answer>"  # past the notes: no text added
+    with pytest.raises(DataError, match=r"task t, reference of request 1: 'notes' is a list of strings"):
+        reference_from_meta("t", {"reference": [{**entry, "notes": "Two steps."}]})
+
+
 def toolrl(*args):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
     command = [sys.executable, "-m", "toolrl", *args]

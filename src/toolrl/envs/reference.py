@@ -7,7 +7,8 @@ it turn by turn and must score about 100%; `--policy idle` makes no call and mus
 `toolrl env check` runs both (rollout/scripted.py plays them).
 
 A task can carry its reference in `meta["reference"]`, one entry per request, each either a list of calls
-(`{"name": ..., "arguments": {...}}`, one round) or `{"rounds": [[call, ...], ...], "reply": "..."}`.
+(`{"name": ..., "arguments": {...}}`, one round) or `{"rounds": [[call, ...], ...], "reply": "...", "notes":
+["...", ...]}` (notes: the text that opens each turn, a plan or a thought before its calls).
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def _request(entry: Any, where: str) -> ReferenceRequest:
         reply = entry.get("reply", REPLY)
         if not isinstance(reply, str):
             raise DataError(f"{where}: 'reply' is a string")
-        return ReferenceRequest(tuple(tuple(_call(c, where) for c in r) for r in rounds), reply)
+        notes = entry.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise DataError(f"{where}: 'notes' is a list of strings, the text that opens each turn")
+        return ReferenceRequest(tuple(tuple(_call(c, where) for c in r) for r in rounds), reply, tuple(notes))
     if isinstance(entry, list):
         return ReferenceRequest.of([_call(c, where) for c in entry])
     raise DataError(f"{where}: each request's reference is a list of calls or {{'rounds': ..., 'reply': ...}}")
