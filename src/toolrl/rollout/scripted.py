@@ -84,29 +84,27 @@ class ScriptedEngine(Engine):
             raise ConfigError(f"env {self.env.name}: task {task.id} has no reference to play; leave it out")
         self.plays[seq] = _Play(list(turns))
 
-    def _ids(self, turn: Turn) -> list[int]:
-        if isinstance(turn, str):
-            text = turn
-        elif isinstance(turn, Said):
-            text = turn.text + self.syntax.render(list(turn.calls))
-        else:
-            text = self.syntax.render(list(turn))
+    def _ids(self, turn: str | Said) -> list[int]:
+        text = turn if isinstance(turn, str) else turn.text + self.syntax.render(list(turn.calls))
         return self.chat.encode(text) + [self.chat.end_of_turn_id]
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         play = self.plays.get(seq)
         if play is None:
             raise RuntimeError("a scripted policy was asked for a turn of a sequence that never began")
-        turn = play.turns[play.played] if play.played < len(play.turns) else REPLY
+        turn: Turn = play.turns[play.played] if play.played < len(play.turns) else REPLY
+        if isinstance(turn, tuple):  # calls alone: calls after no text
+            turn = Said("", turn)
         ids, budget = self._ids(turn), params.max_new_tokens
-        calls = turn.calls if isinstance(turn, Said) else turn
-        if len(ids) > budget and not isinstance(turn, str) and len(calls) > 1:
+        if len(ids) > budget and isinstance(turn, Said) and len(turn.calls) > 1:
             # calls that do not fit one turn's budget go in as many turns as they need, in order (the text
             # before them opens the first)
-            first = (lambda k: Said(turn.text, calls[:k])) if isinstance(turn, Said) else (lambda k: calls[:k])
-            fits = max((k for k in range(1, len(calls)) if len(self._ids(first(k))) <= budget), default=1)
-            play.turns = [*play.turns[: play.played], first(fits), calls[fits:], *play.turns[play.played + 1 :]]
-            ids = self._ids(first(fits))
+            calls = turn.calls
+            fits = max((k for k in range(1, len(calls)) if len(self._ids(Said(turn.text, calls[:k]))) <= budget),
+                       default=1)  # fmt: skip
+            first = Said(turn.text, calls[:fits])
+            play.turns = [*play.turns[: play.played], first, calls[fits:], *play.turns[play.played + 1 :]]
+            ids = self._ids(first)
         play.played += 1
         if len(ids) > budget:  # one call or a reply longer than the budget is cut, as a model's would be
             return Sampled(ids[:budget], [0.0] * budget, ended=False)

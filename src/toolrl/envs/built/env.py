@@ -336,17 +336,16 @@ class BuiltEnv(Environment):
         examples = list(EXAMPLES)
         if self.options.examples == "task_tools" and (own := self._own_example(task)) is not None:
             examples = [EXAMPLES[1], own]  # the chain, then the task's tool last (closest to the question)
-        note = countdown if self.options.countdown else (lambda left: "")
         example = []
         for question, chain, answer in examples:
+            notes = countdown(len(chain)) if self.options.countdown else ("",) * (len(chain) + 1)
             example.append({"role": "user", "content": question})
-            for k, (tool, arguments, result) in enumerate(chain):
-                call = self.syntax.render([ToolCall(tool, arguments)])
+            for note, (tool, arguments, result) in zip(notes, chain, strict=False):
                 example += [
-                    {"role": "assistant", "content": note(len(chain) - k) + call},
+                    {"role": "assistant", "content": note + self.syntax.render([ToolCall(tool, arguments)])},
                     {"role": "tool", "content": result},
                 ]
-            example.append({"role": "assistant", "content": f"{note(0)}<answer>{answer}</answer>"})
+            example.append({"role": "assistant", "content": f"{notes[-1]}<answer>{answer}</answer>"})
         system = SYSTEM + (COUNTDOWN if self.options.countdown else "")
         return [{"role": "system", "content": system}, *example, {"role": "user", "content": task.question}]
 

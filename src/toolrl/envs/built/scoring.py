@@ -78,10 +78,10 @@ def correct(trajectory, task: Task) -> float:
     return float(answer_correct(trajectory, task) == 1.0 and evidence(trajectory, task) == 1.0)
 
 
-def countdown(left: int) -> str:
-    """The note that opens a turn under `env.options.countdown`: the rounds of calls still needed, this one
-    included (0: the answer)."""
-    return f"Steps left: {left}\n"
+def countdown(rounds: int) -> tuple[str, ...]:
+    """The notes that open the turns of `rounds` rounds of calls and the answer under `env.options.countdown`:
+    each the rounds of calls still needed, this one included (0: the answer)."""
+    return tuple(f"Steps left: {left}\n" for left in range(rounds, -1, -1))
 
 
 def reference_requests(task: Task, notes: bool = False) -> list[ReferenceRequest]:
@@ -90,14 +90,14 @@ def reference_requests(task: Task, notes: bool = False) -> list[ReferenceRequest
     calls = [ToolCall(c["name"], c["arguments"]) for c in task.meta["subproblems"]]
     if task.meta.get("requests"):
         answers = task.meta["request_answers"]
-        opened = (countdown(1), countdown(0)) if notes else ()
+        opened = countdown(1) if notes else ()
         return [
             ReferenceRequest(((call,),), f"<answer>{'; '.join(a)}</answer>", opened)
             for call, a in zip(calls, answers, strict=True)
         ]
     rounds = task.meta.get("rounds") or [list(range(len(calls)))]
     reply = f"<answer>{'; '.join(task.meta['answers'])}</answer>"
-    opened = tuple(countdown(len(rounds) - k) for k in range(len(rounds) + 1)) if notes else ()
+    opened = countdown(len(rounds)) if notes else ()
     return [ReferenceRequest(tuple(tuple(calls[i] for i in r) for r in rounds), reply, opened)]
 
 
