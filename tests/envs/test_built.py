@@ -2,6 +2,7 @@
 in every call syntax, with Solve-F1 per scenario; sub-problem accounting; multi-turn requests; injected noise
 seen by the model and counted apart; one-line errors; built and trained from the command line."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -11,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from toolrl.build import build, load_spec
-from toolrl.build.artifacts import Workspace
+from toolrl.build.artifacts import SubProblem, Workspace
 from toolrl.config import load_config
 from toolrl.envs import make_env
+from toolrl.envs.built.notes import notes, plan_of
 from toolrl.envs.built.scoring import arguments_match, solved_subproblems
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
@@ -259,3 +261,58 @@ def test_a_countdown_opens_every_turn_and_the_reference_still_scores_everything(
     (mt,) = [t for t in play(multi, chat, multi.tasks("test")) if t.task.meta.get("requests")][:1]
     assert mt.rewards["correct"] == 1.0
     assert [text.split("\n")[0] for text in mt.texts] == ["Steps left: 1", "Steps left: 0"] * len(mt.texts[::2])
+
+
+def test_facts_left_copy_the_question_s_words_and_drop_one_fact_a_round(built_dir, multi_turn_dir, chat):
+    """env.options.countdown: facts: each turn opens with the facts still to look up in the question's own words
+    (its parts separated by semicolons), one fact fewer per part each round, `Left: nothing` before the answer;
+    the reference still scores everything, and the budget grows by the longest note."""
+    env = built_env(built_dir, "env.options.countdown=facts")
+    tasks = env.tasks("test")
+    trajs = play(env, chat, tasks)
+    assert summarize(trajs, "correct")["success"] == 1.0 and all(t.num_format_errors == 0 for t in trajs)
+    for t in trajs:
+        firsts = [text.split("\n")[0] for text in t.texts]
+        assert len(firsts) == len(t.task.meta["rounds"]) + 1 and firsts[-1] == "Left: nothing"
+        parts = firsts[0].removeprefix("Left: ").split("; ")
+        assert all(f"the {part} of the " in t.task.question for part in parts)  # a copy of the question's words
+        for before, after in itertools.pairwise(firsts[:-1]):  # each part loses its innermost fact
+            left = [p.rpartition(" of the ")[0] for p in before.removeprefix("Left: ").split("; ")]
+            assert after == "Left: " + "; ".join(p for p in left if p)
+    by_shape = {t.task.meta["category"]: [x.split("\n")[0] for x in t.texts] for t in trajs}
+    assert len(by_shape["multi_hop"]) >= 3 and " of the " in by_shape["multi_hop"][0]
+    assert "; " in by_shape["parallel_single_hop"][0] and len(by_shape["parallel_single_hop"]) == 2
+    messages = env.messages(tasks[0])
+    assert "Begin every reply with `Left:`" in messages[0]["content"]
+    shown = "|".join(m["content"].split("\n")[0] for m in messages[1:-1] if m["role"] == "assistant")
+    assert "Left: colour of the favourite fruit|Left: colour|Left: nothing" in shown
+    run = RolloutLimits(8, 256, 4000, 200)
+    multi_hop = next(t for t in tasks if t.meta["category"] == "multi_hop")
+    grown = (
+        env.limits_for(multi_hop, run).max_new_tokens - built_env(built_dir).limits_for(multi_hop, run).max_new_tokens
+    )
+    assert grown >= len("Left: population of the headquarters of the employer") // 4  # the longest note fits
+    multi = built_env(multi_turn_dir, "env.options.countdown=facts")
+    (mt,) = [t for t in play(multi, chat, multi.tasks("test")) if t.task.meta.get("requests")][:1]
+    assert mt.rewards["correct"] == 1.0
+    firsts = [text.split("\n")[0] for text in mt.texts]
+    assert firsts[1::2] == ["Left: nothing"] * len(firsts[1::2]) and all(f != "Left: nothing" for f in firsts[::2])
+    with pytest.raises(ConfigError, match=r"env\.options\.countdown"):
+        built_env(built_dir, "env.options.countdown=plan")
+
+
+def test_a_plan_follows_each_part_back_to_its_entity():
+    """The chains behind the notes: a part per sub-problem nothing depends on, its facts by round."""
+    subs = [SubProblem(id=i, question="", kind=k, arguments={}, answer="", depends_on=d) for i, k, d in [
+        ("a1", "company.founder", []), ("a2", "person.employer", ["a1"]), ("a3", "company.headquarters", ["a2"]),
+        ("b1", "person.birth year", []),
+    ]]  # fmt: skip
+    plan = plan_of(subs)
+    assert plan == [[("founder", 0), ("employer", 1), ("headquarters", 2)], [("birth year", 0)]]
+    assert notes("facts", plan) == (
+        "Left: headquarters of the employer of the founder; birth year\n",
+        "Left: headquarters of the employer\n",
+        "Left: headquarters\n",
+        "Left: nothing\n",
+    )
+    assert notes("steps", plan) == tuple(f"Steps left: {n}\n" for n in (3, 2, 1, 0))

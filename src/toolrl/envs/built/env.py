@@ -24,18 +24,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from toolrl.build.artifacts import BuiltTask, Deployed, Workspace, rounds
 from toolrl.build.needs import task_needs
 from toolrl.envs.base import Environment, EnvOptions, Episode, StepResult, Task, register_env
+from toolrl.envs.built.notes import NOTE_STYLES, chain_plan, fact, note_tokens, notes, plan_of
 from toolrl.envs.built.scoring import (
     _norm,
     answer_correct,
     arguments_match,
     contains_all,
     correct,
-    countdown,
     counts,
     evidence,
     injected_faults,
@@ -55,26 +55,22 @@ SYSTEM = (
     "when a question needs an earlier answer, call the next tool with it. When you have the answer, reply with "
     "<answer>ANSWER</answer> (several answers separated by semicolons)."
 )
-COUNTDOWN = (
-    " Begin every reply with `Steps left: N`, N the rounds of tool calls the question still needs, this one "
-    "included (0 when you answer)."
-)
-NOTE_TOKENS = 8
-"""What a turn's countdown adds to its token budget (`Steps left: 3` and a newline: 6 tokens in SmolLM2's)."""
 EXAMPLES = (
     (
         "What is the height of the mountain Orvel Peak?",
         [("get_mountain_height", {"mountain": "Orvel Peak"}, "2310")],
         "2310",
+        ["height"],
     ),
     (
         "What is the colour of the favourite fruit of the person Ama Lee?",
         [("get_person_fruit", {"person": "Ama Lee"}, "mango"), ("fruit_colour", {"fruit": "mango"}, "orange")],
         "orange",
+        ["favourite fruit", "colour"],
     ),
 )
-"""In-context exchanges with tools of no task: one call, then a chain of two. Measured on the default model:
-with the chain alone, greedy decoding never calls a tool."""
+"""In-context exchanges with tools of no task: one call, then a chain of two (with the facts each call looks up,
+for the notes). Measured on the default model: with the chain alone, greedy decoding never calls a tool."""
 
 
 class BuiltOptions(EnvOptions):
@@ -93,11 +89,22 @@ class BuiltOptions(EnvOptions):
     examples: Literal["task_tools", "generic"] = "task_tools"
     """In-context exchanges: task_tools: one call of the task's first tool on a train task's entity, then a
     generic chain of two calls; generic: tools of no task only (one call, then the chain)."""
-    countdown: bool = False
-    """Every turn opens with `Steps left: N`, the rounds of calls the question still needs (0: the answer):
-    in the instructions, the in-context exchanges and the reference (what a warm start imitates). It makes
-    the choice after a tool result (call again or answer) a count the model carries from turn to turn, rather
-    than a reading of the question's structure at every turn."""
+    countdown: Literal["steps", "facts"] | None = None
+    """Every turn opens with a note of what the question still needs (envs/built/notes.py): `steps` (or true):
+    `Steps left: N`, the rounds of calls still needed (0: the answer); `facts`: `Left: population of the
+    headquarters of the employer`, the facts still to look up in the question's words (`nothing`: the answer).
+    In the instructions, the in-context exchanges and the reference (what a warm start imitates). It makes the
+    choice after a tool result (call again or answer) a note the model carries from turn to turn, rather than a
+    reading of the question's structure at every turn."""
+
+    @field_validator("countdown", mode="before")
+    @classmethod
+    def _style(cls, value: Any) -> Any:
+        if value is True or value is False:  # true: the first style, `steps`; false: no notes
+            return "steps" if value else None
+        if value is not None and value not in NOTE_STYLES:
+            raise ValueError(f"must be true, false or one of {', '.join(NOTE_STYLES)}, got {value!r}")
+        return value
 
 
 class BuiltEpisode(Episode):
@@ -267,7 +274,7 @@ class BuiltEnv(Environment):
         ]
 
     def reference(self, task: Task) -> list[ReferenceRequest]:
-        return reference_requests(task, notes=self.options.countdown)
+        return reference_requests(task, self.options.countdown)
 
     def offered(self, task: Task) -> list[str]:
         return list(task.meta["tools"])
@@ -284,7 +291,8 @@ class BuiltEnv(Environment):
             return min(getattr(limits, key), int(need[key] * slack) + 1)
 
         turns = min(limits.max_turns, need["max_turns"] + 1)
-        notes = NOTE_TOKENS if self.options.countdown else 0  # each turn's countdown, on top of its reference
+        style = self.options.countdown  # each turn's note, on top of its reference
+        notes = note_tokens(style, task.meta["plan"]) if style else 0
         return replace(limits, max_turns=turns,
                        max_new_tokens=min(limits.max_new_tokens, scaled("max_new_tokens") + notes),
                        max_response_tokens=min(limits.max_response_tokens,
@@ -303,6 +311,8 @@ class BuiltEnv(Environment):
                     "answers": t.answers,
                     "subproblems": t.calls,
                     "rounds": rounds(t),
+                    "plan": plan_of(t.subproblems),
+                    "facts": [fact(s.kind) for s in t.subproblems],
                     "needs": task_needs(t),
                     "overrides": t.overrides,
                     "tools": t.tools,
@@ -316,12 +326,12 @@ class BuiltEnv(Environment):
             raise DataError(f"env.options.path: {self.options.path} has no {split} tasks")
         return interleaved(tasks, lambda task: task.meta["category"])
 
-    def _own_example(self, task: Task) -> tuple[str, list, str] | None:
+    def _own_example(self, task: Task) -> tuple[str, list, str, list[str]] | None:
         """A single-hop exchange with the task's first tool on a train task's entity (never this task's)."""
         tool = task.meta["subproblems"][0]["name"]
         asked = _norm(task.meta["subproblems"])
         pool = [
-            (sub.question, call["arguments"], sub.answer)
+            (sub.question, call["arguments"], sub.answer, fact(sub.kind))
             for t in self.built
             if t.split == "train" and t.id != task.id
             for sub, call in zip(t.subproblems, t.calls, strict=True)
@@ -329,24 +339,24 @@ class BuiltEnv(Environment):
         ]
         if not pool:
             return None
-        question, arguments, answer = pool[int(hashlib.sha256(task.id.encode()).hexdigest(), 16) % len(pool)]
-        return question, [(tool, arguments, answer)], answer
+        question, arguments, answer, looked_up = pool[int(hashlib.sha256(task.id.encode()).hexdigest(), 16) % len(pool)]
+        return question, [(tool, arguments, answer)], answer, [looked_up]
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         examples = list(EXAMPLES)
         if self.options.examples == "task_tools" and (own := self._own_example(task)) is not None:
             examples = [EXAMPLES[1], own]  # the chain, then the task's tool last (closest to the question)
-        example = []
-        for question, chain, answer in examples:
-            notes = countdown(len(chain)) if self.options.countdown else ("",) * (len(chain) + 1)
+        example, style = [], self.options.countdown
+        for question, chain, answer, facts in examples:
+            opened = notes(style, chain_plan(facts)) if style else ("",) * (len(chain) + 1)
             example.append({"role": "user", "content": question})
-            for note, (tool, arguments, result) in zip(notes, chain, strict=False):
+            for note, (tool, arguments, result) in zip(opened, chain, strict=False):
                 example += [
                     {"role": "assistant", "content": note + self.syntax.render([ToolCall(tool, arguments)])},
                     {"role": "tool", "content": result},
                 ]
-            example.append({"role": "assistant", "content": f"{notes[-1]}<answer>{answer}</answer>"})
-        system = SYSTEM + (COUNTDOWN if self.options.countdown else "")
+            example.append({"role": "assistant", "content": f"{opened[-1]}<answer>{answer}</answer>"})
+        system = SYSTEM + (NOTE_STYLES[style].instruction if style else "")
         return [{"role": "system", "content": system}, *example, {"role": "user", "content": task.question}]
 
     def reset(self, task: Task, seed: int | None = None) -> BuiltEpisode:

@@ -9,6 +9,7 @@ from typing import Any
 
 from toolrl.build.answers import contains
 from toolrl.envs.base import Task, final_answer
+from toolrl.envs.built.notes import notes
 from toolrl.envs.reference import ReferenceRequest
 from toolrl.tools.call import ToolCall, ToolResult
 
@@ -78,26 +79,19 @@ def correct(trajectory, task: Task) -> float:
     return float(answer_correct(trajectory, task) == 1.0 and evidence(trajectory, task) == 1.0)
 
 
-def countdown(rounds: int) -> tuple[str, ...]:
-    """The notes that open the turns of `rounds` rounds of calls and the answer under `env.options.countdown`:
-    each the rounds of calls still needed, this one included (0: the answer)."""
-    return tuple(f"Steps left: {left}\n" for left in range(rounds, -1, -1))
-
-
-def reference_requests(task: Task, notes: bool = False) -> list[ReferenceRequest]:
+def reference_requests(task: Task, style: str | None = None) -> list[ReferenceRequest]:
     """What a perfect model does: each sub-problem's call, then the answer; per request for multi-turn tasks.
-    With `notes`, each turn opens with its countdown (the rounds of calls still needed)."""
+    With a note style (`env.options.countdown`), each turn opens with its note (notes.NOTE_STYLES)."""
     calls = [ToolCall(c["name"], c["arguments"]) for c in task.meta["subproblems"]]
     if task.meta.get("requests"):
         answers = task.meta["request_answers"]
-        opened = countdown(1) if notes else ()
         return [
-            ReferenceRequest(((call,),), f"<answer>{'; '.join(a)}</answer>", opened)
-            for call, a in zip(calls, answers, strict=True)
+            ReferenceRequest(((call,),), f"<answer>{'; '.join(a)}</answer>", notes(style, [[(f, 0)]]) if style else ())
+            for call, a, f in zip(calls, answers, task.meta["facts"], strict=True)
         ]
     rounds = task.meta.get("rounds") or [list(range(len(calls)))]
     reply = f"<answer>{'; '.join(task.meta['answers'])}</answer>"
-    opened = countdown(len(rounds)) if notes else ()
+    opened = notes(style, task.meta["plan"]) if style else ()
     return [ReferenceRequest(tuple(tuple(calls[i] for i in r) for r in rounds), reply, opened)]
 
 
