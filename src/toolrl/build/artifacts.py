@@ -122,12 +122,18 @@ class Deployed(Row):
     doc: ToolDoc
 
 
+def levels(subproblems: list[SubProblem]) -> dict[str, int]:
+    """Each sub-problem's round (by id): one past the latest of those it depends on (they come first)."""
+    level: dict[str, int] = {}
+    for sub in subproblems:
+        level[sub.id] = 1 + max((level.get(d, 0) for d in sub.depends_on), default=-1)
+    return level
+
+
 def rounds(task: BuiltTask) -> list[list[int]]:
     """The task's sub-problems (indices) by round: each after every sub-problem it depends on, as a model calls
     them (a list first, then one call per item side by side)."""
-    level: dict[str, int] = {}
-    for sub in task.subproblems:
-        level[sub.id] = 1 + max((level.get(d, 0) for d in sub.depends_on), default=-1)
+    level = levels(task.subproblems)
     out: list[list[int]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
     for i, sub in enumerate(task.subproblems):
         out[level[sub.id]].append(i)

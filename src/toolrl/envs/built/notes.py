@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolrl.build.artifacts import levels
+
 Plan = list[list[tuple[str, int]]]
 
 
@@ -24,10 +26,7 @@ def fact(kind: str) -> str:
 def plan_of(subproblems: Sequence[Any]) -> Plan:
     """The chains of a task's sub-problems (each with id, kind, depends_on): one per sub-problem nothing depends
     on, followed back through its first dependency; a sub-problem's round is one past its dependencies'."""
-    by_id = {s.id: s for s in subproblems}
-    level: dict[str, int] = {}
-    for s in subproblems:  # dependencies come first (the builder's order)
-        level[s.id] = 1 + max((level.get(d, 0) for d in s.depends_on), default=-1)
+    by_id, level = {s.id: s for s in subproblems}, levels(subproblems)
     needed = {d for s in subproblems for d in s.depends_on}
     plan = []
     for last in (s for s in subproblems if s.id not in needed):
@@ -44,10 +43,14 @@ def chain_plan(facts: Sequence[str]) -> Plan:
     return [[(f, k) for k, f in enumerate(facts)]]
 
 
+def rounds_of(plan: Plan) -> int:
+    """The rounds of calls the plan takes."""
+    return 1 + max((r for chain in plan for _, r in chain), default=-1)
+
+
 def steps_left(plan: Plan, round_: int) -> str:
     """`Steps left: N`: the rounds of calls still needed, this one included (0: the answer)."""
-    rounds = 1 + max((r for chain in plan for _, r in chain), default=-1)
-    return f"Steps left: {rounds - round_}\n"
+    return f"Steps left: {rounds_of(plan) - round_}\n"
 
 
 def facts_left(plan: Plan, round_: int) -> str:
@@ -83,8 +86,7 @@ NOTE_STYLES: dict[str, NoteStyle] = {
 
 def notes(style: str, plan: Plan) -> tuple[str, ...]:
     """The notes of every turn: each round of calls, then the answer."""
-    rounds = 1 + max((r for chain in plan for _, r in chain), default=-1)
-    return tuple(NOTE_STYLES[style].note(plan, k) for k in range(rounds + 1))
+    return tuple(NOTE_STYLES[style].note(plan, k) for k in range(rounds_of(plan) + 1))
 
 
 def note_tokens(style: str, plan: Plan) -> int:
