@@ -22,7 +22,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import machine, write_results
+from common import ROOT, machine, write_results
 
 from toolrl.rollout.cascade import attend_with_lse
 
@@ -139,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--out", default="bench/results/attention_kernels.json")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_kernels.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
