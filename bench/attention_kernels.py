@@ -7,9 +7,8 @@ heads, head size 64, 30 layers). Side by side in one process, taking turns, the 
 - decode over the shared prefix (8 sequences: 24 query rows per KV head, rollout/cascade.py): the flash kernel
   with its log-sum-exp against oneDNN products on keys and values packed once, and a batched matmul on keys stored
   transposed;
-- what the products run at: MKL (torch's BLAS, which the flash kernel calls for its blocks) against oneDNN on a
-  2048 x 576 x 1536 product, and a decode step's linear layers (8 rows through the model's weights) against the
-  read bandwidth.
+- a decode step's linear layers (8 rows through the model's weights, packed as the engine packs them) against the
+  read bandwidth measured in the same process (MKL against oneDNN per product: bench/linear_kernels.py).
 
 Every alternative's output is checked against the flash kernel's. Prints a table and writes
 bench/results/attention_kernels.json with the machine's load average."""
@@ -111,14 +110,9 @@ def decode_prefix(repeats: int) -> dict:
     return {"step_ms": {k: round(s * 1000, 1) for k, s in rows.items()}, "max_error": errors}
 
 
-def products(repeats: int) -> dict:
-    x, weight = torch.randn(2048, 576), torch.randn(1536, 576)
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-    flops = 2 * 2048 * 576 * 1536
-    onednn = lambda: LINEAR(x, packed, None, "none", [], "")  # noqa: E731
-    rates = side_by_side({"mkl": lambda: F.linear(x, weight), "onednn": onednn}, repeats)
-    mkl, onednn = rates["mkl"], rates["onednn"]
-    # one decode step's linear layers at batch 8: the model's q/k/v/o, gate/up/down and output layer shapes
+def decode_linear(repeats: int) -> dict:
+    """One decode step's linear layers at batch 8 (the model's q/k/v/o, gate/up/down and output layer shapes, packed
+    weights) against reading the same bytes."""
     shapes = [(576, 576)] * 2 * LAYERS + [(192, 576)] * 2 * LAYERS + [(1536, 576)] * 2 * LAYERS
     shapes += [(576, 1536)] * LAYERS + [(49152, 576)]
     weights = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(*s)) for s in shapes]
@@ -130,8 +124,7 @@ def products(repeats: int) -> dict:
         {"step": lambda: [LINEAR(x, w, None, "none", [], "") for x, w in layers], "read": big.sum}, repeats
     )
     step, read = times["step"], times["read"]
-    return {"mkl_gflops": round(flops / mkl / 1e9, 1), "onednn_gflops": round(flops / onednn / 1e9, 1),
-            "decode_linear_ms": round(step * 1000, 1), "decode_linear_gb_s": round(weight_bytes / step / 1e9, 1),
+    return {"decode_linear_ms": round(step * 1000, 1), "decode_linear_gb_s": round(weight_bytes / step / 1e9, 1),
             "read_gb_s": round(weight_bytes / read / 1e9, 1)}  # fmt: skip
 
 
@@ -145,15 +138,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     with torch.inference_mode():
-        result = {"products": products(args.repeats), "prefill": prefill(args.repeats),
+        result = {"decode_linear": decode_linear(args.repeats), "prefill": prefill(args.repeats),
                   "decode_prefix": decode_prefix(args.repeats)}  # fmt: skip
     result |= {"machine": {**machine(), "torch_threads": torch.get_num_threads()},
                "load_avg_before": [round(x, 2) for x in load_before],
                "load_avg_after": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
-    p, pre, dec = result["products"], result["prefill"], result["decode_prefix"]
-    print(f"products: MKL {p['mkl_gflops']} GFLOP/s, oneDNN {p['onednn_gflops']} GFLOP/s; decode linear layers at "
-          f"batch {BATCH}: {p['decode_linear_ms']} ms ({p['decode_linear_gb_s']} GB/s of weights; read "
-          f"{p['read_gb_s']} GB/s)")  # fmt: skip
+    p, pre, dec = result["decode_linear"], result["prefill"], result["decode_prefix"]
+    print(f"decode linear layers at batch {BATCH}: {p['decode_linear_ms']} ms ({p['decode_linear_gb_s']} GB/s of "
+          f"weights; read {p['read_gb_s']} GB/s)")  # fmt: skip
     print(f"prefill attention, {TOKENS} tokens, one layer:")
     for name, ms in pre["layer_ms"].items():
         print(f"  {name:<16}{ms:>9.1f} ms {pre['gflops'][name]:>7.1f} GFLOP/s")
