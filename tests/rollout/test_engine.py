@@ -109,6 +109,28 @@ def test_a_late_sequence_copies_a_cached_prefix_instead_of_computing_it(tiny_mod
     assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4)
 
 
+def test_a_groups_samples_prefill_their_task_once(tiny_model, tokenizer):
+    """Two groups of three samples after one system prompt: the prompt is computed once, each group's task once
+    (its samples' slots get copies), and every sample's log-probs are the full forward's."""
+    system = list(range(300, 340))
+    tasks = {"a": [1, 2, 3, 4, 5, 6], "b": [7, 8, 9]}
+    engine = make_engine(tiny_model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+
+    async def main():
+        seqs = [(task, i) for i in range(3) for task in tasks]
+        outs = await asyncio.gather(*(engine.generate(seq, system + tasks[seq[0]], params) for seq in seqs))
+        return dict(zip(seqs, outs, strict=True))
+
+    outs = asyncio.run(main())
+    assert engine.stats["prefill_tokens"] == len(system) + 6 + 3
+    assert engine.stats["reused_prefix_tokens"] == 5 * len(system) + 2 * (6 + 3)
+    for (task, _), out in outs.items():
+        expect = expected_logprobs(tiny_model, system + tasks[task], out.ids, 1.0)
+        assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(expect), atol=1e-4)
+    assert len({tuple(o.ids) for o in outs.values()}) > 2  # the copies sample on their own
+
+
 def test_a_stop_token_ends_the_turn_and_is_the_last_id(tiny_model, tokenizer):
     prompt = tokenizer("<|im_start|>user\nstop here<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     first = int(full_logprobs(tiny_model, prompt)[-1].argmax())

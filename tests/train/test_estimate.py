@@ -55,8 +55,8 @@ class Shape:
     intermediate_size, vocab_size = 1536, 49152
 
 
-LONG = Workload(trajectories=8, prompt=4887, shared=4841, length=5463, micro_batch_tokens=1024, checkpointing=False,
-                trainable=134_515_008)  # fmt: skip
+LONG = Workload(trajectories=8, groups=1, prompt=4887, shared=4841, length=5463, micro_batch_tokens=1024,
+                checkpointing=False, trainable=134_515_008)  # fmt: skip
 
 
 def test_checkpointing_and_smaller_micro_batches_lower_the_peak_and_checkpointing_costs_time():
@@ -77,3 +77,12 @@ def test_the_shared_prompt_counts_once_in_the_kv_cache_and_the_flops(trajectorie
     per_own = kv_one * (LONG.length - LONG.shared) / LONG.length  # one trajectory's own tokens
     assert kv == pytest.approx(kv_one + (trajectories - 1) * per_own, rel=1e-6)
     assert step_flops(Shape, w) < trajectories * step_flops(Shape, single) / 2
+
+
+def test_a_groups_task_counts_once_per_group_in_the_flops():
+    """Each group's task (the prompt after the step's shared part) goes through the model once in the rollout and
+    three times in the update (forward, backward), not once per sample."""
+    task = LONG.prompt - LONG.shared
+    params = 30 * (576 * (9 + 2 * 3) * 64 + 9 * 64 * 576 + 3 * 576 * 1536)  # the default model's body
+    one, two = step_flops(Shape, LONG), step_flops(Shape, replace(LONG, groups=2))
+    assert two - one == pytest.approx(4 * 2 * params * task, rel=1e-9)

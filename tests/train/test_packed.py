@@ -13,6 +13,7 @@ from tests.train.test_logprobs import make_traj
 from toolrl.config.schema import LoRAConfig
 from toolrl.models.policy import apply_lora
 from toolrl.train.logprobs import StepPrefix, micro_batches, score_tokens, trained_token_logprobs
+from toolrl.train.packed import PackedRows, lend_alike
 
 
 def group(shared):
@@ -79,6 +80,23 @@ def test_the_linear_layers_see_only_real_tokens(tiny_model, monkeypatch):
     assert sum(suffixes) < 0.6 * len(trajs) * max(suffixes)
 
 
+def micro_batch_run(model, trajs, batches, packed: bool, monkeypatch):
+    """Log-probs and gradients of `trajs` scored in `batches` with the step's prompt computed once (StepPrefix)."""
+    with monkeypatch.context() as patch:
+        if not packed:
+            patch.setattr(logprobs, "packable", lambda model: False)
+        model.zero_grad()
+        prefix = StepPrefix.of(model, trajs, batches)
+        assert prefix is not None
+        out = []
+        for rows in batches:
+            scores = score_tokens(model, [trajs[i] for i in rows], 1.0, step_prefix=prefix)
+            scores.logprobs.sum().backward()
+            out.append(scores.logprobs.detach())
+        prefix.backward()
+    return torch.cat(out), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
 def test_a_step_prefix_over_micro_batches_and_lora_adapters_train_as_padded(tiny_model, monkeypatch):
     """The step's shared prompt computed once (StepPrefix) for two packed micro-batches, LoRA adapters on."""
     model = apply_lora(copy.deepcopy(tiny_model), LoRAConfig(r=4, alpha=8.0)).train()
@@ -86,23 +104,10 @@ def test_a_step_prefix_over_micro_batches_and_lora_adapters_train_as_padded(tiny
     batches = micro_batches([len(t.token_ids) - 20 for t in trajs], max_tokens=40)
     assert len(batches) >= 2 and any(len({len(trajs[i].token_ids) for i in b}) > 1 for b in batches)
 
-    def run(packed):
-        with monkeypatch.context() as patch:
-            if not packed:
-                patch.setattr(logprobs, "packable", lambda model: False)
-            model.zero_grad()
-            prefix = StepPrefix.of(model, trajs, batches)
-            assert prefix is not None
-            out = []
-            for rows in batches:
-                scores = score_tokens(model, [trajs[i] for i in rows], 1.0, step_prefix=prefix)
-                scores.logprobs.sum().backward()
-                out.append(scores.logprobs.detach())
-            prefix.backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        return torch.cat(out), grads
-
-    packed, padded = run(True), run(False)
+    packed, padded = (
+        micro_batch_run(model, trajs, batches, True, monkeypatch),
+        micro_batch_run(model, trajs, batches, False, monkeypatch),
+    )
     assert all("lora" in name for name in packed[1])
     assert_same(packed, padded)
 
@@ -112,3 +117,66 @@ def test_a_model_whose_attention_drops_the_packed_layout_fails_loudly(tiny_model
     monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", sdpa_attention_forward)
     with pytest.raises(RuntimeError, match="packed rows: 0 of 2 attention layers"):
         trained_token_logprobs(tiny_model, group(list(range(10, 30))))
+
+
+def two_groups(shared):
+    """Two GRPO groups of 3 samples each after the step's common `shared` prompt: each group's task (5 and 3
+    tokens) is the same in its samples, their replies differ."""
+    task_a, task_b = [50, 51, 52, 53, 54], [55, 56, 57]
+    return [
+        make_traj(shared + task_a, [("model", [60, 61])]),
+        make_traj(shared + task_b, [("model", [62, 63, 64, 65]), ("obs", [70, 71]), ("model", [80])]),
+        make_traj(shared + task_a, [("model", [66, 67, 68])]),
+        make_traj(shared + task_b, [("model", [69])]),
+        make_traj(shared + task_a, [("model", [60, 62]), ("obs", [72]), ("model", [81, 82])]),
+        make_traj(shared + task_b, [("model", [90, 91])]),
+    ]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_a_groups_task_is_computed_once_and_scores_and_trains_as_padded_rows(tiny_model, checkpointing, monkeypatch):
+    """Samples of one group borrow their task's tokens from the group's first sample: the same log-probs and
+    gradients as every row computing them, padded."""
+    model = copy.deepcopy(tiny_model).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    trajs = two_groups(list(range(10, 30)))
+    assert_same(scores_and_grads(model, trajs, True, monkeypatch), scores_and_grads(model, trajs, False, monkeypatch))
+
+
+def test_the_linear_layers_see_a_groups_task_once(tiny_model):
+    """Two groups of three: each task's tokens go through the MLPs once, but its last (whose output predicts each
+    sample's own first token): of 6 x 20 + 3 x (5 + 3) + the replies, 20 + 3 x (1 + 1) + (4 + 2) + the replies."""
+    trajs = two_groups(list(range(10, 30)))
+    seen = []
+    hook = tiny_model.model.layers[0].mlp.register_forward_hook(lambda m, a, out: seen.append(a[0].shape[:-1].numel()))
+    with torch.no_grad():
+        trained_token_logprobs(tiny_model, trajs)
+    hook.remove()
+    replies = sum(len(t.token_ids) for t in trajs) - 6 * 20 - 3 * (5 + 3)
+    assert seen == [20, 3 * (1 + 1) + (4 + 2) + replies]
+
+
+def test_groups_across_micro_batches_with_a_step_prefix_train_as_padded(tiny_model, monkeypatch):
+    """The step's common prompt once (StepPrefix), each micro-batch's groups borrowing their task within it."""
+    model = copy.deepcopy(tiny_model).train()
+    trajs = two_groups(list(range(10, 30))) * 2
+    batches = micro_batches([len(t.token_ids) - 20 for t in trajs], max_tokens=40)
+    assert len(batches) >= 2 and any(len({tuple(trajs[i].token_ids[:25]) for i in b}) < len(b) for b in batches)
+
+    assert_same(micro_batch_run(model, trajs, batches, True, monkeypatch),
+                micro_batch_run(model, trajs, batches, False, monkeypatch))  # fmt: skip
+
+
+def test_rows_borrow_from_the_first_row_alike_up_to_their_first_scored_position():
+    suffixes = [[1, 2, 3, 9], [4, 5, 8], [1, 2, 3, 7, 7], [4, 5, 6], [1, 2, 0]]
+    caps = [3, 2, 3, 2, 2]  # the last row's first 2 tokens match row 0's, but row 0 lends 3: nothing to borrow
+    assert lend_alike(suffixes, caps) == [(0, 0), (1, 0), (0, 3), (1, 2), (4, 0)]
+    assert lend_alike([[1, 2], [1, 2]], [0, 0]) == [(0, 0), (1, 0)]  # nothing before the first scored token
+
+
+def test_a_borrow_that_cannot_be_lent_is_refused():
+    with pytest.raises(ValueError, match="row 2 borrows 2 tokens from row 1"):
+        PackedRows([4, 3, 3], torch.device("cpu"), [(0, 0), (0, 2), (1, 2)])  # row 1 borrows itself
+    with pytest.raises(ValueError, match="row 1 borrows 3 tokens"):
+        PackedRows([4, 3], torch.device("cpu"), [(0, 0), (0, 3)])  # nothing of its own would be left

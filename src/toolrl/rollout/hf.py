@@ -262,6 +262,9 @@ class HFEngine(PrefixSharing, Engine):
     def _prefill(self, pending: dict[Hashable, list[int]]) -> None:
         self._share_prefixes(pending)
         pending = {seq: ids for seq, ids in pending.items() if ids}
+        alike = self._alike(pending)  # a group's samples of one task: its tokens computed once, then copied
+        self.stats["reused_prefix_tokens"] += sum(len(pending[seq]) for seq in alike)
+        pending = {seq: ids for seq, ids in pending.items() if seq not in alike}
         self._ensure(max(self._columns(self.slots[s]) + len(p) for s, p in pending.items()) + 1)
         # Rows of similar length together, at most prefill_tokens per pass; those that read the shared prefix
         # apart from those that do not (a pass mixing them would have to write the prefix into the slots).
@@ -292,6 +295,20 @@ class HFEngine(PrefixSharing, Engine):
                 slot.ids += pending[seq]
                 slot.logits = logits[row]
             start = end
+        for seq, source in alike.items():
+            self._copy_slot_prefix(self.slots[source], self.slots[seq], len(self.slots[source].ids))
+            self.slots[seq].logits = self.slots[source].logits
+
+    def _alike(self, pending: dict[Hashable, list[int]]) -> dict[Hashable, Hashable]:
+        """The sequences whose context and new tokens are those of an earlier one in `pending`: each to that one."""
+        first: dict[tuple, Hashable] = {}
+        alike = {}
+        for seq, ids in pending.items():
+            slot = self.slots[seq]
+            source = first.setdefault((slot.shared, tuple(slot.ids), tuple(ids)), seq)
+            if source != seq:
+                alike[seq] = source
+        return alike
 
     def _decode(self, batch: list[_Request]) -> None:
         ready = [r for r in batch if self.slots[r.seq].logits is not None]

@@ -9,9 +9,9 @@ the shared prompt computed once per step (train/logprobs.py StepPrefix) and the 
 keeping ACTIVATION_FLOATS per layer, or only its layer input under gradient checkpointing (and one layer's worth
 while it is recomputed). The warm start's fine-tuning has the same shape on the reference's trajectories.
 
-Time: the FLOPs a step cannot avoid (the shared prompt once, every other token once in the rollout, 3x that in the
-update, 4x under checkpointing; attention counted by context) over the machine's matmul rate measured now, times
-the ratio bench/long_context.py measured between a real step and that bound (STEP_OVER_BOUND).
+Time: the FLOPs a step cannot avoid (the shared prompt once, each group's task once, every other token once in the
+rollout, 3x that in the update, 4x under checkpointing; attention counted by context) over the machine's matmul
+rate measured now, times the ratio bench/long_context.py measured between a real step and that bound (STEP_OVER_BOUND).
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ STEP_OVER_BOUND = 2.3
 @dataclass(frozen=True)
 class Workload:
     trajectories: int
+    groups: int
+    """Trajectories that share a task (a group's samples) share its prompt: the rollout and the update compute it
+    once per group (rollout/hf.py, train/packed.py)."""
     prompt: int
     shared: int
     length: int
@@ -107,8 +110,8 @@ def step_flops(model_config, w: Workload) -> float:
     def attention(start: int, end: int) -> float:
         return 2 * layers * c.num_attention_heads * head_dim * (end * (end - 1) - start * (start - 1))
 
-    own = w.length - w.shared
-    forward = body * (w.shared + w.trajectories * own) + attention(0, w.shared)
+    task, response = w.prompt - w.shared, w.length - w.prompt
+    forward = body * (w.shared + w.groups * task + w.trajectories * response) + attention(0, w.shared)
     forward += w.trajectories * (attention(w.shared, w.length) + 2 * c.vocab_size * hidden * (w.length - w.prompt))
     return forward * (1 + (4 if w.checkpointing else 3))
 
@@ -145,7 +148,8 @@ def workload_of(trainer) -> Workload:
     shared = common_prefix_length(prompts) if len(prompts) > 1 else prompt
     response = min(r.max_turns * (r.max_new_tokens + r.max_observation_tokens), r.max_response_tokens)
     return Workload(
-        trajectories=t.prompts_per_step * t.group_size, prompt=prompt, shared=shared, length=prompt + response,
+        trajectories=t.prompts_per_step * t.group_size, groups=t.prompts_per_step, prompt=prompt, shared=shared,
+        length=prompt + response,
         micro_batch_tokens=t.micro_batch_tokens, checkpointing=t.gradient_checkpointing,
         trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     )  # fmt: skip

@@ -26,7 +26,7 @@ from toolrl.models.loading import transformer_blocks
 from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inputs, multimodal_base, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.train.packed import KEYWORD, PackedRows, packable
+from toolrl.train.packed import KEYWORD, PackedRows, lend_alike, packable
 from toolrl.train.vocab_logprobs import DEFAULT_BLOCKS, VocabBlocks, target_logprobs
 
 
@@ -203,7 +203,14 @@ def selected_hidden(
     layers = transformer_blocks(decoder)
     saved = [(layer.gradient_checkpointing, layer._can_checkpoint_with_cache) for layer in layers]
     lengths = (attention.sum(1) - prefix_len).tolist()
-    packed = PackedRows(lengths, device) if len(set(lengths)) > 1 and not images and packable(model) else None
+    packed = None
+    if not images and packable(model):  # rows alike before their first scored position share that part
+        caps = [length - 1 for length in lengths]
+        for row, col in zip(rows_idx, cols_idx, strict=True):
+            caps[row] = min(caps[row], col)
+        borrows = lend_alike(ids[:, prefix_len:].tolist(), caps)
+        if len(set(lengths)) > 1 or any(n for _, n in borrows):
+            packed = PackedRows(lengths, device, borrows)
     rows = 1 if packed is not None else ids.shape[0]  # packed: one row of every row's tokens
     cache = None
     if step_prefix is not None:

@@ -9,6 +9,12 @@ attention gathers them into the padded [rows, width] layout, attends there (each
 keys and values and its own earlier tokens), and scatters the result back: the padding costs only attention's
 share, a few percent.
 
+Rows that start alike beyond the shared prefix (the samples of one GRPO group: the same task after the step's
+common system prompt and tools) go through the layers once for that part: a row may borrow its first tokens from
+another row's packed tokens, and attention gathers them into the borrowing row's padded layout. The borrowed
+tokens' outputs are the lender's; their gradients add up over every row that reads them, as the duplicated rows'
+gradients would.
+
 Attention is found by `config._attn_implementation`, read again when gradient checkpointing replays a layer in the
 backward pass; the packed layout is passed as a keyword argument, which the replay keeps. So the function is
 registered as "sdpa" itself (AttentionInterface): without the keyword it is transformers' SDPA unchanged; with it,
@@ -31,33 +37,53 @@ KEYWORD = "toolrl_packed"
 
 
 class PackedRows:
-    """Where each row's tokens lie in the packed sequence and in the padded layout attention uses."""
+    """Where each row's tokens lie in the packed sequence and in the padded layout attention uses.
 
-    def __init__(self, lengths: Sequence[int], device: torch.device):
+    `lengths`: each row's tokens after the shared prefix. `borrows` (optional, one per row): (lender, n) where the
+    row's first n tokens are the same as row `lender`'s (a lender borrows nothing: n = 0) and are computed once, in
+    the lender's packed tokens; each row packs its tokens after its n."""
+
+    def __init__(self, lengths: Sequence[int], device: torch.device, borrows: Sequence[tuple[int, int]] = ()):
         self.lengths = list(lengths)
-        self.rows, self.width, self.tokens = len(self.lengths), max(self.lengths), sum(self.lengths)
-        starts = torch.tensor([0, *self.lengths[:-1]], device=device).cumsum(0)
+        self.rows, self.width = len(self.lengths), max(self.lengths)
+        borrows = list(borrows) or [(row, 0) for row in range(self.rows)]
+        for row, (lender, n) in enumerate(borrows):
+            if n and (borrows[lender][1] or n >= self.lengths[row] or n > self.lengths[lender]):
+                raise ValueError(f"packed rows: row {row} borrows {n} tokens from row {lender}, which cannot lend them")
+        own_lengths = [length - n for length, (_, n) in zip(self.lengths, borrows, strict=True)]
+        self.tokens = sum(own_lengths)
+        starts = torch.tensor([0, *own_lengths[:-1]], device=device).cumsum(0)
         self.starts = starts
+        self.lenders = torch.tensor([lender for lender, _ in borrows], device=device)
+        self.borrowed = torch.tensor([n for _, n in borrows], device=device)
         cols = torch.arange(self.width, device=device)
         lengths_ = torch.tensor(self.lengths, device=device)
         self.valid = cols[None, :] < lengths_[:, None]  # [rows, width]
-        # each padded slot's packed token (a padding slot reads token 0: its output is never read back)
-        self.gather = torch.where(self.valid, starts[:, None] + cols[None, :], 0)
-        self.scatter = self.valid.flatten().nonzero().squeeze(1)  # packed token k -> its slot in rows x width
+        self.own = self.valid & (cols[None, :] >= self.borrowed[:, None])  # the slots whose token a row packs
+        # each padded slot's packed token: its own, or its lender's for a borrowed column (a padding slot reads
+        # token 0: its output is never read back)
+        self.gather = torch.where(self.valid, self._packed_at(torch.arange(self.rows, device=device)[:, None], cols), 0)
+        self.scatter = self.own.flatten().nonzero().squeeze(1)  # packed token k -> its slot in rows x width
         self.calls = 0
         self._masks: dict[int, torch.Tensor] = {}
+
+    def _packed_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The packed position of each (row, column after the prefix)."""
+        borrowed = self.borrowed[rows]
+        mine = self.starts[rows] + cols - borrowed
+        return torch.where(cols < borrowed, self.starts[self.lenders[rows]] + cols, mine)
 
     def pack(self, offset: int, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Each [rows, width] tensor's columns after `offset` (ids, position ids), as [1, N] packed tokens."""
         width = tensors[0].shape[1] - offset
         rows = torch.arange(self.rows, device=self.starts.device)[:, None]
-        index = (rows * width + torch.arange(self.width, device=self.starts.device)[None, :])[self.valid]
+        index = (rows * width + torch.arange(self.width, device=self.starts.device)[None, :])[self.own]
         return [t[:, offset:].flatten()[index][None] for t in tensors]
 
     def index(self, rows_idx: Sequence[int], cols_idx: Sequence[int]) -> torch.Tensor:
         """Packed positions of (row, column after the prefix) pairs."""
         device = self.starts.device
-        return self.starts[torch.tensor(rows_idx, device=device)] + torch.tensor(cols_idx, device=device)
+        return self._packed_at(torch.tensor(rows_idx, device=device), torch.tensor(cols_idx, device=device))
 
     def mask(self, prefix: int) -> torch.Tensor:
         """[rows, 1, width, prefix + width], True where a query may attend: the whole prefix and, in its own
@@ -77,6 +103,18 @@ class PackedRows:
                 "attention does not pass keyword arguments on to the attention function (toolrl/train/packed.py): "
                 "report the model family"
             )
+
+
+def lend_alike(suffixes: Sequence[Sequence[int]], caps: Sequence[int]) -> list[tuple[int, int]]:
+    """PackedRows' borrows: each row whose first `caps[row]` tokens (at most: the tokens before its first scored
+    position) are the same as an earlier row's borrows them from the first such row. The samples of a group share
+    their task's prompt this way; a row with a cap of 0 lends and borrows nothing."""
+    first: dict[tuple[int, ...], int] = {}
+    borrows = []
+    for row, (tokens, cap) in enumerate(zip(suffixes, caps, strict=True)):
+        lender = first.setdefault(tuple(tokens[:cap]), row) if cap > 0 else row
+        borrows.append((lender, cap if lender != row else 0))
+    return borrows
 
 
 def packed_attention(
