@@ -230,8 +230,10 @@ def main() -> None:
     shared = min(common_prefix_length(prompt_ids[i : i + args.prompts]) for i in steps)
     for name, r in results.items():
         completion = r["generated_tokens_per_step"] / rows
-        # TRL: every sample's prompt and completion; toolrl: the shared prefix once per step (StepPrefix), each suffix
-        processed = rows * (prompt + completion) if name == "trl" else shared + rows * (prompt - shared + completion)
+        # TRL: every sample's prompt and completion; toolrl: the shared prefix once per step (StepPrefix), each group's
+        # task once (train/packed.py lend_alike), each completion
+        own = args.prompts * (prompt - shared) + rows * completion
+        processed = rows * (prompt + completion) if name == "trl" else shared + own
         flops = 6 * body * processed + 6 * head * r["generated_tokens_per_step"]
         r["update_gflops"] = flops / r["forward_backward_s"] / 1e9
         r["update_share_of_peak"] = r["update_gflops"] / peak
