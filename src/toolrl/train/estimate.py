@@ -112,7 +112,7 @@ def step_flops(model_config, w: Workload) -> float:
 
     task, response = w.prompt - w.shared, w.length - w.prompt
     forward = body * (w.shared + w.groups * task + w.trajectories * response) + attention(0, w.shared)
-    forward += w.trajectories * (attention(w.shared, w.length) + 2 * c.vocab_size * hidden * (w.length - w.prompt))
+    forward += w.trajectories * (attention(w.shared, w.length) + 2 * c.vocab_size * hidden * response)
     return forward * (1 + (4 if w.checkpointing else 3))
 
 
@@ -149,8 +149,7 @@ def workload_of(trainer) -> Workload:
     response = min(r.max_turns * (r.max_new_tokens + r.max_observation_tokens), r.max_response_tokens)
     return Workload(
         trajectories=t.prompts_per_step * t.group_size, groups=t.prompts_per_step, prompt=prompt, shared=shared,
-        length=prompt + response,
-        micro_batch_tokens=t.micro_batch_tokens, checkpointing=t.gradient_checkpointing,
+        length=prompt + response, micro_batch_tokens=t.micro_batch_tokens, checkpointing=t.gradient_checkpointing,
         trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     )  # fmt: skip
 
