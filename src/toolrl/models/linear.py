@@ -24,6 +24,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from toolrl.models.native import NativeWeight
+
 log = logging.getLogger(__name__)
 
 MIN_WORK = 4_000_000
@@ -94,14 +96,19 @@ def _plain(tensor: torch.Tensor | None) -> bool:
 class OneDNNLinear(torch.nn.Linear):
     """`nn.Linear` whose products of at least MIN_WORK run on oneDNN (fp32, CPU; anything else: torch's)."""
 
-    packed: torch.Tensor | None = None
-    """The weight in oneDNN's layout while a `PackedWeights` is active (inference only)."""
+    packed: torch.Tensor | NativeWeight | None = None
+    """The weight in oneDNN's layout, or the small-batch kernel's (models/native), while a `PackedWeights` is
+    active (inference only)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
         packed = self.packed
-        if packed is not None and not torch.is_grad_enabled() and _pays_packed(x, weight, bias):
-            return _onednn(x, packed, bias)
+        if packed is not None and not torch.is_grad_enabled():
+            if type(packed) is not torch.Tensor:  # the small-batch kernel's layout (models/native)
+                if packed.takes(x) and _plain(bias):
+                    return packed(x, bias)
+            elif _pays_packed(x, weight, bias):
+                return _onednn(x, packed, bias)
         if not _pays(x, weight, bias):
             return F.linear(x, weight, bias)
         trained = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -144,10 +151,15 @@ class PackedWeights:
     """oneDNN-layout copies of a model's OneDNNLinear weights, used by their forward passes without autograd
     inside `active()` (an inference engine's steps). A copy is made on first use and made again when its weight
     has changed since (its storage or its in-place version counter: optimizer steps, `load_state_dict`, weight
-    syncs). The copies cost the linear weights' memory once more; `clear()` frees them (between rollouts)."""
+    syncs). The copies cost the linear weights' memory once more; `clear()` frees them (between rollouts).
 
-    def __init__(self, model: torch.nn.Module):
+    With `native` (models/native: `model.cpu_decode_kernel`), the copies are in the small-batch kernel's layout
+    instead: products of at most its max_rows() rows (decode steps) run on it, larger ones (prefills) on oneDNN
+    from the plain weight."""
+
+    def __init__(self, model: torch.nn.Module, native: bool = False):
         self.model = model
+        self.native = native
         self._copies: dict[str, tuple[tuple, torch.Tensor]] = {}
         self.packs = 0
         """How many copies were made (first packs and re-packs after a weight changed)."""
@@ -165,17 +177,22 @@ class PackedWeights:
             for _, layer in layers:
                 layer.packed = None
 
-    def _copy(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+    def _copy(self, name: str, weight: torch.Tensor) -> torch.Tensor | NativeWeight:
         key = (*weight_version(weight), tuple(weight.shape))
         held = self._copies.get(name)
         if held is None or held[0] != key:
             with torch.inference_mode():
-                held = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+                copy = NativeWeight(weight) if self.native else torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+            held = (key, copy)
             self._copies[name] = held
             self.packs += 1
-            held_bytes = sum(copy.numel() * copy.element_size() for _, copy in self._copies.values())
+            held_bytes = sum(_nbytes(copy) for _, copy in self._copies.values())
             self.peak_bytes = max(self.peak_bytes, held_bytes)
         return held[1]
 
     def clear(self) -> None:
         self._copies.clear()
+
+
+def _nbytes(copy: torch.Tensor | NativeWeight) -> int:
+    return copy.nbytes if isinstance(copy, NativeWeight) else copy.numel() * copy.element_size()

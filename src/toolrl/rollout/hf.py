@@ -25,6 +25,7 @@ import torch
 from toolrl.memory import trim
 from toolrl.models.cache_arg import cache_arg
 from toolrl.models.linear import PackedWeights
+from toolrl.models.native import wanted
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, register_engine
@@ -84,6 +85,7 @@ class HFEngine(PrefixSharing, Engine):
         cascade: bool = True,
         pack_weights: bool = True,
         tokenizer=None,
+        decode_kernel: str = "auto",
     ):
         self.model = model
         self.vocabulary = Vocabulary(tokenizer, model.config.vocab_size) if tokenizer is not None else None
@@ -112,8 +114,10 @@ class HFEngine(PrefixSharing, Engine):
         self._released: list[Hashable] = []
         self._driver: asyncio.Task | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine")
-        self.packed = PackedWeights(model if pack_weights else torch.nn.Module())
-        """The linear weights in oneDNN's layout while a rollout runs (fp32 CPU; freed with the cache)."""
+        native = pack_weights and device.type == "cpu" and wanted(decode_kernel)
+        self.packed = PackedWeights(model if pack_weights else torch.nn.Module(), native=native)
+        """The linear weights in oneDNN's layout, or the small-batch kernel's (`decode_kernel`: models/native),
+        while a rollout runs (fp32 CPU; freed with the cache)."""
 
     # ---- the async surface -------------------------------------------------------------------------------
 
@@ -397,6 +401,10 @@ def _masks(guides: list[TurnGuide | None], width: int) -> torch.Tensor | None:
 
 
 @register_engine("hf", supports_training=True)
-def hf_engine(model, chat, device, seed: int = 0, **_: object) -> HFEngine:
+def hf_engine(model, chat, device, seed: int = 0, config=None, **_: object) -> HFEngine:
     """The in-process engine on the run's own model (the weights being trained)."""
-    return HFEngine(model, chat.stop_ids, chat.tokenizer.pad_token_id, device, seed=seed, tokenizer=chat.tokenizer)
+    kernel = config.model.cpu_decode_kernel if config is not None else "auto"
+    return HFEngine(
+        model, chat.stop_ids, chat.tokenizer.pad_token_id, device, seed=seed, tokenizer=chat.tokenizer,
+        decode_kernel=kernel,
+    )  # fmt: skip

@@ -44,7 +44,8 @@ DEFAULT_BLOCKS = VocabBlocks()
 
 def _block_logits(hidden, weight, bias, temperature, product):
     logits = product(hidden, weight, bias).float()
-    return logits / temperature if temperature > 0 else logits
+    # dividing by 1 changes nothing and costs a pass over [rows, vocab] (86 ms a step in bench/train_vs_trl.py)
+    return logits / temperature if temperature > 0 and temperature != 1 else logits
 
 
 class _TargetLogprobs(torch.autograd.Function):

@@ -1,0 +1,185 @@
+"""A small-batch fp32 product kernel for generation on AVX2 CPUs (small_gemm.c), built at first use.
+
+A decode step multiplies a few rows (the sequences being sampled) by every weight of the model. On the AVX2
+machine this project measures on (AMD EPYC, 2 cores, no AVX-512), oneDNN and MKL ran those products at 40-60
+GFLOP/s, reading the weights at 5-7 GB/s of the 16 the machine has; this kernel runs 16 rows through 576 x 1536
+in 300-450 us against oneDNN's 560-730 (bench/linear_kernels.py --rows 16). From 64 rows on, oneDNN is as fast
+or faster, so the kernel takes only inference products of at most `max_rows()` rows; everything else (prefills
+of many rows, training) stays on oneDNN.
+
+`model.cpu_decode_kernel` chooses: `auto` builds and uses it on CPUs whose best vector ISA is AVX2 (the kind it
+was measured on; on AVX-512 machines oneDNN's own AVX-512 kernels are kept, not measured against it), `native`
+requires it (an error names the field where it cannot be built), `onednn` never uses it.
+
+The shared library is compiled with the C compiler on PATH ($CC, else cc or gcc) into $TOOLRL_HOME/kernels under
+a name that hashes the source, flags and compiler, once per machine (a lock serializes concurrent first uses). A
+library file there that another user owns or that others may write is refused, not loaded."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import stat
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from toolrl.home import toolrl_home
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("small_gemm.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+KERNELS = ("auto", "native", "onednn")
+BUILD_TIMEOUT_S = 300
+
+
+class KernelUnavailable(RuntimeError):
+    """The native kernel cannot be built or loaded here; the message says why."""
+
+
+def kernel_dir() -> Path:
+    return toolrl_home() / "kernels"
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise KernelUnavailable("no C compiler found ($CC, cc or gcc on PATH)")
+
+
+def _library_path(compiler: str) -> Path:
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelUnavailable(f"the C compiler {compiler} does not run: {exc}") from exc
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    return kernel_dir() / f"small_gemm-{digest}.so"
+
+
+def _trusted(path: Path) -> bool:
+    """Owned by this user and writable by no one else (a library planted by another user is not loaded)."""
+    info = path.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with FileLock(str(target) + ".lock"):
+        if target.exists():
+            return
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        log.info("building the small-batch product kernel (once per machine): %s", target)
+        try:
+            done = subprocess.run(
+                [compiler, *FLAGS, str(SOURCE), "-o", str(partial)],
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise KernelUnavailable(f"{compiler} failed to build {SOURCE.name}: {exc}") from exc
+        if done.returncode != 0:
+            partial.unlink(missing_ok=True)
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise KernelUnavailable(f"{compiler} failed to build {SOURCE.name}: {last}")
+        partial.chmod(0o700)
+        os.replace(partial, target)
+
+
+@cache
+def load() -> ctypes.CDLL:
+    """The built library (built first if needed); KernelUnavailable says why it cannot be had."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or os.name != "posix":
+        raise KernelUnavailable(f"the kernel is written for x86-64 POSIX machines, not {platform.machine()}")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise KernelUnavailable(f"this CPU has no AVX2 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})")
+    compiler = _compiler()
+    path = _library_path(compiler)
+    if not path.exists():
+        _build(compiler, path)
+    if not _trusted(path):
+        raise KernelUnavailable(f"{path} is not owned by this user or others may write it: not loaded (delete it)")
+    lib = ctypes.CDLL(str(path))
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    lib.toolrl_pack.argtypes = [pointer, size, size, pointer]
+    lib.toolrl_pack.restype = None
+    lib.toolrl_gemm.argtypes = [pointer, size, size, pointer, size, pointer, pointer, ctypes.c_int]
+    lib.toolrl_gemm.restype = ctypes.c_int
+    lib.toolrl_max_rows.restype = ctypes.c_int
+    return lib
+
+
+def wanted(kernel: str) -> bool:
+    """Whether `model.cpu_decode_kernel` = `kernel` uses the native kernel on this machine; `native` where it
+    cannot be built raises KernelUnavailable, `auto` logs why once and keeps oneDNN."""
+    if kernel not in KERNELS:
+        raise ValueError(f"model.cpu_decode_kernel: {kernel!r} is not one of {', '.join(KERNELS)}")
+    if kernel == "onednn" or (kernel == "auto" and torch.backends.cpu.get_cpu_capability() != "AVX2"):
+        return False
+    try:
+        load()
+    except KernelUnavailable as exc:
+        if kernel == "native":
+            raise KernelUnavailable(f"model.cpu_decode_kernel: native: {exc}; set it to auto or onednn") from exc
+        _log_once(str(exc))
+        return False
+    return True
+
+
+@cache
+def _log_once(reason: str) -> None:
+    log.warning("the small-batch product kernel is not used, generation keeps oneDNN: %s", reason)
+
+
+def max_rows() -> int:
+    return load().toolrl_max_rows()
+
+
+class NativeWeight:
+    """A linear layer's weight [out, in] packed for toolrl_gemm: y = x @ weight^T + bias for x of at most
+    max_rows() rows (fp32, CPU)."""
+
+    def __init__(self, weight: torch.Tensor):
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+            raise ValueError(f"the native kernel takes 2-D fp32 CPU weights, not {weight.dtype} on {weight.device}")
+        lib = load()
+        weight = weight.detach().contiguous()
+        self.out_features, self.in_features = weight.shape
+        self.rows = lib.toolrl_max_rows()
+        self.data = torch.empty((self.out_features + 15) // 16, self.in_features, 16)
+        lib.toolrl_pack(weight.data_ptr(), self.out_features, self.in_features, self.data.data_ptr())
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return x.numel() <= self.rows * self.in_features and x.dtype == torch.float32 and x.device.type == "cpu"
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        if bias is not None:
+            bias = bias.detach().contiguous()
+        code = load().toolrl_gemm(
+            rows.data_ptr(),
+            rows.shape[0],
+            self.in_features,
+            self.data.data_ptr(),
+            self.out_features,
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if code != 0:
+            raise RuntimeError(f"toolrl_gemm refused {rows.shape[0]} rows x {self.in_features} (code {code})")
+        return out.reshape(*x.shape[:-1], self.out_features)
