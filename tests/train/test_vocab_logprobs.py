@@ -55,3 +55,39 @@ def test_a_frozen_head_gets_no_gradient_and_the_hidden_states_still_do():
     got, _ = target_logprobs(hidden, head, targets, block=2)
     got.sum().backward()
     assert head.weight.grad is None and hidden.grad is not None and hidden.grad.abs().sum() > 0
+
+
+def test_the_default_cpu_model_scores_its_output_layer_in_blocks(tiny_model_dir, monkeypatch):
+    """On CPU the output layer is a OneDNNLinear (models/linear.py): train.vocab_block_rows applies to it (it was
+    skipped for it: every step held the whole [tokens, vocab] logits and their log-softmax), with the plain
+    path's values and gradients."""
+    from toolrl.envs import Task
+    from toolrl.models import load_model
+    from toolrl.models.linear import OneDNNLinear
+    from toolrl.rollout import Trajectory
+    from toolrl.train import logprobs
+    from toolrl.train.vocab_logprobs import VocabBlocks
+
+    model = load_model(str(tiny_model_dir), torch.device("cpu"))
+    assert type(model.get_output_embeddings()) is OneDNNLinear
+    calls = []
+    blocked = logprobs.target_logprobs
+    monkeypatch.setattr(logprobs, "target_logprobs", lambda *a, **k: calls.append(1) or blocked(*a, **k))
+    trajs = [
+        Trajectory(Task("t", "p", "a"), list(range(10, 30)) + [40 + i, 50 + i, 60], [0] * 20 + [1] * 3, [0.0] * 23)
+        for i in range(3)
+    ]
+
+    def scored(vocab):
+        model.zero_grad()
+        scores = logprobs.score_tokens(model, trajs, entropy="measure", vocab=vocab)
+        scores.logprobs.sum().backward()
+        return scores.logprobs.detach(), model.get_output_embeddings().weight.grad.clone()
+
+    got, got_grad = scored(VocabBlocks(rows=2))
+    assert len(calls) == 1
+    want, want_grad = scored(VocabBlocks(rows=0))  # the whole logits at once
+    assert len(calls) == 1
+    assert torch.allclose(got, want, atol=1e-5)
+    # the tied weight's gradient reaches 43 (its embedding side): compared as a whole, to fp32 rounding
+    assert (got_grad - want_grad).norm() <= 1e-5 * want_grad.norm()

@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from toolrl.algos import entropy_from_logits
 from toolrl.models.cache_arg import cache_arg
+from toolrl.models.linear import OneDNNLinear
 from toolrl.models.loading import transformer_blocks
 from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inputs, multimodal_base, sequence_positions
 from toolrl.rollout.engine import common_prefix_length
@@ -294,7 +295,8 @@ def score_tokens(
     inputs = (ids, attention, positions, prefix_len, rows_idx, cols_idx, model_inputs(prefix_images, device),
               model_inputs(images, device))  # fmt: skip
     head = model.get_output_embeddings()
-    if vocab.rows and not sharded and entropy is not True and type(head) is torch.nn.Linear:
+    # a plain linear output layer (on oneDNN or torch's kernels); a wrapped one (LoRA) is scored whole
+    if vocab.rows and not sharded and entropy is not True and type(head) in (torch.nn.Linear, OneDNNLinear):
         selected = selected_hidden(model, *inputs, step_prefix)
         targets_ = torch.tensor(targets, device=device)
         logprobs, measured = target_logprobs(selected, head, targets_, temperature, vocab.rows, vocab.keep_mb)
