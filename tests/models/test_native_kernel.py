@@ -123,9 +123,22 @@ def test_a_kernel_file_others_may_write_is_not_loaded(fresh_home):
     with pytest.raises(native.KernelUnavailable, match="others may write it: not loaded"):
         native.load()
     native.load.cache_clear()
-    path.chmod(stat.S_IRUSR | stat.S_IWUSR)  # now trusted, but not a library: ctypes refuses it loudly
-    with pytest.raises(OSError):
+    path.chmod(stat.S_IRUSR | stat.S_IWUSR)  # now trusted, but not a library: refused with what to do
+    with pytest.raises(native.KernelUnavailable, match="delete it to build it again"):
         native.load()
+
+
+def test_a_home_that_cannot_be_written_keeps_onednn(fresh_home, monkeypatch):
+    """$TOOLRL_HOME where no folder can be made (under a file: refused even to root): auto keeps oneDNN."""
+    fresh_home.parent.mkdir(exist_ok=True)
+    blocker = fresh_home.parent / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TOOLRL_HOME", str(blocker / "home"))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with pytest.raises(native.KernelUnavailable, match="cannot build into"):
+        native.load()
+    native.load.cache_clear()
+    assert native.wanted("auto") is False
 
 
 def test_a_compiler_that_fails_keeps_onednn_under_auto_and_stops_native(fresh_home, monkeypatch, caplog):

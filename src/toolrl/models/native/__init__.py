@@ -104,11 +104,17 @@ def load() -> ctypes.CDLL:
         raise KernelUnavailable(f"this CPU has no AVX2 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})")
     compiler = _compiler()
     path = _library_path(compiler)
-    if not path.exists():
-        _build(compiler, path)
+    try:
+        if not path.exists():
+            _build(compiler, path)
+    except OSError as exc:  # a read-only or full $TOOLRL_HOME
+        raise KernelUnavailable(f"cannot build into {path.parent}: {exc}") from exc
     if not _trusted(path):
         raise KernelUnavailable(f"{path} is not owned by this user or others may write it: not loaded (delete it)")
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot load {path} ({exc}): delete it to build it again") from exc
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.toolrl_pack.argtypes = [pointer, size, size, pointer]
     lib.toolrl_pack.restype = None
