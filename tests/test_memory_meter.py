@@ -25,6 +25,7 @@ def test_each_phase_has_its_own_peak_and_a_nested_phase_counts_in_its_parent():
     before_big = rss_gb()
     with meter.phase("big"):
         allocate(300)
+    before_small = rss_gb()  # the big block freed (given back to the system, unless the allocator keeps it)
     with meter.phase("small"):
         allocate(20)
     before_outer = rss_gb()
@@ -32,7 +33,7 @@ def test_each_phase_has_its_own_peak_and_a_nested_phase_counts_in_its_parent():
         allocate(200)
     # A phase's peak is at least what it held at once; the small phase does not inherit the big one's peak.
     assert meter.last["big"] >= before_big + 0.28
-    assert meter.last["small"] < meter.last["big"] - 0.2
+    assert meter.last["small"] < before_small + 0.1  # not the big phase's peak (a full suite once held its block)
     assert meter.last["inner"] >= before_outer + 0.18 and meter.last["outer"] >= meter.last["inner"]
     assert meter.current_overall() >= meter.last["big"]
 
@@ -87,5 +88,7 @@ print(memory.rss_gb() - before, len(kept))
     for mode in ("bound", "glibc"):
         out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
         left[mode] = float(out.stdout.split()[0])
-    assert left["bound"] < 0.03, f"freed 4 MiB blocks stayed resident: {left}"
-    assert left["glibc"] > 0.05, f"glibc's own threshold gave them back too: the test shows nothing ({left})"
+    # bound: not one of the 32 freed 4 MiB blocks stays; glibc's own threshold keeps at least 5 of them (it kept
+    # 8-32 across runs here: how many depends on where the heap's top lands, 0.031-0.13 GB)
+    assert left["bound"] < 0.004, f"freed 4 MiB blocks stayed resident: {left}"
+    assert left["glibc"] > 0.02, f"glibc's own threshold gave them back too: the test shows nothing ({left})"
