@@ -104,7 +104,7 @@ class OneDNNLinear(torch.nn.Linear):
         weight, bias = self.weight, self.bias
         packed = self.packed
         if packed is not None and not torch.is_grad_enabled():
-            if type(packed) is not torch.Tensor:  # the small-batch kernel's layout (models/native)
+            if isinstance(packed, NativeWeight):  # the small-batch kernel's layout (models/native)
                 if packed.takes(x) and _plain(bias):
                     return packed(x, bias)
             elif _pays_packed(x, weight, bias):
@@ -186,13 +186,9 @@ class PackedWeights:
             held = (key, copy)
             self._copies[name] = held
             self.packs += 1
-            held_bytes = sum(_nbytes(copy) for _, copy in self._copies.values())
+            held_bytes = sum(copy.nbytes for _, copy in self._copies.values())
             self.peak_bytes = max(self.peak_bytes, held_bytes)
         return held[1]
 
     def clear(self) -> None:
         self._copies.clear()
-
-
-def _nbytes(copy: torch.Tensor | NativeWeight) -> int:
-    return copy.nbytes if isinstance(copy, NativeWeight) else copy.numel() * copy.element_size()

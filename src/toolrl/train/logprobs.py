@@ -28,7 +28,7 @@ from toolrl.models.vision import image_safe_prefix, is_vision_config, model_inpu
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.train.packed import KEYWORD, PackedRows, lend_alike, packable
-from toolrl.train.vocab_logprobs import DEFAULT_BLOCKS, VocabBlocks, target_logprobs
+from toolrl.train.vocab_logprobs import DEFAULT_BLOCKS, VocabBlocks, target_logprobs, tempered
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -310,8 +310,7 @@ def score_tokens(
         selected, logits = model.toolrl_hidden_and_logits(*inputs)
     else:
         selected, logits = hidden_and_logits(model, *inputs, step_prefix)
-    if temperature > 0:
-        logits = logits / temperature
+    logits = tempered(logits, temperature)
     logp = torch.log_softmax(logits, dim=-1)
     return TokenScores(
         logp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1),

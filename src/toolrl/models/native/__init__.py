@@ -3,7 +3,7 @@
 A decode step multiplies a few rows (the sequences being sampled) by every weight of the model. On the AVX2
 machine this project measures on (AMD EPYC, 2 cores, no AVX-512), oneDNN and MKL ran those products at 40-60
 GFLOP/s, reading the weights at 5-7 GB/s of the 16 the machine has; this kernel runs 16 rows through 576 x 1536
-in 300-450 us against oneDNN's 560-730 (bench/linear_kernels.py --rows 16). From 64 rows on, oneDNN is as fast
+in 430-440 us against oneDNN's 600-640 (bench/decode_kernel.py). From 64 rows on, oneDNN is as fast
 or faster, so the kernel takes only inference products of at most `max_rows()` rows; everything else (prefills
 of many rows, training) stays on oneDNN.
 
@@ -157,7 +157,7 @@ class NativeWeight:
     def __init__(self, weight: torch.Tensor):
         if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
             raise ValueError(f"the native kernel takes 2-D fp32 CPU weights, not {weight.dtype} on {weight.device}")
-        lib = load()
+        self.lib = lib = load()
         weight = weight.detach().contiguous()
         self.out_features, self.in_features = weight.shape
         self.rows = lib.toolrl_max_rows()
@@ -176,7 +176,7 @@ class NativeWeight:
         out = torch.empty(rows.shape[0], self.out_features)
         if bias is not None:
             bias = bias.detach().contiguous()
-        code = load().toolrl_gemm(
+        code = self.lib.toolrl_gemm(
             rows.data_ptr(),
             rows.shape[0],
             self.in_features,
