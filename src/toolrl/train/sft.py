@@ -36,6 +36,7 @@ from toolrl.models.policy import adamw
 from toolrl.registry import Registry
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.text import clip, first_line
+from toolrl.train.embedding_grad import sparse_tied_embedding
 from toolrl.train.logprobs import StepPrefix, micro_batches, score_tokens, shared_prefix_length
 from toolrl.train.vocab_logprobs import DEFAULT_BLOCKS, VocabBlocks
 
@@ -189,14 +190,15 @@ def fine_tune(
             shared = shared_prefix_length(batch)  # computed once per micro-batch: the budget is for the rest
             for_sequences(max(len(t.token_ids) for t in batch))
             rows_of = micro_batches([len(t.token_ids) - shared for t in batch], micro_batch_tokens)
-            prefix = StepPrefix.of(model, batch, rows_of)  # the shared prompt once for every micro-batch
-            for rows in rows_of:
-                scores = score_tokens(model, [batch[i] for i in rows], vocab=vocab, step_prefix=prefix)
-                loss = -scores.logprobs.sum() / tokens
-                loss.backward()
-                total += float(loss.detach())
-            if prefix is not None:
-                prefix.backward()
+            with sparse_tied_embedding(model):  # the embedding's gradient: the rows the batch touched
+                prefix = StepPrefix.of(model, batch, rows_of)  # the shared prompt once for every micro-batch
+                for rows in rows_of:
+                    scores = score_tokens(model, [batch[i] for i in rows], vocab=vocab, step_prefix=prefix)
+                    loss = -scores.logprobs.sum() / tokens
+                    loss.backward()
+                    total += float(loss.detach())
+                if prefix is not None:
+                    prefix.backward()
             norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             optimizer.step()
             trim()  # the step's activations go back to the system: the heap had grown step after step

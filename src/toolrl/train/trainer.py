@@ -48,6 +48,7 @@ from toolrl.runs.journal import Journal
 from toolrl.runs.live import LiveStep
 from toolrl.runs.rundir import RunDir
 from toolrl.train.collect import Collector, TaskOrder, curriculum_metrics
+from toolrl.train.embedding_grad import sparse_tied_embedding
 from toolrl.train.evaluate import summarize
 from toolrl.train.teacher import endpoint_teacher
 from toolrl.train.update import (
@@ -237,13 +238,15 @@ class Trainer:
         state.model.train()
         state.optimizer.zero_grad(set_to_none=True)
         batches = self.scorer.micro_batches([w.traj for w in chosen.work])
-        prefix = self.scorer.step_prefix(state.model, chosen.work, batches)  # the prompt once per step
-        scores = self.live.counted(
-            self.scorer.policy(state.model, state.value_head, t.entropy_coef > 0 or "measure", prefix), len(batches)
-        )
-        pad_to = distributed.max_over_ranks(self.dist, len(batches))
-        sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0], mismatch := Mismatch(),
-                                 prefix)  # fmt: skip
+        with sparse_tied_embedding(state.model, not self.dist.on):  # the embedding's gradient: its touched rows
+            prefix = self.scorer.step_prefix(state.model, chosen.work, batches)  # the prompt once per step
+            scores = self.live.counted(
+                self.scorer.policy(state.model, state.value_head, t.entropy_coef > 0 or "measure", prefix),
+                len(batches),
+            )
+            pad_to = distributed.max_over_ranks(self.dist, len(batches))
+            sums, clipped = backward(chosen, batches, scores, self.loss_fns, t, pad_to, trajs[0],
+                                     mismatch := Mismatch(), prefix)  # fmt: skip
         backward_done = time.perf_counter()
         params = [p for group in state.optimizer.param_groups for p in group["params"]]
         any_work = distributed.max_over_ranks(self.dist, len(chosen.work)) > 0  # every rank steps its shards
