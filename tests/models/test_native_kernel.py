@@ -45,14 +45,14 @@ def fresh_home(tmp_path, monkeypatch):
 @pytest.mark.parametrize("bias", [False, True])
 def test_products_equal_torch(rows, features, out, bias):
     """Every row-block size (1-6 and their sums), outputs not a multiple of 16, inputs not a multiple of the
-    kernel's chunk of 96, with and without bias."""
+    kernel's chunk of 96, with and without bias; up to the kernel's own 64 rows whatever max_rows() is here."""
     torch.manual_seed(rows)
     weight, x = torch.randn(out, features), torch.randn(rows, features)
     b = torch.randn(out) if bias else None
-    got = native.NativeWeight(weight)(x, b)
+    got = native.NativeWeight(weight, rows=64)(x, b)
     assert got.shape == (rows, out)
     assert torch.allclose(got, torch.nn.functional.linear(x, weight, b), rtol=1e-4, atol=1e-4)
-    assert torch.allclose(native.NativeWeight(weight)(x[None], b)[0], got)  # leading dimensions are kept
+    assert torch.allclose(native.NativeWeight(weight, rows=64)(x[None], b)[0], got)  # leading dimensions are kept
 
 
 @needs_kernel
@@ -153,12 +153,23 @@ def test_a_compiler_that_fails_keeps_onednn_under_auto_and_stops_native(fresh_ho
     assert not list(fresh_home.glob("kernels/*.so"))  # nothing half-built is left to load
 
 
-def test_auto_keeps_onednn_where_the_cpu_has_avx512(fresh_home, monkeypatch):
-    """Measured faster on AVX2 only: on an AVX-512 CPU auto does not even build it."""
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+def test_auto_keeps_onednn_where_the_kernel_was_not_measured(fresh_home, monkeypatch):
+    """On a CPU capability outside ROWS_BY_ISA auto does not even build it."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "ZVECTOR")
     monkeypatch.setenv("CC", "false")
     assert native.wanted("auto") is False
     assert not (fresh_home / "kernels").exists()
+
+
+@needs_kernel
+@pytest.mark.parametrize(("capability", "rows"), [("AVX2", 64), ("AVX512", 32)])
+def test_auto_uses_it_on_avx2_and_avx512_up_to_the_rows_measured_faster(monkeypatch, capability, rows):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert native.wanted("auto") is True
+    assert native.max_rows() == rows
+    packed = native.NativeWeight(torch.randn(32, 96))
+    assert packed.takes(torch.randn(rows, 96)) and not packed.takes(torch.randn(rows + 1, 96))
+    assert native.NativeWeight(torch.randn(32, 96), rows=1000).rows == 64  # never above the kernel's own limit
 
 
 def test_the_config_field_takes_the_three_choices_only():

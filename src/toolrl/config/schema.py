@@ -32,8 +32,8 @@ class ModelConfig(Section):
     generation than torch's default on the AMD CPU measured, bench/linear_kernels.py) or torch's default."""
     cpu_decode_kernel: Literal["auto", "native", "onednn"] = "auto"
     """CPU fp32 generation's products of a few rows: `native` on toolrl's AVX2 kernel (models/native, built once per
-    machine by the C compiler on PATH; bench/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel where the
-    CPU's best ISA is AVX2 and a compiler builds it, else oneDNN."""
+    machine by the C compiler on PATH; bench/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel on AVX2 and
+    AVX-512 CPUs where a compiler builds it, else oneDNN."""
     fused_blocks: bool = True
     """The trained model's RMSNorm and SwiGLU feed-forward as one autograd step each (models/fused.py): the same
     values, about 38% less activation memory in a training step's forward pass; false keeps transformers' own."""

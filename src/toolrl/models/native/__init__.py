@@ -1,15 +1,18 @@
-"""A small-batch fp32 product kernel for generation on AVX2 CPUs (small_gemm.c), built at first use.
+"""A small-batch fp32 product kernel for generation on AVX2 and AVX-512 CPUs (small_gemm.c, AVX2 code), built
+at first use.
 
 A decode step multiplies a few rows (the sequences being sampled) by every weight of the model. On the AVX2
 machine this project measures on (AMD EPYC, 2 cores, no AVX-512), oneDNN and MKL ran those products at 40-60
 GFLOP/s, reading the weights at 5-7 GB/s of the 16 the machine has; this kernel runs 16 rows through 576 x 1536
-in 430-440 us against oneDNN's 600-640 (bench/decode_kernel.py). From 64 rows on, oneDNN is as fast
-or faster, so the kernel takes only inference products of at most `max_rows()` rows; everything else (prefills
-of many rows, training) stays on oneDNN.
+in 430-440 us against oneDNN's 600-640 (bench/decode_kernel.py). On an AVX-512 one (a Xeon with AMX, 2 cores) it
+still ran a decode step's products 1.3-1.5x faster at 8-16 rows, 1.0-1.1x at 32 and lost from 64 rows (the output
+layer from 16: bench/results/decode_kernel_avx512.json). So the kernel takes only inference products of at most
+`max_rows()` rows (ROWS_BY_ISA: 64 on AVX2, 32 on AVX-512); everything else (prefills of many rows, training)
+stays on oneDNN.
 
-`model.cpu_decode_kernel` chooses: `auto` builds and uses it on CPUs whose best vector ISA is AVX2 (the kind it
-was measured on; on AVX-512 machines oneDNN's own AVX-512 kernels are kept, not measured against it), `native`
-requires it (an error names the field where it cannot be built), `onednn` never uses it.
+`model.cpu_decode_kernel` chooses: `auto` builds and uses it where PyTorch's CPU capability is in ROWS_BY_ISA (the
+kinds it was measured on), `native` requires it (an error names the field where it cannot be built), `onednn`
+never uses it.
 
 The shared library is compiled with the C compiler on PATH ($CC, else cc or gcc) into $TOOLRL_HOME/kernels under
 a name that hashes the source, flags and compiler, once per machine (a lock serializes concurrent first uses). A
@@ -39,6 +42,9 @@ SOURCE = Path(__file__).with_name("small_gemm.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 KERNELS = ("auto", "native", "onednn")
 BUILD_TIMEOUT_S = 300
+ROWS_BY_ISA = {"AVX2": 64, "AVX512": 32}
+"""The most rows of a product the kernel takes, by PyTorch's CPU capability (where oneDNN was as fast or faster
+above, bench/decode_kernel.py); `auto` uses the kernel on these capabilities only."""
 
 
 class KernelUnavailable(RuntimeError):
@@ -129,7 +135,7 @@ def wanted(kernel: str) -> bool:
     cannot be built raises KernelUnavailable, `auto` logs why once and keeps oneDNN."""
     if kernel not in KERNELS:
         raise ValueError(f"model.cpu_decode_kernel: {kernel!r} is not one of {', '.join(KERNELS)}")
-    if kernel == "onednn" or (kernel == "auto" and torch.backends.cpu.get_cpu_capability() != "AVX2"):
+    if kernel == "onednn" or (kernel == "auto" and torch.backends.cpu.get_cpu_capability() not in ROWS_BY_ISA):
         return False
     try:
         load()
@@ -147,20 +153,23 @@ def _log_once(reason: str) -> None:
 
 
 def max_rows() -> int:
-    return load().toolrl_max_rows()
+    """The most rows a product runs on the kernel here: the kernel's own limit, lowered on AVX-512 (ROWS_BY_ISA)."""
+    limit = load().toolrl_max_rows()
+    return min(limit, ROWS_BY_ISA.get(torch.backends.cpu.get_cpu_capability(), limit))
 
 
 class NativeWeight:
     """A linear layer's weight [out, in] packed for toolrl_gemm: y = x @ weight^T + bias for x of at most
     max_rows() rows (fp32, CPU)."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, rows: int | None = None):
         if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
             raise ValueError(f"the native kernel takes 2-D fp32 CPU weights, not {weight.dtype} on {weight.device}")
         self.lib = lib = load()
         weight = weight.detach().contiguous()
         self.out_features, self.in_features = weight.shape
-        self.rows = lib.toolrl_max_rows()
+        self.rows = max_rows() if rows is None else min(rows, lib.toolrl_max_rows())
+        """The most rows it takes: max_rows(), or `rows` up to the kernel's own limit (bench/decode_kernel.py)."""
         self.data = torch.empty((self.out_features + 15) // 16, self.in_features, 16)
         lib.toolrl_pack(weight.data_ptr(), self.out_features, self.in_features, self.data.data_ptr())
 
@@ -173,6 +182,8 @@ class NativeWeight:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
+        if rows.shape[0] > self.rows:
+            raise RuntimeError(f"toolrl_gemm refused {rows.shape[0]} rows: at most {self.rows} here (max_rows)")
         out = torch.empty(rows.shape[0], self.out_features)
         if bias is not None:
             bias = bias.detach().contiguous()
