@@ -1,11 +1,11 @@
 """The peak resident memory of each phase of a run (toolrl.memory.PeakMeter): each phase's own peak, nested
 phases counted in both, and what a run reports (RUN/memory.json, memory/* metrics, the step line)."""
 
+import mmap
 import subprocess
 import sys
 
 import pytest
-import torch
 
 from toolrl.cli.progress import step_line
 from toolrl.memory import PeakMeter, rss_gb
@@ -14,8 +14,14 @@ pytestmark = pytest.mark.skipif(not PeakMeter().available, reason="needs Linux's
 
 
 def allocate(mb: int) -> None:
-    block = torch.ones(mb * 2**20 // 4)  # touched, so resident
-    assert float(block[-1]) == 1.0
+    """`mb` MiB of fresh resident pages, held until it returns. Mapped here rather than taken from torch: malloc
+    may serve a block from heap pages that an earlier test left resident (a full suite once did for 200 MB), and
+    then the resident set never rises; the meter measures the resident set, whatever the allocator."""
+    chunk = b"\1" * 2**20
+    with mmap.mmap(-1, mb * 2**20) as block:
+        for _ in range(mb):
+            block.write(chunk)  # every page touched, so resident
+        assert block[-1] == 1
 
 
 def test_each_phase_has_its_own_peak_and_a_nested_phase_counts_in_its_parent():
