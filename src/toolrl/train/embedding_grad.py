@@ -1,15 +1,16 @@
 """The input embedding's gradient as the rows it touched, where its weight is the output layer's (tied).
 
 A backward pass through `nn.Embedding` builds a dense [vocab, hidden] zero tensor and adds each token's gradient
-into its row; autograd then adds that tensor to the output layer's gradient of the same weight, out of place (a
-second copy). For the default model's 49,152 x 576 table each is 113 MB of freshly mapped pages, written for the few
-hundred rows a step's tokens touch. A GRPO step makes one such pass per micro-batch and one for the step's shared
-prompt: the zero fills and copies were ~0.9 s of a 10 s update on this project's AVX-512 machine (torch profiler,
-bench/train_vs_trl.py's step).
+into its row, then autograd adds it to the output layer's gradient of the same weight. For the default model's
+49,152 x 576 table that is 113 MB of freshly mapped pages, written for the few hundred rows a step's tokens touch.
+A GRPO step makes one such pass per micro-batch and one for the step's shared prompt: the zero fills alone were
+3 x 162 ms of a 10 s update on this project's AVX-512 machine (torch profiler, bench/train_vs_trl.py's step).
 
-Within `sparse_tied_embedding(model)` the embedding reads the same storage through a parameter of its own (an
-alias: nothing is copied) with a sparse gradient (`nn.Embedding.sparse`), so the passes' gradients for it are kept
-as the touched rows and added up as such; on the way out the module gets its weight back and the rows are added into
+Setting `nn.Embedding.sparse` on the tied module alone is not enough: autograd sums the output layer's dense
+gradient and the sparse one out of place (two 113 MB copies, ~0.2 s each, measured). So within
+`sparse_tied_embedding(model)` the embedding reads the same storage through a parameter of its own (an alias:
+nothing is copied) with a sparse gradient, the passes' gradients for it are kept as the touched rows and added up
+as such, and on the way out the module gets its weight back and the rows are added into
 the weight's dense gradient in place. The optimizer and gradient clipping see the dense gradient they always did,
 equal to float rounding (tests/train/test_embedding_grad.py). Only where the two layers share one trained weight
 (not LoRA's frozen one, not an FSDP2 shard)."""
