@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from toolrl.models.native import NativeWeight
+from toolrl.models.native import NativeWeight, max_rows
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,30 @@ class PackedWeights:
             for _, layer in layers:
                 layer.packed = None
 
-    def _copy(self, name: str, weight: torch.Tensor) -> torch.Tensor | NativeWeight:
-        key = (*weight_version(weight), tuple(weight.shape))
+    def product(
+        self, name: str, weights: tuple[torch.Tensor, ...], bias: torch.Tensor | None, x: torch.Tensor
+    ) -> torch.Tensor | None:
+        """x @ cat(weights)^T + bias from the copy held under `name` (made on first use: the weights side by side,
+        one product for several layers that read the same input), or None where no copy takes x (the caller
+        runs the layers' own forwards). Inference only (rollout/lean.py)."""
+        if torch.is_grad_enabled() or not (_plain(x) and _plain(bias) and all(_plain(w) for w in weights)):
+            return None
+        if self.native:
+            if x.numel() > max_rows() * x.shape[-1]:
+                return None
+            return self._copy(name, *weights)(x, bias)
+        if x.numel() * sum(w.shape[0] for w in weights) < PACKED_MIN_WORK:
+            return None
+        return _onednn(x, self._copy(name, *weights), bias)
+
+    def _copy(self, name: str, *weights: torch.Tensor) -> torch.Tensor | NativeWeight:
+        key = tuple((*weight_version(w), tuple(w.shape)) for w in weights)
         held = self._copies.get(name)
         if held is None or held[0] != key:
             with torch.inference_mode():
-                copy = NativeWeight(weight) if self.native else torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+                weight = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
+                copy = NativeWeight(weight) if self.native else torch.ops.mkldnn._reorder_linear_weight(weight)
+                del weight
             held = (key, copy)
             self._copies[name] = held
             self.packs += 1

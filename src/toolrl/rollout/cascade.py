@@ -71,19 +71,35 @@ def cascade_attention(
     `attention_mask` [b, 1, q, s] masks them; every row sees the whole prefix. Returns [b, q, heads, d]."""
     if shared_prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    layer = module.layer_idx
+    return cascade(
+        query, key, value, attention_mask, scale, shared_prefix.keys[layer], shared_prefix.values[layer]
+    ), None
+
+
+def cascade(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    prefix_key: torch.Tensor,
+    prefix_value: torch.Tensor,
+) -> torch.Tensor:
+    """Attention of `query` [b, heads, q, d] over the prefix `prefix_key`/`prefix_value` [1, kv_heads, n, d]
+    (every row sees all of it) and each row's own `key`/`value` [b, kv_heads, s, d] under `mask` [b, 1, q, s].
+    Returns [b, q, heads, d]."""
     rows, heads, width, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
-    scale = scaling if scaling is not None else dim**-0.5
     # Query head h reads KV head h // groups: [b, kv_heads, groups * q, d] puts each KV head's queries together.
     grouped = query.reshape(rows, kv_heads, groups * width, dim)
     # Prefix: every row's queries of a KV head in one [1, kv_heads, b * groups * q, d] batch.
     together = grouped.transpose(0, 1).reshape(1, kv_heads, rows * groups * width, dim)
-    layer = module.layer_idx
-    out_p, lse_p = attend_with_lse(together, shared_prefix.keys[layer], shared_prefix.values[layer], None, scale)
+    out_p, lse_p = attend_with_lse(together, prefix_key, prefix_value, None, scale)
     out_p = out_p.reshape(kv_heads, rows, groups * width, dim).transpose(0, 1)
     lse_p = lse_p.reshape(kv_heads, rows, groups * width).transpose(0, 1)
-    mask = attention_mask
     if mask is not None:  # [b, 1, q, s] -> [b, 1, groups * q, s], the grouped query order
         mask = mask[:, :, None].expand(rows, 1, groups, width, mask.shape[-1]).reshape(rows, 1, groups * width, -1)
     out_s, lse_s = attend_with_lse(grouped, key, value, mask, scale)
@@ -92,7 +108,7 @@ def cascade_attention(
     out = torch.lerp(out_s, out_p, share)
     # [b, kv_heads, groups * q, d] -> [b, q, heads, d], the layout attention modules expect back.
     out = out.reshape(rows, kv_heads, groups, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, heads, dim)
-    return out.contiguous(), None
+    return out.contiguous()
 
 
 AttentionInterface.register(NAME, cascade_attention)

@@ -164,3 +164,17 @@ class TurnGuide:
                 self.stop = found[1]
                 ended = True
         return ended
+
+
+def allowed_tokens(guides: list[TurnGuide | None], width: int) -> torch.Tensor | None:
+    """[rows, width] bool: the tokens each row may draw (its grammar's mask; any for a row without one), or None
+    when no row has a grammar."""
+    masks = [g.allowed() if g is not None else None for g in guides]
+    if all(m is None for m in masks):
+        return None
+    allowed = torch.ones(len(masks), width, dtype=torch.bool)
+    for row, mask in enumerate(masks):
+        if mask is not None:
+            allowed[row] = False
+            allowed[row, : len(mask)] = mask[:width]
+    return allowed

@@ -14,6 +14,7 @@ The model runs in one worker thread so the event loop keeps serving tool calls w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
@@ -29,7 +30,8 @@ from toolrl.models.native import wanted
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, register_engine
-from toolrl.rollout.guidance import TurnGuide, Vocabulary
+from toolrl.rollout.guidance import TurnGuide, Vocabulary, allowed_tokens
+from toolrl.rollout.lean import LeanForward
 from toolrl.rollout.prefixes import PrefixSharing, Slot
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
@@ -86,6 +88,7 @@ class HFEngine(PrefixSharing, Engine):
         pack_weights: bool = True,
         tokenizer=None,
         decode_kernel: str = "auto",
+        lean: bool = True,
     ):
         self.model = model
         self.vocabulary = Vocabulary(tokenizer, model.config.vocab_size) if tokenizer is not None else None
@@ -109,8 +112,8 @@ class HFEngine(PrefixSharing, Engine):
         self.requests: dict[Hashable, _Request] = {}
         self.stats: Counter[str] = Counter()
         """decode_steps, decoded_tokens, prefill_tokens (fed), reused_prefix_tokens (copied, not computed),
-        forwards (passes through the model after the prefixes computed once) and cascade_forwards (those that
-        read the shared prefix once)."""
+        forwards (passes through the model after the prefixes computed once), cascade_forwards (those that read
+        the shared prefix once) and lean_forwards (those through rollout/lean.py)."""
         self._released: list[Hashable] = []
         self._driver: asyncio.Task | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine")
@@ -118,6 +121,9 @@ class HFEngine(PrefixSharing, Engine):
         self.packed = PackedWeights(model if pack_weights else torch.nn.Module(), native=native)
         """The linear weights in oneDNN's layout, or the small-batch kernel's (`decode_kernel`: models/native),
         while a rollout runs (fp32 CPU; freed with the cache)."""
+        self.lean = lean and pack_weights and device.type == "cpu"
+        self._lean: LeanForward | bool | None = False
+        """This rollout's forward (rollout/lean.py) where `lean` and it applies; None: transformers'; False: unread."""
 
     # ---- the async surface -------------------------------------------------------------------------------
 
@@ -157,6 +163,7 @@ class HFEngine(PrefixSharing, Engine):
     def _drop_cache(self) -> None:
         self._free_released()
         self.packed.clear()
+        self._lean = False
         if not self.slots:
             if self.cache is not None:
                 self._last_cache_size = (self.cache.num_slots, self.cache.capacity)
@@ -218,7 +225,9 @@ class HFEngine(PrefixSharing, Engine):
             pending = self._pending(slot, request)
             if pending:
                 prefill[request.seq] = pending
-        with self.packed.active():
+        if self._lean is False:  # read once per rollout: LoRA or sharding may have changed the modules since
+            self._lean = LeanForward.of(self.model) if self.lean else None
+        with contextlib.nullcontext() if self._lean else self.packed.active():
             if prefill:
                 self._prefill(prefill)
             self._decode([r for r in batch if not r.done])
@@ -320,7 +329,7 @@ class HFEngine(PrefixSharing, Engine):
             return
         logits = torch.stack([self.slots[r.seq].logits for r in ready])
         positions = [len(r.tokens) + len(r.out.ids) for r in ready]
-        allowed = _masks([r.guide for r in ready], logits.shape[-1])
+        allowed = allowed_tokens([r.guide for r in ready], logits.shape[-1])
         tokens, logprobs = sample_tokens(logits, [r.params for r in ready], self.generator, positions, allowed)
         feed = {}
         for request, token, logprob in zip(ready, tokens.tolist(), logprobs.tolist(), strict=True):
@@ -377,6 +386,11 @@ class HFEngine(PrefixSharing, Engine):
             logits_to_keep=1,
         )
         self.stats["forwards"] += 1
+        if self._lean:
+            self.stats["lean_forwards"] += 1
+            self.stats["cascade_forwards"] += shared is not None
+            fed = inputs["input_ids"], inputs["position_ids"], inputs["attention_mask"]
+            return self._lean(*fed, cache, shared, self.packed)
         if shared is None:
             out = self.model(**inputs)
         else:
@@ -384,20 +398,6 @@ class HFEngine(PrefixSharing, Engine):
                 out = self.model(**inputs, shared_prefix=shared)
             self.stats["cascade_forwards"] += 1
         return out.logits[:, -1].float()
-
-
-def _masks(guides: list[TurnGuide | None], width: int) -> torch.Tensor | None:
-    """[rows, width] bool: the tokens each row may draw (its grammar's mask; any for a row without one), or None
-    when no row has a grammar."""
-    masks = [g.allowed() if g is not None else None for g in guides]
-    if all(m is None for m in masks):
-        return None
-    allowed = torch.ones(len(masks), width, dtype=torch.bool)
-    for row, mask in enumerate(masks):
-        if mask is not None:
-            allowed[row] = False
-            allowed[row, : len(mask)] = mask[:width]
-    return allowed
 
 
 @register_engine("hf", supports_training=True)

@@ -26,6 +26,14 @@ class Feed:
     positions: torch.Tensor
     kv_len: int
     """Columns the attention reads: one past the furthest position written in this pass."""
+    _rows: torch.Tensor | None = None
+
+    def rows(self, count: int) -> torch.Tensor:
+        """[rows, width] the slot of each token fed: `slots`, or the first `count` slots in order."""
+        if self._rows is None:
+            slots = self.slots if self.slots is not None else torch.arange(count, device=self.positions.device)
+            self._rows = slots[:, None].expand_as(self.positions)
+        return self._rows
 
 
 class SlotLayer(CacheLayerMixin):
@@ -50,14 +58,13 @@ class SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         feed = self.owner.feed
-        rows = feed.slots if feed.slots is not None else torch.arange(key_states.shape[0], device=key_states.device)
-        index = (rows[:, None].expand_as(feed.positions), feed.positions)
+        rows = feed.rows(key_states.shape[0])
         # [rows, heads, width, dim] -> [rows, width, heads, dim], the layout advanced indexing writes.
-        self.keys[index[0], :, index[1]] = key_states.transpose(1, 2)
-        self.values[index[0], :, index[1]] = value_states.transpose(1, 2)
+        self.keys[rows, :, feed.positions] = key_states.transpose(1, 2)
+        self.values[rows, :, feed.positions] = value_states.transpose(1, 2)
         columns = slice(0, feed.kv_len)
         if feed.slots is None:  # every slot in use: views, no copy
-            return self.keys[: len(rows), :, columns], self.values[: len(rows), :, columns]
+            return self.keys[: rows.shape[0], :, columns], self.values[: rows.shape[0], :, columns]
         return self.keys[feed.slots, :, columns], self.values[feed.slots, :, columns]
 
     def get_seq_length(self) -> int:
