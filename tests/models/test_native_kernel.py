@@ -40,12 +40,13 @@ def fresh_home(tmp_path, monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 64])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 16, 23, 64])
 @pytest.mark.parametrize(("features", "out"), [(576, 1536), (100, 200), (1536, 192)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_products_equal_torch(rows, features, out, bias):
-    """Every row-block size (1-6 and their sums), outputs not a multiple of 16, inputs not a multiple of the
-    kernel's chunk of 96, with and without bias; up to the kernel's own 64 rows whatever max_rows() is here."""
+    """Every row-block size (1-6 with AVX2, 1-12 with AVX-512, and their sums), outputs not a multiple of 16,
+    inputs not a multiple of the kernel's chunk of 96, with and without bias; up to the kernel's own 64 rows
+    whatever max_rows() is here."""
     torch.manual_seed(rows)
     weight, x = torch.randn(out, features), torch.randn(rows, features)
     b = torch.randn(out) if bias else None
@@ -186,3 +187,16 @@ def test_the_built_library_is_private_to_its_user(fresh_home):
     assert len(built) == 1
     info = built[0].stat()
     assert info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+@pytest.mark.parametrize(
+    ("capability", "cpu", "avx512"),
+    [("AVX512", {"avx2", "avx512f"}, True), ("AVX2", {"avx2", "avx512f"}, False), ("AVX512", {"avx2"}, False)],
+)
+def test_the_avx512_build_needs_both_pytorchs_capability_and_the_cpus_flag(monkeypatch, capability, cpu, avx512):
+    """ATEN_CPU_CAPABILITY=avx2 (how a benchmark measures the AVX2 path on an AVX-512 machine) keeps the AVX2
+    build; a capability reported without the CPU flag (a test's patch) never builds code the CPU cannot run."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(native, "_cpu_flags", lambda: frozenset(cpu))
+    assert ("-mavx512f" in native.flags()) is avx512
+    assert native.flags()[: len(native.FLAGS)] == native.FLAGS

@@ -1,5 +1,5 @@
-"""A small-batch fp32 product kernel for generation on AVX2 and AVX-512 CPUs (small_gemm.c, AVX2 code), built
-at first use.
+"""A small-batch fp32 product kernel for generation on AVX2 and AVX-512 CPUs (small_gemm.c: AVX2 micro-kernels,
+and AVX-512 ones where PyTorch runs its AVX-512 code and the CPU has it), built at first use.
 
 A decode step multiplies a few rows (the sequences being sampled) by every weight of the model. On the AVX2
 machine this project measures on (AMD EPYC, 2 cores, no AVX-512), oneDNN and MKL ran those products at 40-60
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("small_gemm.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+AVX512_FLAGS = ("-mavx512f",)
+"""Added where PyTorch runs its AVX-512 code and the CPU reports avx512f: the AVX-512 micro-kernels (12 rows
+a block, one multiply-add a row per input feature). ATEN_CPU_CAPABILITY=avx2 keeps the AVX2 build."""
 KERNELS = ("auto", "native", "onednn")
 BUILD_TIMEOUT_S = 300
 ROWS_BY_ISA = {"AVX2": 64, "AVX512": 32}
@@ -62,12 +65,28 @@ def _compiler() -> str:
     raise KernelUnavailable("no C compiler found ($CC, cc or gcc on PATH)")
 
 
+@cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def flags() -> tuple[str, ...]:
+    """The compiler flags for this machine: AVX-512 where PyTorch uses it and the CPU has it, else AVX2."""
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512" and "avx512f" in _cpu_flags()
+    return FLAGS + AVX512_FLAGS if avx512 else FLAGS
+
+
 def _library_path(compiler: str) -> Path:
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"the C compiler {compiler} does not run: {exc}") from exc
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *flags(), version]).encode()).hexdigest()[:16]
     return kernel_dir() / f"small_gemm-{digest}.so"
 
 
@@ -86,7 +105,7 @@ def _build(compiler: str, target: Path) -> None:
         log.info("building the small-batch product kernel (once per machine): %s", target)
         try:
             done = subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", str(partial)],
+                [compiler, *flags(), str(SOURCE), "-o", str(partial)],
                 capture_output=True,
                 text=True,
                 timeout=BUILD_TIMEOUT_S,

@@ -1,21 +1,28 @@
-/* fp32 y = x @ w^T + bias for a few rows of x (a decode step's batch), AVX2 + FMA, threads from OpenMP.
+/* fp32 y = x @ w^T + bias for a few rows of x (a decode step's batch), AVX2 + FMA or AVX-512, threads from OpenMP.
 
    The weight is packed once into panels of 16 output features, [panels, in_features, 16], so a panel's 16
-   outputs are two AVX2 vectors per input feature. A 6-row x 16-column block of y is kept in 12 registers while
-   the input features stream by (the classic 6 x 16 micro-kernel); the input features go in chunks of KC, each
-   chunk's slice of the panel (KC x 16 floats, 6 KB) read from memory once and from L1 for the other row blocks,
-   and the slice PREFETCH rows ahead is prefetched while the first row block computes. Threads split the panels
-   in contiguous ranges, so each streams its own part of the weight once.
+   outputs are two AVX2 vectors, or one AVX-512 vector, per input feature. A block of rows x 16 columns of y is
+   kept in registers while the input features stream by (AVX2: 6 rows in 12 registers, the classic 6 x 16
+   micro-kernel; AVX-512: 12 rows in 12 of its 32 registers, one multiply-add a row per input feature instead of
+   two); the input features go in chunks of KC, each chunk's slice of the panel (KC x 16 floats, 6 KB) read from
+   memory once and from L1 for the other row blocks, and the slice PREFETCH rows ahead is prefetched while the
+   first row block computes. Threads split the panels in contiguous ranges, so each streams its own part of the
+   weight once.
 
-   Built at first use by toolrl/models/native/__init__.py with -O3 -mavx2 -mfma -fopenmp; it links the OpenMP
-   runtime PyTorch has already loaded (one thread pool). */
+   Built at first use by toolrl/models/native/__init__.py with -O3 -mavx2 -mfma -fopenmp (and -mavx512f on a CPU
+   with AVX-512, which selects the AVX-512 micro-kernels below); it links the OpenMP runtime PyTorch has already
+   loaded (one thread pool). */
 
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #define PANEL 16
+#ifdef __AVX512F__
+#define BLOCK_ROWS 12
+#else
 #define BLOCK_ROWS 6
+#endif
 #define KC 96
 #define PREFETCH 192
 #define MAX_ROWS 64
@@ -44,9 +51,22 @@ void toolrl_pack(const float *w, int64_t n, int64_t k, float *out) {
 #define ROWS_4(F) ROWS_3(F) F(3)
 #define ROWS_5(F) ROWS_4(F) F(4)
 #define ROWS_6(F) ROWS_5(F) F(5)
+#define ROWS_7(F) ROWS_6(F) F(6)
+#define ROWS_8(F) ROWS_7(F) F(7)
+#define ROWS_9(F) ROWS_8(F) F(8)
+#define ROWS_10(F) ROWS_9(F) F(9)
+#define ROWS_11(F) ROWS_10(F) F(10)
+#define ROWS_12(F) ROWS_11(F) F(11)
+#ifdef __AVX512F__
+#define DECLARE(r) __m512 a##r = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * PANEL);
+#define LOAD_W __m512 w0 = _mm512_loadu_ps(w + i * PANEL);
+#define STEP(r) a##r = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + i]), w0, a##r);
+#define STORE(r) _mm512_storeu_ps(acc + r * PANEL, a##r);
+#else
 #define DECLARE(r)                                                                                             \
     __m256 a##r##0 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * PANEL);                           \
     __m256 a##r##1 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * PANEL + 8);
+#define LOAD_W __m256 w0 = _mm256_loadu_ps(w + i * PANEL), w1 = _mm256_loadu_ps(w + i * PANEL + 8);
 #define STEP(r)                                                                                                \
     {                                                                                                          \
         __m256 b = _mm256_broadcast_ss(x + r * ldx + i);                                                       \
@@ -56,13 +76,14 @@ void toolrl_pack(const float *w, int64_t n, int64_t k, float *out) {
 #define STORE(r)                                                                                               \
     _mm256_storeu_ps(acc + r * PANEL, a##r##0);                                                                \
     _mm256_storeu_ps(acc + r * PANEL + 8, a##r##1);
+#endif
 #define MICRO(MR)                                                                                              \
     static void micro_##MR(const float *x, int64_t ldx, const float *w, int64_t kn, float *acc, int first,     \
                            const float *prefetch) {                                                            \
         ROWS_##MR(DECLARE);                                                                                    \
         for (int64_t i = 0; i < kn; ++i) {                                                                     \
             if (prefetch) _mm_prefetch((const char *)(prefetch + i * PANEL), _MM_HINT_T0);                      \
-            __m256 w0 = _mm256_loadu_ps(w + i * PANEL), w1 = _mm256_loadu_ps(w + i * PANEL + 8);               \
+            LOAD_W;                                                                                            \
             ROWS_##MR(STEP);                                                                                   \
         }                                                                                                      \
         ROWS_##MR(STORE);                                                                                      \
@@ -73,9 +94,21 @@ MICRO(3)
 MICRO(4)
 MICRO(5)
 MICRO(6)
+#ifdef __AVX512F__
+MICRO(7)
+MICRO(8)
+MICRO(9)
+MICRO(10)
+MICRO(11)
+MICRO(12)
+#endif
 
 typedef void (*micro_fn)(const float *, int64_t, const float *, int64_t, float *, int, const float *);
-static const micro_fn MICROS[BLOCK_ROWS + 1] = {0, micro_1, micro_2, micro_3, micro_4, micro_5, micro_6};
+static const micro_fn MICROS[BLOCK_ROWS + 1] = {0, micro_1, micro_2, micro_3, micro_4, micro_5, micro_6
+#ifdef __AVX512F__
+    , micro_7, micro_8, micro_9, micro_10, micro_11, micro_12
+#endif
+};
 
 /* y [m, n] = x [m, k] @ w^T + bias (bias may be NULL), w packed by toolrl_pack; 0, or -1 when m > MAX_ROWS
    or k < 1 */
