@@ -123,6 +123,10 @@ def test_families_and_modules_it_does_not_know_run_transformers_forward(tmp_path
         load_model(str(tiny_model_dir), torch.device("cpu")), LoraConfig(r=4, target_modules=["q_proj"])
     )
     assert LeanForward.of(lora.get_base_model()) is None  # a LoRA wrapper is not a plain linear layer
+    assert LeanForward.of(lora) is None  # nor is the PEFT model itself the family's module tree
+    partial = load_model(str(tiny_model_dir), torch.device("cpu"))
+    partial.config.partial_rotary_factor = 0.5
+    assert LeanForward.of(partial) is None
     _, stats = _generate(lora.get_base_model().eval(), tokenizer, SHARED[:2], True)
     assert stats["forwards"] > 0 and stats.get("lean_forwards", 0) == 0
     sliding = save_random_model(tmp_path / "sliding", "qwen2", use_sliding_window=True, sliding_window=16,

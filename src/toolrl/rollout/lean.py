@@ -183,8 +183,10 @@ def _read(model) -> list[_Layer]:
     embed = getattr(base, "embed_tokens", None)
     if type(embed) is not torch.nn.Embedding or not _plain_linear(head) or not _norm(getattr(base, "norm", None)):
         raise _NotLean("the embedding, final norm or output layer is not the family's plain module")
-    if getattr(config, "embedding_multiplier", None) or not hasattr(base, "rotary_emb"):
-        raise _NotLean("a scaled embedding or no rotary embedding module")
+    if getattr(config, "embedding_multiplier", None) or embed.max_norm is not None:
+        raise _NotLean("a scaled or renormalized embedding")
+    if not hasattr(base, "rotary_emb") or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        raise _NotLean("no rotary embedding module, or rotary embedding of part of each head")
     layers = []
     for index, block in enumerate(base.layers):
         attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
