@@ -155,7 +155,10 @@ class PackedWeights:
 
     With `native` (models/native: `model.cpu_decode_kernel`), the copies are in the small-batch kernel's layout
     instead: products of at most its max_rows() rows (decode steps) run on it, larger ones (prefills) on oneDNN
-    from the plain weight."""
+    from the plain weight.
+
+    `product` serves callers without modules (rollout/lean.py): one copy of several layers' weights side by side
+    (q, k and v; gate and up), held under the joined names and made again when any of them changes."""
 
     def __init__(self, model: torch.nn.Module, native: bool = False):
         self.model = model

@@ -6,7 +6,8 @@ new prompt, or the observations after a tool call), feeding only those slots and
 that are away running tools simply sit in their slots; when their request arrives they join the next step.
 
 Shared prompt prefixes are computed once, read once per step and held once (prefixes.py, `PrefixSharing`).
-While it generates, the engine keeps the linear weights packed in oneDNN's layout (models/linear.py).
+While it generates, the engine keeps the linear weights packed in oneDNN's layout (models/linear.py). On CPU,
+Llama-style models run through the engine's own forward pass (rollout/lean.py), others through transformers'.
 
 The model runs in one worker thread so the event loop keeps serving tool calls while a step computes.
 """
