@@ -11,6 +11,7 @@ import torch
 
 from tests.harness.tiny import save_random_model
 from toolrl.models import load_model
+from toolrl.models.linear import PackedWeights
 from toolrl.models.native import wanted
 from toolrl.rollout import HFEngine, SamplingParams
 from toolrl.rollout.lean import LEAN_FAMILIES, LeanForward, register_lean_family
@@ -33,6 +34,10 @@ def _generate(model, tokenizer, prompts, lean: bool, kernel: str = "auto", max_n
     engine.free_memory()
     engine.close()
     return outs, stats
+
+
+def _lean_of(model) -> LeanForward | None:
+    return LeanForward.of(model, PackedWeights(model))
 
 
 def _plain_logprobs(model, prompt, ids) -> list[float]:
@@ -118,23 +123,23 @@ def test_families_and_modules_it_does_not_know_run_transformers_forward(tmp_path
     from peft import LoraConfig, get_peft_model
 
     model = load_model(str(tiny_model_dir), torch.device("cpu")).eval()
-    assert LeanForward.of(model) is not None
+    assert _lean_of(model) is not None
     lora = get_peft_model(
         load_model(str(tiny_model_dir), torch.device("cpu")), LoraConfig(r=4, target_modules=["q_proj"])
     )
-    assert LeanForward.of(lora.get_base_model()) is None  # a LoRA wrapper is not a plain linear layer
-    assert LeanForward.of(lora) is None  # nor is the PEFT model itself the family's module tree
+    assert _lean_of(lora.get_base_model()) is None  # a LoRA wrapper is not a plain linear layer
+    assert _lean_of(lora) is None  # nor is the PEFT model itself the family's module tree
     partial = load_model(str(tiny_model_dir), torch.device("cpu"))
     partial.config.partial_rotary_factor = 0.5
-    assert LeanForward.of(partial) is None
+    assert _lean_of(partial) is None
     _, stats = _generate(lora.get_base_model().eval(), tokenizer, SHARED[:2], True)
     assert stats["forwards"] > 0 and stats.get("lean_forwards", 0) == 0
     sliding = save_random_model(tmp_path / "sliding", "qwen2", use_sliding_window=True, sliding_window=16,
                                 max_window_layers=0, **SHAPE)  # fmt: skip
-    assert LeanForward.of(load_model(str(sliding), torch.device("cpu"))) is None
+    assert _lean_of(load_model(str(sliding), torch.device("cpu"))) is None
     mistral = load_model(str(save_random_model(tmp_path / "mistral", "mistral", sliding_window=None, **SHAPE)),
                          torch.device("cpu")).eval()  # fmt: skip
-    assert "mistral" not in LEAN_FAMILIES and LeanForward.of(mistral) is None
+    assert "mistral" not in LEAN_FAMILIES and _lean_of(mistral) is None
 
 
 def test_a_family_registered_from_outside_the_package_runs_lean(tmp_path, tokenizer, monkeypatch):
@@ -146,4 +151,4 @@ def test_a_family_registered_from_outside_the_package_runs_lean(tmp_path, tokeni
     assert _same_as_transformers(model, tokenizer, SHARED)["lean_forwards"] > 0
     windowed = load_model(str(save_random_model(tmp_path / "w", "mistral", sliding_window=8, **SHAPE)),
                           torch.device("cpu"))  # fmt: skip
-    assert LeanForward.of(windowed) is None
+    assert _lean_of(windowed) is None

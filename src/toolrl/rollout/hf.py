@@ -227,7 +227,7 @@ class HFEngine(PrefixSharing, Engine):
             if pending:
                 prefill[request.seq] = pending
         if self._lean is False:  # read once per rollout: LoRA or sharding may have changed the modules since
-            self._lean = LeanForward.of(self.model) if self.lean else None
+            self._lean = LeanForward.of(self.model, self.packed) if self.lean else None
         with contextlib.nullcontext() if self._lean else self.packed.active():
             if prefill:
                 self._prefill(prefill)
@@ -391,7 +391,7 @@ class HFEngine(PrefixSharing, Engine):
             self.stats["lean_forwards"] += 1
             self.stats["cascade_forwards"] += shared is not None
             fed = inputs["input_ids"], inputs["position_ids"], inputs["attention_mask"]
-            return self._lean(*fed, cache, shared, self.packed)
+            return self._lean(*fed, cache, shared)
         if shared is None:
             out = self.model(**inputs)
         else:

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from toolrl.models.fused import FUSED_NORMS, _silu
-from toolrl.models.linear import OneDNNLinear, PackedWeights, _plain
+from toolrl.models.fused import _plain_linear as _linear_forward
+from toolrl.models.linear import PackedWeights, _plain
 from toolrl.rollout.cascade import SharedPrefix, cascade, supports_cascade
 from toolrl.rollout.slots import SlotCache
 
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 LEAN_FAMILIES: dict[str, Callable[[object], str | None]] = {}
 """model_type -> a check of the config: None where the lean forward computes what transformers' does, else why
 not."""
-
-_LINEARS = (torch.nn.Linear, OneDNNLinear)
 
 
 def register_lean_family(model_type: str, check: Callable[[object], str | None] | None = None) -> None:
@@ -75,7 +74,8 @@ class _Layer:
 
 
 def _plain_linear(module) -> bool:
-    return type(module) in _LINEARS and _plain(module.weight) and _plain(module.bias)
+    """x @ weight^T + bias (models/fused.py's test: not a LoRA wrapper, not quantized) on fp32 CPU tensors."""
+    return _linear_forward(module) and _plain(module.weight) and _plain(module.bias)
 
 
 def _norm(module) -> bool:
@@ -85,17 +85,20 @@ def _norm(module) -> bool:
 class LeanForward:
     """One model's layers, read once per rollout (`of`); `__call__` is one forward pass of the engine."""
 
-    def __init__(self, model, layers: list[_Layer]):
+    def __init__(self, model, layers: list[_Layer], weights: PackedWeights):
         self.model = model
+        self.weights = weights
+        """The engine's packed copies, which the products read (`PackedWeights.product`)."""
         self.base = model.model
         self.layers = layers
         self.names = {id(m): n for n, m in model.named_modules()}
 
     @classmethod
-    def of(cls, model) -> LeanForward | None:
-        """The lean forward of `model`, or None (logged at debug level, with why) where transformers' runs."""
+    def of(cls, model, weights: PackedWeights) -> LeanForward | None:
+        """The lean forward of `model` on the engine's `weights`, or None (logged at debug level, with why) where
+        transformers' runs."""
         try:
-            return cls(model, _read(model))
+            return cls(model, _read(model), weights)
         except _NotLean as exc:
             log.debug("lean forward not used: %s", exc)
             return None
@@ -107,12 +110,10 @@ class LeanForward:
         mask: torch.Tensor,
         cache: SlotCache,
         shared: SharedPrefix | None,
-        weights: PackedWeights,
     ) -> torch.Tensor:
         """Feed `ids` [rows, width] at `positions` (position ids; the cache's `feed` says where they are written)
         with the additive `mask` [rows, 1, width, kv_len]; the float logits after each row's last column."""
         rows, width = ids.shape
-        self.weights = weights
         x = F.embedding(ids, self.base.embed_tokens.weight)
         cos, sin = self.base.rotary_emb(x, position_ids=positions)
         cos, sin = cos[:, :, None], sin[:, :, None]  # [rows, width, 1, head_dim]: every head alike
