@@ -49,7 +49,7 @@ def test_the_host_follows_nothing_the_code_leaves_in_its_folder(isolation, tmp_p
     """The issue's attacks: .output as a symlink to a root-owned file came back as the tool result; main.py as
     one got that file overwritten by the next call; .output as /dev/zero or a FIFO stalled a host thread."""
     target = _host_file(tmp_path)
-    box = Sandbox(SandboxLimits(timeout_s=2.0, isolation=isolation))
+    box = Sandbox(SandboxLimits(timeout_s=10.0, isolation=isolation))
     try:
         traps = (
             "import os\n"
@@ -60,7 +60,7 @@ def test_the_host_follows_nothing_the_code_leaves_in_its_folder(isolation, tmp_p
         for _ in range(2):
             started = time.monotonic()
             assert run_python("print('next')", box) == "next"
-            assert time.monotonic() - started < 2.0
+            assert time.monotonic() - started < 8.0  # not stalled until the deadline
         assert target.read_text() == "host secret"
     finally:
         box.close()

@@ -106,7 +106,7 @@ def test_the_deadline_covers_every_retry_and_backoff():
     ex = ToolExecutor([tool_from_function(flaky)], policies={"flaky": policy})
     started = time.monotonic()
     result = run(ex.invoke(ToolCall("flaky", {"x": 1})))
-    assert result.outcome == "transport" and time.monotonic() - started < 0.5 + 0.2
+    assert result.outcome == "transport" and time.monotonic() - started < 0.5 + 1.0  # not 50 retries
     assert 2 <= len(attempts) <= 4  # backoff 0.1, 0.2: the next one would end past the deadline
 
 

