@@ -32,6 +32,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from toolrl.models.vision import is_vision_config
 from toolrl.rollout.cascade import supports_cascade
+from toolrl.train.cascade_grad import cascade_with_grad
 
 KEYWORD = "toolrl_packed"
 
@@ -66,6 +67,7 @@ class PackedRows:
         self.scatter = self.own.flatten().nonzero().squeeze(1)  # packed token k -> its slot in rows x width
         self.calls = 0
         self._masks: dict[int, torch.Tensor] = {}
+        self._own: dict[torch.dtype, torch.Tensor] = {}
 
     def _packed_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """The packed position of each (row, column after the prefix)."""
@@ -95,6 +97,15 @@ class PackedRows:
             seen = torch.ones(self.rows, self.width, prefix, dtype=torch.bool, device=device)
             self._masks[prefix] = torch.cat([seen, own], dim=2)[:, None]
         return self._masks[prefix]
+
+    def own_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """[rows, 1, width, width] additive mask of each row's own tokens (mask()'s part after the prefix)."""
+        if dtype not in self._own:
+            allowed = self.mask(0)
+            self._own[dtype] = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+                ~allowed, float("-inf")
+            )
+        return self._own[dtype]
 
     def check(self, layers: int) -> None:
         if self.calls < layers:
@@ -141,6 +152,11 @@ def packed_attention(
         return states[0].transpose(0, 1)[packed.gather].transpose(1, 2)
 
     keys, values = padded(key[:, :, prefix:]), padded(value[:, :, prefix:])
+    if prefix and query.device.type == "cpu" and not dropout:  # the prefix read once for all rows (cascade_grad.py)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        prefix_kv = key[:, :, :prefix], value[:, :, :prefix]
+        out = cascade_with_grad(padded(query), keys, values, packed.own_mask(query.dtype), scale, *prefix_kv)
+        return out.reshape(rows * width, *out.shape[2:])[packed.scatter][None], None
     if prefix:
         keys = torch.cat([key[:, :, :prefix].expand(rows, -1, -1, -1), keys], dim=2)
         values = torch.cat([value[:, :, :prefix].expand(rows, -1, -1, -1), values], dim=2)
