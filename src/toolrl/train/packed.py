@@ -35,6 +35,9 @@ from toolrl.rollout.cascade import supports_cascade
 from toolrl.train.cascade_grad import cascade_with_grad
 
 KEYWORD = "toolrl_packed"
+CASCADE = True
+"""On CPU, rows read the shared prefix through train/cascade_grad.py; False: each row attends over its own copy of
+the prefix (the layout before it; bench/cascade_grad.py compares the two)."""
 
 
 class PackedRows:
@@ -152,7 +155,7 @@ def packed_attention(
         return states[0].transpose(0, 1)[packed.gather].transpose(1, 2)
 
     keys, values = padded(key[:, :, prefix:]), padded(value[:, :, prefix:])
-    if prefix and query.device.type == "cpu" and not dropout:  # the prefix read once for all rows (cascade_grad.py)
+    if prefix and CASCADE and query.device.type == "cpu" and not dropout:  # the prefix read once (cascade_grad.py)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         prefix_kv = key[:, :, :prefix], value[:, :, :prefix]
         out = cascade_with_grad(padded(query), keys, values, packed.own_mask(query.dtype), scale, *prefix_kv)
