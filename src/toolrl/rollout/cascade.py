@@ -78,6 +78,49 @@ def cascade_attention(
     ), None
 
 
+def together(x: torch.Tensor) -> torch.Tensor:
+    """[b, kv_heads, m, ...] -> [1, kv_heads, b * m, ...]: every row's queries of a KV head in one batch."""
+    rows, kv_heads = x.shape[:2]
+    return x.transpose(0, 1).reshape(1, kv_heads, rows * x.shape[2], *x.shape[3:])
+
+
+def apart(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """The inverse of `together`: [1, kv_heads, b * m, ...] -> [b, kv_heads, m, ...]."""
+    return x.reshape(x.shape[1], rows, -1, *x.shape[3:]).transpose(0, 1)
+
+
+def grouped(query: torch.Tensor, mask: torch.Tensor | None, kv_heads: int):
+    """`query` [b, heads, q, d] as [b, kv_heads, groups * q, d] (query head h reads KV head h // groups: each KV
+    head's queries together), and `mask` [b, 1, q, s] in that query order, [b, 1, groups * q, s]."""
+    rows, heads, width, dim = query.shape
+    groups = heads // kv_heads
+    if mask is not None:
+        mask = mask[:, :, None].expand(rows, 1, groups, width, mask.shape[-1]).reshape(rows, 1, groups * width, -1)
+    return query.reshape(rows, kv_heads, groups * width, dim), mask
+
+
+def ungrouped(out: torch.Tensor, width: int) -> torch.Tensor:
+    """The inverse of `grouped` for an output: [b, kv_heads, groups * q, d] -> [b, q, heads, d], the layout
+    attention modules expect back."""
+    rows, kv_heads, _, dim = out.shape
+    return out.reshape(rows, kv_heads, -1, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, -1, dim)
+
+
+def merged(grouped_query, key, value, mask, scale, prefix_key, prefix_value):
+    """Cascade attention in the grouped layout: `grouped_query` [b, kv_heads, m, d] over the prefix [1, kv_heads,
+    n, d] (every row's queries of a KV head in one batch) and over each row's own `key`/`value` [b, kv_heads, s, d]
+    under `mask` [b, 1, m, s]. Returns the merged output [b, kv_heads, m, d], both parts' log-sum-exp [b, kv_heads,
+    m] and the prefix's share of each query's softmax mass [b, kv_heads, m, 1] (train/cascade_grad.py's backward
+    reads them)."""
+    rows = grouped_query.shape[0]
+    out_p, lse_p = attend_with_lse(together(grouped_query), prefix_key, prefix_value, None, scale)
+    out_s, lse_s = attend_with_lse(grouped_query, key, value, mask, scale)
+    lse_p = apart(lse_p, rows)
+    # The prefix's share of the softmax mass, exp(lse_p) / (exp(lse_p) + exp(lse_s)): the merge in 4 operations.
+    share = torch.sigmoid(lse_p - lse_s)[..., None]
+    return torch.lerp(out_s, apart(out_p, rows), share), lse_p, lse_s, share
+
+
 def cascade(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -90,25 +133,9 @@ def cascade(
     """Attention of `query` [b, heads, q, d] over the prefix `prefix_key`/`prefix_value` [1, kv_heads, n, d]
     (every row sees all of it) and each row's own `key`/`value` [b, kv_heads, s, d] under `mask` [b, 1, q, s].
     Returns [b, q, heads, d]."""
-    rows, heads, width, dim = query.shape
-    kv_heads = key.shape[1]
-    groups = heads // kv_heads
-    # Query head h reads KV head h // groups: [b, kv_heads, groups * q, d] puts each KV head's queries together.
-    grouped = query.reshape(rows, kv_heads, groups * width, dim)
-    # Prefix: every row's queries of a KV head in one [1, kv_heads, b * groups * q, d] batch.
-    together = grouped.transpose(0, 1).reshape(1, kv_heads, rows * groups * width, dim)
-    out_p, lse_p = attend_with_lse(together, prefix_key, prefix_value, None, scale)
-    out_p = out_p.reshape(kv_heads, rows, groups * width, dim).transpose(0, 1)
-    lse_p = lse_p.reshape(kv_heads, rows, groups * width).transpose(0, 1)
-    if mask is not None:  # [b, 1, q, s] -> [b, 1, groups * q, s], the grouped query order
-        mask = mask[:, :, None].expand(rows, 1, groups, width, mask.shape[-1]).reshape(rows, 1, groups * width, -1)
-    out_s, lse_s = attend_with_lse(grouped, key, value, mask, scale)
-    # The prefix's share of the softmax mass, exp(lse_p) / (exp(lse_p) + exp(lse_s)): the merge in 4 operations.
-    share = torch.sigmoid(lse_p - lse_s)[..., None]
-    out = torch.lerp(out_s, out_p, share)
-    # [b, kv_heads, groups * q, d] -> [b, q, heads, d], the layout attention modules expect back.
-    out = out.reshape(rows, kv_heads, groups, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, heads, dim)
-    return out.contiguous()
+    grouped_query, grouped_mask = grouped(query, mask, key.shape[1])
+    out = merged(grouped_query, key, value, grouped_mask, scale, prefix_key, prefix_value)[0]
+    return ungrouped(out, query.shape[2]).contiguous()
 
 
 AttentionInterface.register(NAME, cascade_attention)

@@ -18,56 +18,41 @@ from __future__ import annotations
 
 import torch
 
-_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+from toolrl.rollout.cascade import apart, grouped, merged, together, ungrouped
+
 _backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-def _together(x: torch.Tensor) -> torch.Tensor:
-    """[b, kv, m, ...] -> [1, kv, b * m, ...]: every row's queries of a KV head in one batch."""
-    rows, kv = x.shape[:2]
-    return x.transpose(0, 1).reshape(1, kv, rows * x.shape[2], *x.shape[3:])
-
-
-def _apart(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """The inverse of `_together`."""
-    kv = x.shape[1]
-    return x.reshape(kv, rows, -1, *x.shape[3:]).transpose(0, 1)
 
 
 class _Cascade(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, grouped, key, value, mask, prefix_key, prefix_value, scale):
-        rows = grouped.shape[0]
-        out_p, lse_p = _forward(_together(grouped), prefix_key, prefix_value, 0.0, False, scale=scale)
-        out_s, lse_s = _forward(grouped, key, value, 0.0, False, attn_mask=mask, scale=scale)
-        lse_p = _apart(lse_p, rows)
-        share = torch.sigmoid(lse_p - lse_s)[..., None]  # the prefix's share of each query's softmax mass
-        out = torch.lerp(out_s, _apart(out_p, rows), share).contiguous()
-        ctx.save_for_backward(grouped, key, value, mask, prefix_key, prefix_value, out, lse_p, lse_s, share)
+    def forward(ctx, grouped_query, key, value, mask, prefix_key, prefix_value, scale):
+        out, lse_p, lse_s, share = merged(grouped_query, key, value, mask, scale, prefix_key, prefix_value)
+        out = out.contiguous()
+        ctx.save_for_backward(grouped_query, key, value, mask, prefix_key, prefix_value, out, lse_p, lse_s, share)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        grouped, key, value, mask, prefix_key, prefix_value, out, lse_p, lse_s, share = ctx.saved_tensors
-        rows, scale = grouped.shape[0], ctx.scale
+        grouped_query, key, value, mask, prefix_key, prefix_value, out, lse_p, lse_s, share = ctx.saved_tensors
+        rows, scale = grouped_query.shape[0], ctx.scale
         d_out = d_out.contiguous()
         d_prefix = d_out * share
         dq_s, dk_s, dv_s = _backward(
-            d_out - d_prefix, grouped, key, value, out, lse_s, 0.0, False, attn_mask=mask, scale=scale
+            d_out - d_prefix, grouped_query, key, value, out, lse_s, 0.0, False, attn_mask=mask, scale=scale
         )
         dq_p, dk_p, dv_p = _backward(
-            _together(d_prefix),
-            _together(grouped),
+            together(d_prefix),
+            together(grouped_query),
             prefix_key,
             prefix_value,
-            _together(out),
-            _together(lse_p).contiguous(),
+            together(out),
+            together(lse_p).contiguous(),
             0.0,
             False,
             scale=scale,
         )
-        return dq_s + _apart(dq_p, rows), dk_s, dv_s, None, dk_p, dv_p, None
+        return dq_s + apart(dq_p, rows), dk_s, dv_s, None, dk_p, dv_p, None
 
 
 def cascade_with_grad(
@@ -81,15 +66,12 @@ def cascade_with_grad(
 ) -> torch.Tensor:
     """Attention of `query` [b, heads, q, d] over the prefix `prefix_key`/`prefix_value` [1, kv_heads, n, d] (every
     row sees all of it) and each row's own `key`/`value` [b, kv_heads, s, d] under the additive `mask` [b, 1, q, s]
-    (no query masked everywhere), differentiable in all five tensors. Returns [b, q, heads, d]. CPU only (the
-    fused flash kernel returns the log-sum-exp the merge needs)."""
-    rows, heads, width, dim = query.shape
-    kv_heads = key.shape[1]
-    groups = heads // kv_heads
-    grouped = query.reshape(rows, kv_heads, groups * width, dim)  # query head h reads KV head h // groups
-    mask = mask[:, :, None].expand(rows, 1, groups, width, mask.shape[-1]).reshape(rows, 1, groups * width, -1)
+    (no query masked everywhere), differentiable in all five tensors: rollout/cascade.py's layout and merge, with
+    the backward above. Returns [b, q, heads, d]. CPU only (the fused flash kernel returns the log-sum-exp the merge
+    needs and computes the backward)."""
+    grouped_query, grouped_mask = grouped(query, mask, key.shape[1])
     out = _Cascade.apply(
-        grouped, key.contiguous(), value.contiguous(), mask.contiguous(), prefix_key.contiguous(),
+        grouped_query, key.contiguous(), value.contiguous(), grouped_mask.contiguous(), prefix_key.contiguous(),
         prefix_value.contiguous(), scale,
     )  # fmt: skip
-    return out.reshape(rows, kv_heads, groups, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, heads, dim)
+    return ungrouped(out, query.shape[2])
