@@ -17,7 +17,7 @@ import statistics
 import time
 
 import torch
-from common import machine, matmul_peak_gflops, write_results
+from common import measured_here, save_with_load
 
 import toolrl.train.packed as packed
 from toolrl.envs import Task
@@ -65,7 +65,7 @@ def run(name: str, repeats: int) -> dict:
     if name == "long":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trajs = workload(name)
-    prefix = StepPrefix(model, trajs, WORKLOADS[name][0])
+    prefix = StepPrefix(model, trajs[0].token_ids[: WORKLOADS[name][0]])
     times: dict[bool, list[float]] = {True: [], False: []}
     outputs = {}
     for i in range(repeats + 1):  # the first round warms up, and its outputs are compared
@@ -96,9 +96,7 @@ def main() -> None:
     torch.manual_seed(0)
     load_before = os.getloadavg()
     rows = {name: run(name, args.repeats) for name in WORKLOADS}
-    result = {"machine": machine(), "matmul_peak_gflops": round(matmul_peak_gflops(), 1),
-              "load_avg_before": [round(x, 2) for x in load_before],
-              "load_avg_after": [round(x, 2) for x in os.getloadavg()], **rows}  # fmt: skip
+    result = measured_here(load_before, rows)
     print(
         f"{'workload':>8} {'prompt':>7} {'rows':>5} {'prefix copied':>14} {'cascade':>9} {'speedup':>8} "
         f"{'grad diff':>10}"
@@ -106,8 +104,7 @@ def main() -> None:
     for name, row in rows.items():
         print(f"{name:>8} {row['prompt_tokens']:>7} {row['rows']:>5} {row['prefix_copy_s']:>13.3f}s "
               f"{row['cascade_s']:>8.3f}s {row['speedup']:>7.2f}x {row['grad_rel_diff']:>10.1e}")  # fmt: skip
-    print(f"load average before {result['load_avg_before']}, after {result['load_avg_after']}")
-    write_results(args.out, result)
+    save_with_load(args.out, result)
 
 
 if __name__ == "__main__":

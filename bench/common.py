@@ -50,6 +50,19 @@ def write_results(path: str, result: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(result, indent=2) + "\n")
 
 
+def measured_here(load_before: tuple[float, ...], rows: dict[str, Any]) -> dict[str, Any]:
+    """A result: the machine, its matmul peak now and the load average before the run and now, then `rows`."""
+    return {"machine": machine(), "matmul_peak_gflops": round(matmul_peak_gflops(), 1),
+            "load_avg_before": [round(x, 2) for x in load_before],
+            "load_avg_after": [round(x, 2) for x in os.getloadavg()], **rows}  # fmt: skip
+
+
+def save_with_load(path: str, result: dict[str, Any]) -> None:
+    """Print the load averages measured_here recorded and write the result."""
+    print(f"load average before {result['load_avg_before']}, after {result['load_avg_after']}")
+    write_results(path, result)
+
+
 def padded_rows(trajs):
     """Trajectories' whole sequences padded on the right: ids, attention mask, and the (row, column) that
     predicts each trained token, with those tokens."""

@@ -147,6 +147,12 @@ def weight_version(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), tensor._version
 
 
+def weights_key(model: torch.nn.Module) -> frozenset:
+    """Changes whenever any parameter of `model` does (weight_version of each); a parameter and an alias of it (the
+    same storage: embedding_grad.py's, while an update runs) count once."""
+    return frozenset(weight_version(p) for p in model.parameters())
+
+
 class PackedWeights:
     """oneDNN-layout copies of a model's OneDNNLinear weights, used by their forward passes without autograd
     inside `active()` (an inference engine's steps). A copy is made on first use and made again when its weight

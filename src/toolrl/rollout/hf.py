@@ -114,7 +114,8 @@ class HFEngine(PrefixSharing, Engine):
         self.stats: Counter[str] = Counter()
         """decode_steps, decoded_tokens, prefill_tokens (fed), reused_prefix_tokens (copied, not computed),
         forwards (passes through the model after the prefixes computed once), cascade_forwards (those that read
-        the shared prefix once) and lean_forwards (those through rollout/lean.py)."""
+        the shared prefix once), lean_forwards (those through rollout/lean.py) and prefix_passes_given (shared
+        prefixes computed by `prefix_pass`, a trainer's forward, rather than the engine's)."""
         self._released: list[Hashable] = []
         self._driver: asyncio.Task | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from toolrl.models.cache_arg import cache_arg
-from toolrl.models.linear import weight_version
+from toolrl.models.linear import weights_key
 from toolrl.rollout.cascade import SharedPrefix
 from toolrl.rollout.engine import common_prefix_length
 from toolrl.rollout.slots import SlotCache
@@ -47,7 +47,7 @@ class PrefixSharing:
     slots: dict[Hashable, Slot]
     shared: SharedPrefix | None
     """The prefix that attention reads once per step, or None."""
-    _shared_weights: tuple = ()
+    _shared_weights: frozenset = frozenset()
     """`_weights_key()` when `shared` was computed."""
     cascade: bool
     """Whether the model's attention can read a shared prefix once (cascade.supports_cascade)."""
@@ -56,6 +56,10 @@ class PrefixSharing:
     stats: Counter[str]
     _ensure: Callable[[int], SlotCache]
     """The engine's cache, grown to at least this many columns per slot."""
+    prefix_pass: Callable[[list[int]], tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
+    """Computes the shared prefix's keys and values (per layer, [1, kv_heads, n, dim]) from its ids in place of the
+    engine's own forward pass: a trainer's (train/rollout_prefix.py), which keeps the pass's graph for its update.
+    Called on the engine's worker thread with the model's current weights."""
 
     def _offset(self, slot: Slot) -> int:
         """Positions of the slot's ids that it does not hold (the shared prefix it reads from elsewhere)."""
@@ -108,31 +112,55 @@ class PrefixSharing:
         from transformers import DynamicCache
 
         prefix = pending[group[0]][:n]
-        once = DynamicCache()
-        prompt = torch.tensor([prefix], device=self.device)
-        self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
+        if read_once and self.prefix_pass is not None:
+            keys, values = self._given_prefix(list(prefix))
+        else:
+            once = DynamicCache()
+            prompt = torch.tensor([prefix], device=self.device)
+            self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
+            keys, values = ([getattr(layer, name) for layer in once.layers] for name in ("keys", "values"))
         self.stats["prefill_tokens"] += n
         self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
         if read_once:
             for slot in self.slots.values():
                 if slot.shared:
                     self._materialize(slot)
-            keys, values = zip(*((layer.keys, layer.values) for layer in once.layers), strict=True)
             self.shared = SharedPrefix(list(prefix), list(keys), list(values))
             self._shared_weights = self._weights_key()
         else:
             cache = self._ensure(max(len(pending[s]) for s in group) + 1)
             slots = torch.tensor([self.slots[s].index for s in group], device=self.device)
-            for layer, source in zip(cache.layers, once.layers, strict=True):
-                layer.copy_prefix((source.keys, source.values), slots)
+            for layer, pair in zip(cache.layers, zip(keys, values, strict=True), strict=True):
+                layer.copy_prefix(pair, slots)
         for seq in group:
             self.slots[seq].ids = list(prefix)
             self.slots[seq].shared = read_once
             pending[seq] = pending[seq][n:]
 
-    def _weights_key(self) -> tuple:
+    def _given_prefix(self, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`prefix_pass(ids)`, checked: a pair [1, kv_heads, len(ids), head_dim] per layer, on the engine's device."""
+        keys, values = self.prefix_pass(ids)
+        config = self.model.config
+        layers, heads = config.num_hidden_layers, getattr(config, "num_key_value_heads", config.num_attention_heads)
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        want = (1, heads, len(ids), dim)
+        pairs = list(zip(keys, values, strict=False))
+        if (
+            len(keys) != layers
+            or len(values) != layers
+            or any(tuple(t.shape) != want or t.device.type != self.device.type for pair in pairs for t in pair)
+        ):
+            got = sorted({(tuple(t.shape), t.device.type) for pair in pairs for t in pair})
+            raise ValueError(
+                f"hf engine: prefix_pass gave {len(keys)} keys and {len(values)} values {got} for a {len(ids)}-token "
+                f"prefix; it must give {layers} of each, shaped {list(want)}, on {self.device.type}"
+            )
+        self.stats["prefix_passes_given"] += 1
+        return list(keys), list(values)
+
+    def _weights_key(self) -> frozenset:
         """Changes whenever a parameter does."""
-        return tuple(weight_version(p) for p in self.model.parameters())
+        return weights_key(self.model)
 
     def _current_shared(self) -> SharedPrefix | None:
         """The shared prefix, if it was computed with the current weights. It outlives the sequences that read

@@ -5,9 +5,10 @@ configuration whose peak would not fit in the memory available.
 Memory, by part (fp32 throughout, as on this CPU): what the process holds now (interpreter, weights, a reference
 copy), gradients and AdamW's two states of the trained weights, the rollout's KV cache (every trajectory's own
 tokens, the shared prompt once) with the engine's packed copy of the linear weights, and the update's activations:
-the shared prompt computed once per step (train/logprobs.py StepPrefix) and the largest micro-batch, each token
-keeping ACTIVATION_FLOATS per layer, or only its layer input under gradient checkpointing (and one layer's worth
-while it is recomputed). The warm start's fine-tuning has the same shape on the reference's trajectories.
+the shared prompt computed once per step (train/logprobs.py StepPrefix; the rollout computes it and holds it for
+the update, train/rollout_prefix.py) and the largest micro-batch, each token keeping ACTIVATION_FLOATS per layer,
+or only its layer input under gradient checkpointing (and one layer's worth while it is recomputed). The warm
+start's fine-tuning has the same shape on the reference's trajectories.
 
 Time: the FLOPs a step cannot avoid (the shared prompt once, each group's task once, every other token once in the
 rollout, 3x that in the update, 4x under checkpointing; attention counted by context) over the machine's matmul
@@ -77,26 +78,30 @@ def memory_gb(model_config, w: Workload, resident: float, packed: float) -> dict
     kv_token = 2 * layers * heads * head_dim * 4
     per_layer = (ACTIVATION_FLOATS[0] * hidden + ACTIVATION_FLOATS[1] * c.intermediate_size) * 4
     own = w.length - w.shared
-    pass_tokens = max(w.micro_batch_tokens, own) + w.shared  # the largest micro-batch reads the prompt computed once
+    batch = max(w.micro_batch_tokens, own)  # the largest micro-batch, which reads the prompt computed once
     if w.checkpointing:
-        activations = layers * hidden * 4 * pass_tokens + per_layer * max(w.shared, w.micro_batch_tokens, own)
+        prompt = layers * hidden * 4 * w.shared
+        activations = layers * hidden * 4 * batch + per_layer * max(w.shared, batch)
     else:
-        activations = layers * per_layer * pass_tokens
+        prompt, activations = layers * per_layer * w.shared, layers * per_layer * batch
     return {
         "resident": resident,
         "gradients": w.trainable * 4 / GB,
         "adamw": 2 * w.trainable * 4 / GB,
         "kv_cache": (w.trajectories * own + w.shared) * kv_token / GB,
         "packed_weights": packed,
-        "activations": (activations + 2 * w.shared * kv_token) / GB,
+        "prompt_pass": (prompt + 2 * w.shared * kv_token) / GB,
+        "activations": activations / GB,
         "logits": 3 * 512 * c.vocab_size * 4 / GB,
     }
 
 
 def peak(parts: dict[str, float]) -> float:
-    rollout = parts["resident"] + parts["adamw"] + parts["kv_cache"] + parts["packed_weights"]
-    update = parts["resident"] + parts["adamw"] + parts["gradients"] + parts["activations"] + parts["logits"]
-    return max(rollout, update)
+    """The larger of the rollout's and the update's. The shared prompt's pass is held in both: the rollout
+    computes it with the update's forward pass and keeps it for the update (train/rollout_prefix.py)."""
+    held = parts["resident"] + parts["adamw"] + parts["prompt_pass"]
+    rollout = held + parts["kv_cache"] + parts["packed_weights"]
+    return held + max(rollout - held, parts["gradients"] + parts["activations"] + parts["logits"])
 
 
 def step_flops(model_config, w: Workload) -> float:

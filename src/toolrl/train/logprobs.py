@@ -161,12 +161,14 @@ class StepPrefix:
     micro-batches' backward passes; `backward()` then carries the sum through the prefix pass once. On a 5k-token
     prompt with 8 suffixes of a few hundred tokens, the prompt was most of every micro-batch's work."""
 
-    def __init__(self, model, trajs: Sequence[Trajectory], length: int):
-        self.length = length
+    def __init__(self, model, ids: Sequence[int]):
+        self.ids = list(ids)
+        """The prompt's token ids."""
+        self.length = len(self.ids)
         device = next(model.parameters()).device
-        ids = torch.tensor([trajs[0].token_ids[: self.length]], device=device)
+        prompt = torch.tensor([self.ids], device=device)
         positions = torch.arange(self.length, device=device)[None]
-        self.outputs = _prefix_pass(model, ids, positions, {})
+        self.outputs = _prefix_pass(model, prompt, positions, {})
         self.leaves = [(k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
                        for k, v in self.outputs]  # fmt: skip
 
@@ -174,12 +176,19 @@ class StepPrefix:
     def of(cls, model, trajs: Sequence[Trajectory], batches: Sequence[Sequence[int]]) -> StepPrefix | None:
         """One for `trajs` when they make more than one micro-batch and share a prefix; None where a micro-batch
         computes its own (one micro-batch, a vision-language policy, a sharded model)."""
-        if len(batches) < 2 or is_vision_config(model.config) or hasattr(model, "toolrl_hidden_and_logits"):
-            return None
+        length = cls.usable_length(model, trajs) if len(batches) > 1 else 0
+        return cls(model, trajs[0].token_ids[:length]) if length > 0 else None
+
+    @staticmethod
+    def usable_length(model, trajs: Sequence[Trajectory]) -> int:
+        """The longest step prefix `trajs` can read (it ends before their first scored position), or 0 where
+        they cannot read one (no trajectory, one with nothing to score, a vision-language policy, a sharded
+        model)."""
+        if is_vision_config(model.config) or hasattr(model, "toolrl_hidden_and_logits"):
+            return 0
         if not trajs or not all(sum(t.loss_mask) for t in trajs):
-            return None
-        length = shared_prefix_length(trajs, min(t.loss_mask.index(1) for t in trajs) - 1)
-        return cls(model, trajs, length) if length > 0 else None
+            return 0
+        return shared_prefix_length(trajs, min(t.loss_mask.index(1) for t in trajs) - 1)
 
     def cache(self, rows: int) -> PrefixCache:
         return PrefixCache(self.leaves, rows)

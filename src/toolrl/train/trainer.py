@@ -6,8 +6,7 @@ advantages, the trajectories that enter the loss, the loss over micro-batches; t
 journal (runs/journal.py: metrics, trajectory records, status). The only mutable training state is the
 PolicyState (models/policy.py: model, value head, optimizer, scheduler, step, best) and the task order
 (collect.py); checkpoints write and read exactly those (runs/checkpoints.py). Which estimator, loss,
-aggregation and KL estimator run is configuration (registries in toolrl.algos, asked for their capabilities,
-never tested by name).
+aggregation and KL estimator run is configuration (registries in toolrl.algos, asked for their capabilities).
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ from toolrl.runs.rundir import RunDir
 from toolrl.train.collect import Collector, TaskOrder, curriculum_metrics
 from toolrl.train.embedding_grad import sparse_tied_embedding
 from toolrl.train.evaluate import summarize
+from toolrl.train.rollout_prefix import attach
 from toolrl.train.teacher import endpoint_teacher
 from toolrl.train.update import (
     LossFunctions,
@@ -132,9 +132,10 @@ class Trainer:
         self.collector = Collector(
             self.rollout, order, t, self.config.seed, self.dist, self.refresh_generator, lambda: self.generator_version
         )
+        kept = attach(bench.engines.get("train"), model, self.generator, self.dist.on)  # the rollout's prompt pass
         self.scorer = Scorer(
-            self.reference, self.config.rollout.sampling.temperature, t.micro_batch_tokens, self.dist, VocabBlocks.of(t)
-        )  # fmt: skip
+            self.reference, self.config.rollout.sampling.temperature, t.micro_batch_tokens, self.dist,
+            VocabBlocks.of(t), kept)  # fmt: skip
         self.journal = Journal(run, self.dist, self.config, bench.tokenizer, bench.env.rubric.success)
         self.on_note: Callable[[str], None] = lambda text: log.info("%s", text)  # the warm start's lines: the CLI's
         self.live = LiveStep(run and run.write_json, t.steps, t.prompts_per_step * t.group_size // self.dist.world)
@@ -157,9 +158,8 @@ class Trainer:
     # ---- weights the rollouts sample from ---------------------------------------------------------------
 
     def refresh_generator(self, version: int | None = None) -> None:
-        """The generation copy and the engines that load weights get the policy's current weights, which have
-        `version` optimizer steps (the steps done by default). No rollout may be running on the copy; under
-        torchrun every rank calls it at the same point (the full weights are gathered)."""
+        """The generation copy and the engines that load weights get the policy's weights of `version` optimizer
+        steps (default: done). No rollout may run on the copy; under torchrun every rank calls it (weights gathered)."""
         version = self.state.step if version is None else version
         if self.generator_version == version:
             return

@@ -21,6 +21,7 @@ from toolrl.models.policy import reference_context
 from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import UpdateValues
 from toolrl.train.logprobs import StepPrefix, TokenScores, micro_batches, score_tokens, shared_prefix_length
+from toolrl.train.rollout_prefix import RolloutPrefix
 from toolrl.train.teacher import EndpointTeacher
 from toolrl.train.vocab_logprobs import VocabBlocks
 
@@ -302,7 +303,9 @@ class Scorer:
     """The trainer's forward passes over a step's trajectories: micro-batches (a group's shared prompt computed
     once), reference log-probs and value estimates before the update, and the policy's scores in the loss."""
 
-    def __init__(self, reference, temperature: float, micro_batch_tokens: int, dist, vocab: VocabBlocks) -> None:
+    def __init__(
+        self, reference, temperature: float, micro_batch_tokens: int, dist, vocab: VocabBlocks, kept=None
+    ) -> None:
         self.reference, self.temperature, self.micro_batch_tokens, self.dist = (
             reference,
             temperature,
@@ -310,6 +313,8 @@ class Scorer:
             dist,
         )
         self.vocab = vocab
+        self.kept: RolloutPrefix | None = kept
+        """The shared prompt the rollout computed with the update's forward pass (train/rollout_prefix.py)."""
 
     def scores(
         self, model, trajs: list[Trajectory], entropy: bool | str = False, value_head=None, prefix=None
@@ -324,10 +329,16 @@ class Scorer:
         return lambda trajs: self.scores(model, trajs, entropy, value_head, prefix)
 
     def step_prefix(self, model, work: list[Work], batches: list[list[int]]) -> StepPrefix | None:
-        """The step's shared prompt through the model once for all its micro-batches (None where each computes
-        its own: one micro-batch, data-parallel ranks)."""
+        """The step's shared prompt through the model once for all its micro-batches: the one the rollout
+        computed (`kept`) where it applies, else computed now (None where each micro-batch computes its own: one
+        micro-batch, data-parallel ranks)."""
         for_sequences(max((len(w.traj.token_ids) for w in work), default=0))  # a long step's heap: memory.py
-        return None if self.dist.on else StepPrefix.of(model, [w.traj for w in work], batches)
+        if self.dist.on:
+            return None
+        trajs = [w.traj for w in work]
+        kept = self.kept
+        taken = kept.take(trajs, StepPrefix.usable_length(model, trajs)) if kept is not None else None
+        return taken or StepPrefix.of(model, trajs, batches)
 
     def micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
         # sharded, each row runs its whole sequence (logprobs.py): no shared prefix to leave out
