@@ -5,7 +5,8 @@ process, alternating step by step.
 Workloads: `short`, train_vs_trl's GRPO step (the calculator prompts, ~400 tokens before the question, 2 tasks x 8
 samples, 64 new tokens, one turn); `long`, long_context's prompt (the support environment with its handbook: ~4.9k
 tokens before the customer's first word), 1 task x 8 samples with gradient checkpointing, one turn of 32 new tokens
-(the prompt passes do not depend on how much is decoded after them). The first step is a warm-up. Per step it
+(the prompt passes do not depend on how much is decoded after them), every other sample rewarded 1 so that every
+trajectory enters the loss (as long_context.py's step does). The first step is a warm-up. Per step it
 records the seconds in the prompt's passes (the engine's `_compute_prefix_once`, which runs the kept pass when it
 is on, and the update's `Scorer.step_prefix`), the rollout, the update and the step, and the process's peak
 memory in each phase. Prints a table and writes bench/results/rollout_prefix.json.
@@ -65,6 +66,16 @@ def run(name: str, steps: int) -> dict:
         bench = Workbench.load(config)
         trainer = Trainer(bench)
         engine, kept = bench.engines["train"], trainer.scorer.kept
+        if name == "long":  # the untrained model scores 0 on every task: rewards that differ, so the update trains
+            roll_out = trainer.collector.roll_out
+
+            def varied(step):
+                part = roll_out(step)
+                for i, traj in enumerate(part.trajs):
+                    traj.reward = float(i % 2)
+                return part
+
+            trainer.collector.roll_out = varied
         rows: dict[str, list[dict]] = {"kept": [], "apart": []}
         for step in range(1, steps + 2):
             way = "kept" if step % 2 == 0 else "apart"

@@ -55,9 +55,12 @@ def grads_of(model, trajs, prefix: StepPrefix) -> tuple[torch.Tensor, dict[str, 
 def test_the_rollout_samples_from_the_updates_prompt_pass_and_the_update_trains_through_it(tiny_model, tokenizer):
     model = copy.deepcopy(tiny_model)
     kept = RolloutPrefix(model)
+    unarmed = engine(model, tokenizer, kept)
+    plain = roll_out(unarmed)  # outside a training step's rollout: the engine's own prompt pass
+    assert unarmed.stats["prefix_passes_given"] == 0 and kept.kept is None and not kept.stats
     given = engine(model, tokenizer, kept)
-    trajs = roll_out(given)
-    plain = roll_out(engine(model, tokenizer))  # the engine's own prompt pass, the same seed
+    with kept.for_rollout():
+        trajs = roll_out(given)  # the same seed
     assert given.stats["prefix_passes_given"] == 1 and kept.stats["computed"] == 1
     assert given.shared.ids == SHARED and kept.kept.ids == SHARED
     assert not model.training  # the engine's mode is back after the pass ran in training mode
@@ -79,19 +82,24 @@ def test_the_rollout_samples_from_the_updates_prompt_pass_and_the_update_trains_
 def test_a_kept_prompt_pass_is_dropped_when_the_weights_or_the_prompt_changed(tiny_model, tokenizer):
     model = copy.deepcopy(tiny_model)
     kept = RolloutPrefix(model)
-    trajs = roll_out(engine(model, tokenizer, kept))
+
+    def roll_out_kept():
+        with kept.for_rollout():
+            return roll_out(engine(model, tokenizer, kept))
+
+    trajs = roll_out_kept()
     with torch.no_grad():  # an optimizer step between the rollout and the update
         model.model.norm.weight.mul_(1.0)
     assert kept.take(trajs, StepPrefix.usable_length(model, trajs)) is None
     assert kept.stats["dropped"] == 1 and kept.kept is None
 
-    trajs = roll_out(engine(model, tokenizer, kept))
+    trajs = roll_out_kept()
     other = Trajectory.start(Task("c", "q", "a"), SHARED[:-1] + [999, 1, 2])  # not starting with the kept prompt
     other.add_model_turn([5, 6], [0.0, 0.0], "")
     assert kept.take([*trajs, other], StepPrefix.usable_length(model, [*trajs, other])) is None
     assert kept.stats["dropped"] == 2
 
-    trajs = roll_out(engine(model, tokenizer, kept))
+    trajs = roll_out_kept()
     assert kept.take(trajs, len(SHARED) - 1) is None  # the update may read fewer tokens than were kept
     assert kept.stats == {"computed": 3, "dropped": 3}
 
@@ -149,6 +157,8 @@ def test_every_training_step_reads_the_prompt_pass_its_rollout_computed(tiny_mod
     assert bench.engines["train"].stats["prefix_passes_given"] == 2
     assert all(m["grad_norm"] > 0 and torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
     assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters(), strict=True))
+    trainer.rollout.run(bench.env.tasks("train")[:2], seed=0)  # a rollout outside a step (a warm start's sampling)
+    assert kept.kept is None and kept.stats == {"computed": 2, "taken": 2}  # computed by the engine, nothing held
 
 
 def test_no_prompt_pass_is_kept_where_the_engine_samples_from_a_copy(tiny_model_dir, tmp_path):

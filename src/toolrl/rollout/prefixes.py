@@ -58,8 +58,8 @@ class PrefixSharing:
     """The engine's cache, grown to at least this many columns per slot."""
     prefix_pass: Callable[[list[int]], tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
     """Computes the shared prefix's keys and values (per layer, [1, kv_heads, n, dim]) from its ids in place of the
-    engine's own forward pass: a trainer's (train/rollout_prefix.py), which keeps the pass's graph for its update.
-    Called on the engine's worker thread with the model's current weights."""
+    engine's own forward pass, or returns None (the engine computes them): a trainer's (train/rollout_prefix.py),
+    which keeps the pass's graph for its update. Called on the engine's worker thread with the current weights."""
 
     def _offset(self, slot: Slot) -> int:
         """Positions of the slot's ids that it does not hold (the shared prefix it reads from elsewhere)."""
@@ -112,8 +112,9 @@ class PrefixSharing:
         from transformers import DynamicCache
 
         prefix = pending[group[0]][:n]
-        if read_once and self.prefix_pass is not None:
-            keys, values = self._given_prefix(list(prefix))
+        given = self._given_prefix(list(prefix)) if read_once and self.prefix_pass is not None else None
+        if given is not None:
+            keys, values = given
         else:
             once = DynamicCache()
             prompt = torch.tensor([prefix], device=self.device)
@@ -137,9 +138,13 @@ class PrefixSharing:
             self.slots[seq].shared = read_once
             pending[seq] = pending[seq][n:]
 
-    def _given_prefix(self, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """`prefix_pass(ids)`, checked: a pair [1, kv_heads, len(ids), head_dim] per layer, on the engine's device."""
-        keys, values = self.prefix_pass(ids)
+    def _given_prefix(self, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """`prefix_pass(ids)`, checked: a pair [1, kv_heads, len(ids), head_dim] per layer, on the engine's device;
+        None where it gave none."""
+        given = self.prefix_pass(ids)
+        if given is None:
+            return None
+        keys, values = given
         config = self.model.config
         layers, heads = config.num_hidden_layers, getattr(config, "num_key_value_heads", config.num_attention_heads)
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

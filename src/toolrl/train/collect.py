@@ -8,13 +8,17 @@ import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolrl import distributed, seeds
 from toolrl.distributed import Dist
 from toolrl.envs import Task
 from toolrl.rollout import Rollout, Trajectory
+
+if TYPE_CHECKING:
+    from toolrl.train.rollout_prefix import RolloutPrefix
 
 
 @dataclass
@@ -125,9 +129,12 @@ class Collector:
         dist: Dist,
         refresh: Callable[[], None],
         version: Callable[[], int],
+        kept: RolloutPrefix | None = None,
     ) -> None:
         self.rollout, self.order, self.t, self.run_seed, self.dist = rollout, order, t, run_seed, dist
         self.refresh, self.version = refresh, version
+        self.kept = kept
+        """Computes and keeps the rollouts' shared prompt passes for the updates (train/rollout_prefix.py)."""
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if t.async_steps else None
         self.pending: tuple[int, Future[RolloutPart], dict[str, Any]] | None = None
 
@@ -139,7 +146,10 @@ class Collector:
         first = self.dist.rank * share
         executor, rubric = self.rollout.executor, self.rollout.env.rubric
         tool_counts, reward_counts = executor.metrics.copy(), rubric.stats()
-        trajs = self.rollout.run(tasks[first : first + share], seed=seeds.sampling(self.run_seed, step), first=first)
+        with self.kept.for_rollout() if self.kept is not None else nullcontext():
+            trajs = self.rollout.run(
+                tasks[first : first + share], seed=seeds.sampling(self.run_seed, step), first=first
+            )
         tool_counts, reward_counts = executor.metrics - tool_counts, rubric.stats() - reward_counts
         return RolloutPart(trajs, tool_counts, reward_counts, time.perf_counter() - started, version)
 

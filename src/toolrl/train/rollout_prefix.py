@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -33,14 +34,28 @@ class RolloutPrefix:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.kept: StepPrefix | None = None
+        self.armed = False
         self._weights: frozenset = frozenset()
         self.stats: Counter[str] = Counter()
         """computed (prefixes computed for an engine), taken (used by an update), dropped (not used: why is
         logged at debug level)."""
 
-    def __call__(self, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Every layer's keys and values of `ids` ([1, kv_heads, n, dim], detached) for the engine; the pass and
-        its graph are kept for the update. Runs on the engine's worker thread, inside its inference mode."""
+    @contextmanager
+    def for_rollout(self) -> Iterator[None]:
+        """Within it (a training step's rollout: train/collect.py), the engine's shared prefixes are computed here
+        and kept; outside it (evaluation, a warm start's sampling) the engine computes its own and nothing is held."""
+        self.armed = True
+        try:
+            yield
+        finally:
+            self.armed = False
+
+    def __call__(self, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """Every layer's keys and values of `ids` ([1, kv_heads, n, dim], detached) for the engine, the pass and
+        its graph kept for the update; None outside `for_rollout`. Runs on the engine's worker thread, inside its
+        inference mode."""
+        if not self.armed:
+            return None
         self._drop("a newer prefix replaced it")
         training = self.model.training
         with torch.inference_mode(False), torch.enable_grad():
