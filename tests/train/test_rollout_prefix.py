@@ -161,7 +161,10 @@ def test_every_training_step_reads_the_prompt_pass_its_rollout_computed(tiny_mod
     assert kept.kept is None and kept.stats == {"computed": 2, "taken": 2}  # computed by the engine, nothing held
 
 
-def test_no_prompt_pass_is_kept_where_the_engine_samples_from_a_copy(tiny_model_dir, tmp_path):
-    config = tiny_config(tiny_model_dir, tmp_path, "env.name=long-system-prompt", "train.async_steps=1")
+@pytest.mark.parametrize("setting", ["train.async_steps=1", "train.share_prompt_pass=false"])
+def test_no_prompt_pass_is_kept_where_the_engine_samples_from_a_copy_or_it_is_turned_off(
+    tiny_model_dir, tmp_path, setting
+):
+    config = tiny_config(tiny_model_dir, tmp_path, "env.name=long-system-prompt", setting)
     trainer = Trainer(Workbench.load(config))
     assert trainer.scorer.kept is None and trainer.bench.engines["train"].prefix_pass is None

@@ -148,8 +148,7 @@ class RolloutConfig(Section):
     """Tool calls run from one model turn; the calls past it are not run, and the model is told how many (one
     format error per call not run, in the `format_errors` metric)."""
     max_images: int = Field(16, ge=0)
-    """Images per trajectory a vision-language policy is shown (the task's and the tools'); past it, further
-    images are named in the observation's text instead."""
+    """Images per trajectory a vision-language policy is shown (task's and tools'); later ones are named in text."""
     max_image_tokens: int = Field(8192, ge=0)
     """Image tokens per trajectory (what images cost in the sequence, hence in memory): a tool's image past
     it is named in the observation's text instead; a task whose own images exceed it fails in one line."""
@@ -264,11 +263,12 @@ class TrainConfig(Section):
     prompts_per_step: int = Field(4, ge=1)
     group_size: int = Field(6, ge=1)
     micro_batch_tokens: int = Field(1024, ge=1)
-    """Most rows x padded suffix tokens per forward/backward pass; trajectories are sorted by length so that
-    padding stays small, and gradients accumulate over the step. The activations kept for the backward pass grow
-    with it (about 0.9 MB a token for the default model); 1024 keeps `make demo` under 4 GB, for an update about
-    10% slower than at 3072 on this 2-core CPU (bench/memory.py --micro-batches, docs/benchmarks.md). With memory
-    to spare, raise it; on a GPU, raise it to fill the device."""
+    """Most rows x padded suffix tokens per forward/backward pass (sorted by length; gradients accumulate over the
+    step). Activations grow with it (~0.9 MB a token, default model); 1024 keeps `make demo` under 4 GB, for an
+    update ~10% slower than 3072 on 2 cores (bench/memory.py --micro-batches). With memory to spare, raise it."""
+    share_prompt_pass: bool = True
+    """The rollout computes the shared prompt with the update's forward pass, kept for the update (held during the
+    rollout too: ~1 MB a prompt token without checkpointing); false computes it twice (train/rollout_prefix.py)."""
     vocab_block_rows: int = Field(512, ge=0)
     """Scored tokens whose vocabulary-sized logits exist at once (train/vocab_logprobs.py: log-probs a block at
     a time, only the softmax kept for the backward pass). 0: all of a micro-batch's at once, the plain

@@ -53,6 +53,8 @@ class Workload:
     checkpointing: bool
     trainable: int
     """Trained parameters (all of them, or LoRA's)."""
+    shared_pass: bool = True
+    """train.share_prompt_pass: the rollout holds the prompt's pass for the update."""
 
 
 @dataclass
@@ -96,11 +98,11 @@ def memory_gb(model_config, w: Workload, resident: float, packed: float) -> dict
     }
 
 
-def peak(parts: dict[str, float]) -> float:
-    """The larger of the rollout's and the update's. The shared prompt's pass is held in both: the rollout
-    computes it with the update's forward pass and keeps it for the update (train/rollout_prefix.py)."""
+def peak(parts: dict[str, float], shared_pass: bool = True) -> float:
+    """The larger of the rollout's and the update's. With `shared_pass` the prompt's pass is held in both: the
+    rollout computes it with the update's forward pass and keeps it for the update (train/rollout_prefix.py)."""
     held = parts["resident"] + parts["adamw"] + parts["prompt_pass"]
-    rollout = held + parts["kv_cache"] + parts["packed_weights"]
+    rollout = held + parts["kv_cache"] + parts["packed_weights"] - (0 if shared_pass else parts["prompt_pass"])
     return held + max(rollout - held, parts["gradients"] + parts["activations"] + parts["logits"])
 
 
@@ -156,6 +158,7 @@ def workload_of(trainer) -> Workload:
         trajectories=t.prompts_per_step * t.group_size, groups=t.prompts_per_step, prompt=prompt, shared=shared,
         length=prompt + response, micro_batch_tokens=t.micro_batch_tokens, checkpointing=t.gradient_checkpointing,
         trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        shared_pass=t.share_prompt_pass,
     )  # fmt: skip
 
 
@@ -191,7 +194,8 @@ def estimate(trainer, rate_gflops: float | None = None) -> Estimate:
     packed = sum(m.weight.numel() * 4 for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)) / GB
     parts = memory_gb(model_config, w, rss_gb() or 0.0, packed)
     rate = rate_gflops or matmul_gflops()
-    return Estimate(w, step_flops(model_config, w) / (rate * 1e9) * STEP_OVER_BOUND, peak(parts), parts)
+    return Estimate(w, step_flops(model_config, w) / (rate * 1e9) * STEP_OVER_BOUND, peak(parts, w.shared_pass),
+                    parts)  # fmt: skip
 
 
 KNOBS = (
@@ -215,8 +219,8 @@ def refuse_if_over(est: Estimate, model_config, limit_gb: float | None) -> None:
             w = apply(w)
             tried.append(name)
             new = memory_gb(model_config, w, parts["resident"], parts["packed_weights"])
-            if peak(new) <= limit:
-                fits = f"--set {' --set '.join(tried)} (estimated peak {peak(new):.1f} GB)"
+            if peak(new, w.shared_pass) <= limit:
+                fits = f"--set {' --set '.join(tried)} (estimated peak {peak(new, w.shared_pass):.1f} GB)"
                 break
     biggest = max((k for k in parts if k != "resident"), key=parts.get)
     fix = fits or (f"its largest part is {biggest} ({parts[biggest]:.1f} GB): lower train.group_size or "
