@@ -41,12 +41,12 @@ def fresh_home(tmp_path, monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 16, 23, 64])
-@pytest.mark.parametrize(("features", "out"), [(576, 1536), (100, 200), (1536, 192)])
+@pytest.mark.parametrize(("features", "out"), [(576, 1536), (100, 200), (1536, 192), (24, 16)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_products_equal_torch(rows, features, out, bias):
-    """Every row-block size (1-6 with AVX2, 1-12 with AVX-512, and their sums), outputs not a multiple of 16,
-    inputs not a multiple of the kernel's chunk of 96, with and without bias; up to the kernel's own 64 rows
-    whatever max_rows() is here."""
+    """Every row-block size (1-6 with AVX2, 1-12 with AVX-512, and their sums), outputs not a multiple of 16, an
+    odd number of 16-output panels (AVX-512 takes them in pairs: 13, and a single one), inputs not a multiple of the
+    kernel's chunk of 96, with and without bias; up to the kernel's own 64 rows whatever max_rows() is here."""
     torch.manual_seed(rows)
     weight, x = torch.randn(out, features), torch.randn(rows, features)
     b = torch.randn(out) if bias else None
