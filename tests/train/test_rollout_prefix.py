@@ -155,6 +155,7 @@ def test_every_training_step_reads_the_prompt_pass_its_rollout_computed(tiny_mod
     metrics = [trainer.step(step) for step in (1, 2)]
     assert kept.stats == {"computed": 2, "taken": 2}  # after step 1's optimizer step, step 2 computed its own
     assert bench.engines["train"].stats["prefix_passes_given"] == 2
+    assert [(m["prompt_pass/taken"], m["prompt_pass/dropped"]) for m in metrics] == [(1, 0), (2, 0)]
     assert all(m["grad_norm"] > 0 and torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
     assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters(), strict=True))
     trainer.rollout.run(bench.env.tasks("train")[:2], seed=0)  # a rollout outside a step (a warm start's sampling)

@@ -277,6 +277,7 @@ class Trainer:
             "fault_masked": sum(not v for v in batch.valid[: len(trajs)]),
             "advantage_abs": float(est.advantages.abs().mean()) if len(est.advantages) else 0.0,
             **mismatch.metrics(),
+            **self.scorer.prompt_pass_metrics(),
         }
         optional = {
             "kl": t.kl.coef > 0,

@@ -340,6 +340,12 @@ class Scorer:
         taken = kept.take(trajs, StepPrefix.usable_length(model, trajs)) if kept is not None else None
         return taken or StepPrefix.of(model, trajs, batches)
 
+    def prompt_pass_metrics(self) -> dict[str, int]:
+        """The rollouts' prompt passes so far: taken by an update, or dropped (computed again by the update)."""
+        if self.kept is None:
+            return {}
+        return {f"prompt_pass/{what}": self.kept.stats[what] for what in ("taken", "dropped")}
+
     def micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
         # sharded, each row runs its whole sequence (logprobs.py): no shared prefix to leave out
         shared = shared_prefix_length(trajs) if trajs and not self.dist.on else 0
