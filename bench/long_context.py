@@ -325,7 +325,7 @@ def summarize(result: dict, peak: float) -> None:
         result[f"step_vs_bound{suffix}"] = round(step["step_s"] / bound, 2)
         result[f"step_peak_gb{suffix}"] = round(step["peak_gb"], 2)
         # the bound of a step whose update reads the rollout's prompt pass (the bound counts it twice)
-        once = bound - step["flops"].get("prompt_forward", 0.0) / (peak * 1e9)
+        once = bound - step["flops"]["prompt_forward"] / (peak * 1e9)
         result[f"step_vs_bound_one_prompt_pass{suffix}"] = round(step["step_s"] / once, 2)
         print(f"GRPO step{' (gradient checkpointing)' if not suffix else ''}: {step['step_s']:.1f} s (rollout "
               f"{step['rollout_s']:.1f}, update {step['update_s']:.1f}); bound {bound:.1f} s at {peak:.0f} GFLOP/s -> "

@@ -119,7 +119,7 @@ class PrefixSharing:
             once = DynamicCache()
             prompt = torch.tensor([prefix], device=self.device)
             self.model(input_ids=prompt, **cache_arg(self.model, once), logits_to_keep=1)
-            keys, values = ([getattr(layer, name) for layer in once.layers] for name in ("keys", "values"))
+            keys, values = [layer.keys for layer in once.layers], [layer.values for layer in once.layers]
         self.stats["prefill_tokens"] += n
         self.stats["reused_prefix_tokens"] += n * (len(group) - 1)
         if read_once:

@@ -101,9 +101,10 @@ def memory_gb(model_config, w: Workload, resident: float, packed: float) -> dict
 def peak(parts: dict[str, float], shared_pass: bool = True) -> float:
     """The larger of the rollout's and the update's. With `shared_pass` the prompt's pass is held in both: the
     rollout computes it with the update's forward pass and keeps it for the update (train/rollout_prefix.py)."""
-    held = parts["resident"] + parts["adamw"] + parts["prompt_pass"]
-    rollout = held + parts["kv_cache"] + parts["packed_weights"] - (0 if shared_pass else parts["prompt_pass"])
-    return held + max(rollout - held, parts["gradients"] + parts["activations"] + parts["logits"])
+    base = parts["resident"] + parts["adamw"]
+    rollout = base + parts["kv_cache"] + parts["packed_weights"] + (parts["prompt_pass"] if shared_pass else 0.0)
+    update = base + parts["prompt_pass"] + parts["gradients"] + parts["activations"] + parts["logits"]
+    return max(rollout, update)
 
 
 def step_flops(model_config, w: Workload) -> float:

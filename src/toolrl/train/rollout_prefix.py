@@ -92,16 +92,16 @@ class RolloutPrefix:
         self.kept = None
 
 
-def attach(engine, policy: torch.nn.Module, generator: torch.nn.Module, wanted: bool) -> RolloutPrefix | None:
+def attach(engine, policy: torch.nn.Module, wanted: bool) -> RolloutPrefix | None:
     """A RolloutPrefix given to `engine` as its prefix_pass where `wanted` (train.share_prompt_pass, one process),
     the engine samples from the policy being trained itself (not a copy: train.async_steps) and can take one (the
     hf engine; not a vision-language policy's); else None."""
     from toolrl.models.vision import is_vision_config
     from toolrl.rollout.prefixes import PrefixSharing
 
-    if not wanted or generator is not policy or not isinstance(engine, PrefixSharing):
+    if not wanted or not isinstance(engine, PrefixSharing) or engine.model is not policy:
         return None
-    if is_vision_config(policy.config) or getattr(engine, "model", None) is not policy:
+    if is_vision_config(policy.config):
         return None
     engine.prefix_pass = prefix = RolloutPrefix(policy)
     return prefix

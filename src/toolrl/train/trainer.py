@@ -129,7 +129,7 @@ class Trainer:
         self.rollout.refuse_long_prompts(train_tasks, bench.context_length)
         self.generator_version = 0  # optimizer steps in the generator's weights
         order = TaskOrder(train_tasks, self.config.seed, curriculum=t.curriculum)
-        kept = attach(bench.engines.get("train"), model, self.generator, t.share_prompt_pass and not self.dist.on)
+        kept = attach(bench.engines.get("train"), model, t.share_prompt_pass and not self.dist.on)
         self.collector = Collector(self.rollout, order, t, self.config.seed, self.dist, self.refresh_generator,
                                    lambda: self.generator_version, kept)  # fmt: skip
         self.scorer = Scorer(

@@ -304,7 +304,13 @@ class Scorer:
     once), reference log-probs and value estimates before the update, and the policy's scores in the loss."""
 
     def __init__(
-        self, reference, temperature: float, micro_batch_tokens: int, dist, vocab: VocabBlocks, kept=None
+        self,
+        reference,
+        temperature: float,
+        micro_batch_tokens: int,
+        dist,
+        vocab: VocabBlocks,
+        kept: RolloutPrefix | None = None,
     ) -> None:
         self.reference, self.temperature, self.micro_batch_tokens, self.dist = (
             reference,
