@@ -121,6 +121,29 @@ def test_limits(sandbox, code, message):
         run_python(code, sandbox)
 
 
+@pytest.mark.parametrize("isolation", ["bubblewrap", "unshare", "none"])
+def test_a_signal_that_ends_the_code_is_named_in_every_isolation(isolation):
+    """CI saw `while True: pass` end as "the code failed (exit 152)": bwrap reports a child that SIGXCPU killed
+    as 128 + 24. Under unshare the code was the PID namespace's init, which ignores SIGXCPU (so the CPU limit
+    waited for the hard limit's SIGKILL) and any signal the code sent itself without a handler."""
+    box = Sandbox(SandboxLimits(timeout_s=5.0, isolation=isolation))
+    kill = "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.{})\nprint('after')"
+    try:
+        with pytest.raises(ToolFailed, match=r"^the code used more than 5 s of CPU and was stopped$"):
+            run_python(kill.format("SIGXCPU"), box)
+        with pytest.raises(ToolFailed, match=r"^the code was killed by SIGTERM:\nbefore$"):
+            run_python(kill.format("SIGTERM"), box)
+        with pytest.raises(ToolFailed, match=r"^the code was killed by signal 40:\nbefore$"):
+            run_python(kill.format("SIGRTMIN + 6"), box)
+        with pytest.raises(ToolFailed, match=r"^the code failed \(exit 3\)$"):
+            run_python("import sys; sys.exit(3)", box)
+        assert box.run("import sys; sys.exit(0)") == (0, "")
+        if isolation != "none":  # the code is not the namespace's init: it is not pid 1, and its orphans are reaped
+            assert run_python("import os; print(os.getpid() > 1)", box) == "True"
+    finally:
+        box.close()
+
+
 def test_a_failure_shows_the_traceback_of_the_code_itself():
     box = Sandbox(SandboxLimits())
     try:

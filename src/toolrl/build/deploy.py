@@ -24,7 +24,7 @@ from toolrl.build.decompose import read_facts
 from toolrl.build.needs import rollout_needs
 from toolrl.build.runtime import _norm, _row_key  # the runtime's own keys: tables and lookups must agree
 from toolrl.build.scale import SCALED_TOOLS_FILE, TASKS_FILE
-from toolrl.envs.code.sandbox import Sandbox, SandboxLimits
+from toolrl.envs.code.sandbox import Sandbox, SandboxLimits, how_it_ended
 from toolrl.text import clip
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def _sandboxed(script: str, limits: SandboxLimits) -> Any:
         raise ValueError(f"the tool ran longer than {limits.timeout_s:g} s")
     lines = output.strip().splitlines()
     if status != 0 or not lines:
-        raise ValueError(clip(f"the tool's code failed (exit {status}): {' | '.join(lines[-3:])}", 300))
+        raise ValueError(clip(f"the tool's code {how_it_ended(status)}: {' | '.join(lines[-3:])}", 300))
     try:
         return json.loads(lines[-1])
     except json.JSONDecodeError:

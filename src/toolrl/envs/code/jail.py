@@ -1,6 +1,6 @@
 """The `unshare` fallback of the code sandbox, for machines without bubblewrap: run inside fresh mount, PID,
 network, IPC and UTS namespaces (made by util-linux `unshare`), build a root of read-only binds on a tmpfs,
-pivot into it, detach the old root, then exec the command.
+pivot into it, detach the old root, then run the command as the child of an init that stays (see `supervise`).
 
     unshare [--user --map-root-user] --mount --pid --fork --net --ipc --uts --kill-child -- \
         python -I jail.py SPEC_JSON -- COMMAND...
@@ -93,7 +93,24 @@ def main() -> None:
         sys.stderr.write(f"toolrl sandbox: cannot build the jail: {exc}\n")
         os._exit(125)
     os.chdir(spec["cwd"])
-    os.execvpe(command[0], command, spec["env"])  # PATH from the given environment
+    supervise(command, spec["env"])
+
+
+def supervise(command: list[str], env: dict[str, str]) -> None:
+    """Stay as the PID namespace's init, as bubblewrap's is: run the command as a child, reap every orphan, and
+    exit as bwrap does, with the command's exit code or 128 + the signal that killed it. A namespace's init
+    ignores each signal it has no handler for (SIGXCPU from RLIMIT_CPU, a SIGTERM the code sends itself), so the
+    command must not be it; when this init ends, the kernel kills what is left in the namespace."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.execvpe(command[0], command, env)  # PATH from the given environment
+        finally:
+            os._exit(127)
+    while True:
+        pid, status = os.wait()
+        if pid == child:
+            os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
 if __name__ == "__main__":

@@ -275,9 +275,10 @@ class Sandbox:
         return [*ISOLATIONS[self.isolation](env, root, disk, self), *drop, *boot]
 
     def run(self, code: str) -> tuple[int | None, str]:
-        """(exit code, or None on timeout; combined output). The program goes in through stdin and the output
-        comes back through a pipe; past `max_output_chars` its head and tail are kept, which keeps a
-        traceback, and past `max_file_mb` the program is stopped."""
+        """(exit code, -N when signal N killed it, or None on timeout; combined output). The program goes in
+        through stdin and the output comes back through a pipe; past `max_output_chars` its head and tail are
+        kept, which keeps a traceback, and past `max_file_mb` the program is stopped. Inside an isolation, an exit
+        code past 128 reads as a signal, as a shell's does (the code's own `sys.exit(137)` too)."""
         scratch = None if self.isolation != "none" else tempfile.mkdtemp(prefix="toolrl-sandbox-")
         home = scratch or WORKDIR
         env = {"PATH": "/usr/bin:/bin", "HOME": home, "PWD": home, "TMPDIR": home, "LANG": "C.UTF-8"}
@@ -302,6 +303,8 @@ class Sandbox:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)  # fd-based: never follows what the code left
         text = output.text()
+        if self.isolation != "none" and status is not None and 128 < status < 128 + signal.NSIG:
+            status = 128 - status  # bwrap's and the jail's init report a signal as a shell does; Popen's sign
         if exceeded:
             text += f"\n{MEMORY_NOTE.format(mb=self.limits.memory_mb)}"
         return status, text
@@ -381,6 +384,16 @@ there, the exception's type and message), and what it printed before."""
 MEMORY_NOTE = "[the code's processes together used more than {mb} MB of memory: it was stopped]"
 
 
+def how_it_ended(status: int) -> str:
+    """ "failed (exit 3)" or "was killed by SIGSEGV", for a nonzero status from `Sandbox.run`."""
+    if status >= 0:
+        return f"failed (exit {status})"
+    try:
+        return f"was killed by {signal.Signals(-status).name}"
+    except ValueError:  # a real-time signal
+        return f"was killed by signal {-status}"
+
+
 def run_python(code: str, sandbox: Sandbox) -> str:
     """The tool body: output on success; a failed run raises ToolFailed with its exit code and the tail of its
     output and stderr (the traceback, as a Python user sees it), bounded."""
@@ -397,6 +410,6 @@ def run_python(code: str, sandbox: Sandbox) -> str:
             raise ToolFailed(f"the code used more than {sandbox.limits.timeout_s:g} s of CPU and was stopped")
         if status < 0 and -status == signal.SIGXFSZ:
             raise ToolFailed(f"the code wrote past its limits and was stopped:\n{output.strip()[-300:]}")
-        tail = "\n".join(output.strip().splitlines()[-TRACEBACK_LINES:])
-        raise ToolFailed(f"the code failed (exit {status}):\n{tail}")
+        tail = "".join(f"\n{line}" for line in output.strip().splitlines()[-TRACEBACK_LINES:])
+        raise ToolFailed(f"the code {how_it_ended(status)}{':' if tail else ''}{tail}")
     return output.strip() or "(no output; print the result)"
