@@ -49,8 +49,8 @@ class AgentRollout:
         """The agent writes its own prompts: the gateway refuses one past the context, per request."""
 
     def run(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
-        try:
-            return asyncio.run(self.arun(tasks, seed, first))
+        try:  # the engine's steps on this thread while the agents run (rollout/caller_thread.py)
+            return self.engine.run(self.arun(tasks, seed, first))
         finally:
             self.gateway.run_coroutine(_free(self.engine))
 

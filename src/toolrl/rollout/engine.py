@@ -7,10 +7,11 @@ only the tokens it has not seen; engines are registered by name for `rollout.eng
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from toolrl.registry import Registry
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
     from toolrl.envs.base import Task
     from toolrl.rollout.sampling import SamplingParams
+
+T = TypeVar("T")
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -61,6 +64,12 @@ class Engine(ABC):
         sampled = await self.generate(seq, tokens, params)
         on_tokens(list(sampled.ids))
         return sampled
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro`, which uses this engine (a rollout), to its end on an event loop of its own, as `asyncio.run`
+        does. An engine that computes in this process may run its steps on the calling thread meanwhile (hf:
+        rollout/caller_thread.py)."""
+        return asyncio.run(coro)
 
     def begin(self, seq: Hashable, task: Task) -> None:  # noqa: B027 - optional: engines that play any task
         """A sequence for `task` begins (before its first `generate`): a policy played without a model (the

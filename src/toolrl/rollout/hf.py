@@ -9,7 +9,9 @@ Shared prompt prefixes are computed once, read once per step and held once (pref
 While it generates, the engine keeps the linear weights packed in oneDNN's layout (models/linear.py). On CPU,
 Llama-style models run through the engine's own forward pass (rollout/lean.py), others through transformers'.
 
-The model runs in one worker thread so the event loop keeps serving tool calls while a step computes.
+The model runs on another thread than the event loop, which keeps serving tool calls while a step computes: within
+`run` (a rollout), on the thread that called it, the one doing the process's other compute (rollout/caller_thread.py
+says why); otherwise on a worker thread of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from toolrl.memory import trim
 from toolrl.models.cache_arg import cache_arg
 from toolrl.models.linear import PackedWeights
 from toolrl.models.native import wanted
+from toolrl.rollout.caller_thread import CallerThread
 from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, register_engine
@@ -118,7 +121,8 @@ class HFEngine(PrefixSharing, Engine):
         prefixes computed by `prefix_pass`, a trainer's forward, rather than the engine's)."""
         self._released: list[Hashable] = []
         self._driver: asyncio.Task | None = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine")
+        self._worker = CallerThread(ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrl-engine"))
+        """Where steps run: on the thread inside `run` (a rollout's caller), else on a worker thread of its own."""
         native = pack_weights and device.type == "cpu" and wanted(decode_kernel)
         self.packed = PackedWeights(model if pack_weights else torch.nn.Module(), native=native)
         """The linear weights in oneDNN's layout, or the small-batch kernel's (`decode_kernel`: models/native),
@@ -149,6 +153,9 @@ class HFEngine(PrefixSharing, Engine):
             self._driver = loop.create_task(self._drive())
         return await future
 
+    def run(self, coro):
+        return self._worker.run(coro)
+
     def release(self, seq: Hashable) -> None:
         # Freed at the start of the next step, in the worker thread: a step may be running right now.
         self._released.append(seq)
@@ -159,7 +166,7 @@ class HFEngine(PrefixSharing, Engine):
         costs far less than a rollout."""
         if self.requests or (self._driver is not None and not self._driver.done()):
             return
-        self._worker.submit(self._drop_cache).result()  # the worker thread is the only one touching the cache
+        self._worker.submit(self._drop_cache).result()  # one thread at a time touches the cache: the steps' own
         trim()
 
     def _drop_cache(self) -> None:

@@ -195,9 +195,10 @@ class Rollout:
             raise DataError(f"env {self.env.name}, task {task.id}: {exc}") from None
 
     def run(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
-        """`arun` on an event loop of its own; then the engine frees what it keeps between rollouts."""
+        """`arun` on an event loop of its own (the engine's `run`: its steps on this thread); then the engine frees
+        what it keeps between rollouts."""
         try:
-            return asyncio.run(self.arun(tasks, seed, first))
+            return self.engine.run(self.arun(tasks, seed, first))
         finally:
             self.engine.free_memory()
 

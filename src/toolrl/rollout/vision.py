@@ -28,6 +28,7 @@ from toolrl.models.vision import (
     multimodal_base,
     sequence_positions,
 )
+from toolrl.rollout.caller_thread import CallerThread
 from toolrl.rollout.engine import Engine, Sampled, common_prefix_length, register_engine
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 
@@ -60,10 +61,14 @@ class VisionEngine(Engine):
         self.model, self.stop_ids, self.device = model, list(stop_ids), device
         self.pad_id = pad_id if pad_id is not None else self.stop_ids[0]
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="hf-vision")
+        self._worker = CallerThread(ThreadPoolExecutor(1, thread_name_prefix="hf-vision"))
+        """Within `run` (a rollout), batches run on its caller's thread (rollout/caller_thread.py)."""
         self._waiting: dict[int, list[_Request]] = {}
         """Per event loop (a rollout runs on a loop of its own): the turns waiting for the next batch."""
         self._drivers: dict[int, asyncio.Task] = {}
+
+    def run(self, coro):
+        return self._worker.run(coro)
 
     async def generate(
         self, seq: Hashable, tokens: list[int], params: SamplingParams, images: Sequence[VisionImage] = ()

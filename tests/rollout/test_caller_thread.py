@@ -1,0 +1,128 @@
+"""A rollout's engine steps run on the thread that started it (rollout/caller_thread.py): one OpenMP pool for the
+process's compute, not two. The executor's contract: calls within `run` on the calling thread, others on the
+fallback worker; the coroutine's result and errors come back; an interrupt stops the rollout and is raised."""
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from toolrl.rollout import HFEngine, SamplingParams
+from toolrl.rollout.caller_thread import CallerThread
+from toolrl.rollout.engine import Engine, Sampled
+
+
+@pytest.fixture
+def executor():
+    box = CallerThread(ThreadPoolExecutor(max_workers=1, thread_name_prefix="fallback"))
+    yield box
+    box.shutdown()
+
+
+def where(executor):
+    async def ask():
+        loop = asyncio.get_running_loop()
+        return await asyncio.gather(*(loop.run_in_executor(executor, threading.current_thread) for _ in range(3)))
+
+    return ask
+
+
+def test_calls_within_run_run_on_the_calling_thread_and_others_on_the_worker(executor):
+    threads = executor.run(where(executor)())
+    assert threads == [threading.current_thread()] * 3 and executor.served == 3
+    assert executor.submit(threading.current_thread).result().name.startswith("fallback")
+    # without a caller serving, a rollout's calls go to the worker, as before
+    assert {t.name[:8] for t in asyncio.run(where(executor)())} == {"fallback"}
+
+
+def test_the_coroutine_runs_on_a_helper_loop_and_its_result_and_errors_come_back(executor):
+    async def loop_thread():
+        return threading.current_thread().name
+
+    assert executor.run(loop_thread()) == "toolrl-rollout-loop"
+
+    async def fails():
+        await asyncio.get_running_loop().run_in_executor(executor, int, "x")
+
+    with pytest.raises(ValueError, match="invalid literal"):
+        executor.run(fails())
+    assert executor.submit(threading.current_thread).result().name.startswith("fallback")  # it stopped serving
+
+
+def test_an_interrupt_on_the_calling_thread_cancels_the_rollout_and_is_raised(executor):
+    """Ctrl-C arrives on the main thread, here inside a step; the rollout's loop is cancelled and its thread ends."""
+    finished = []
+
+    def step():
+        raise KeyboardInterrupt
+
+    async def rollout():
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, step)
+            await asyncio.sleep(30)
+        finally:
+            finished.append(True)
+
+    with pytest.raises(KeyboardInterrupt):
+        executor.run(rollout())
+    assert finished == [True]
+    assert not [t for t in threading.enumerate() if t.name == "toolrl-rollout-loop"]
+
+
+def test_a_second_caller_while_one_serves_runs_its_loop_itself(executor):
+    """Two rollouts at once (a step ahead beside an evaluation): the second's calls go to the thread serving."""
+    entered, release = threading.Event(), threading.Event()
+
+    async def first():
+        await asyncio.get_running_loop().run_in_executor(executor, entered.set)
+        await asyncio.to_thread(release.wait)
+
+    seen = []
+    server = threading.Thread(target=lambda: seen.append(executor.run(first())))
+    server.start()
+    entered.wait(5)
+    try:
+        threads = executor.run(where(executor)())
+    finally:
+        release.set()
+        server.join(5)
+    assert threads == [server] * 3 and seen == [None]
+
+
+def test_an_engine_of_ones_own_runs_a_rollout_as_asyncio_does():
+    class Echo(Engine):
+        async def generate(self, seq, tokens, params):
+            return Sampled(list(tokens[-1:]), [0.0], True)
+
+    async def rollout():
+        return (await Echo().generate(0, [1, 2, 3], SamplingParams()), threading.current_thread())
+
+    sampled, thread = Echo().run(rollout())
+    assert sampled.ids == [3] and thread is threading.current_thread()
+
+
+def test_the_hf_engines_steps_run_on_the_rollouts_caller(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"))
+    stepped = []
+    step = engine._step
+    engine._step = lambda batch: stepped.append(threading.current_thread()) or step(batch)
+
+    async def rollout():
+        params = SamplingParams(temperature=1.0, max_new_tokens=4)
+        outs = await asyncio.gather(*(engine.generate(i, [100 + i, 200, 300], params) for i in range(3)))
+        for i in range(3):
+            engine.release(i)
+        return outs
+
+    try:
+        outs = engine.run(rollout())
+        assert all(len(out.ids) >= 1 for out in outs)
+        assert stepped and set(stepped) == {threading.current_thread()}
+        stepped.clear()
+        asyncio.run(rollout())  # a caller that does not use `run` (the gateway's loop): the worker thread
+        assert stepped and threading.current_thread() not in stepped
+        engine.free_memory()
+    finally:
+        engine.close()
