@@ -9,7 +9,9 @@ every parallel region waits for the kernel to wake them.
    one product of 16 rows by 576 x 1536, on a second thread: while the main thread has opened no parallel region,
    and after it has (its pool alive); then on the main thread while the second thread's pool is alive.
 2. `step`: train_vs_trl.py's GRPO step (the calculator prompts, 2 tasks x 8 samples, 64 new tokens, one turn, the
-   default model), one process, the two layouts alternating step by step after a warm-up step. After each step
+   default model), one process, two layouts alternating step by step after a warm-up step (`--layouts`: caller,
+   always on the rollout's caller; worker, on the engine's worker thread, as before; auto, the default, which
+   chooses the worker when other processes keep the CPUs busy). After each step
    of the worker layout its thread is replaced (a thread's pool ends with it), so that each step starts with the
    pools its layout has. Per layout: mean seconds of the step, rollout and update, and milliseconds per generated
    token (the samples' lengths differ from step to step).
@@ -67,7 +69,11 @@ def threads() -> dict:
     return rows
 
 
-def steps(count: int) -> dict:
+LAYOUTS = {"caller": True, "worker": False, "auto": None}
+"""caller_thread.ON_CALLER per layout: always on the caller, never, or as the machine's load says (the default)."""
+
+
+def steps(count: int, layouts: list[str]) -> dict:
     import train_vs_trl  # noqa: F401  (registers bench-digits)
 
     import toolrl.rollout.caller_thread as caller_thread
@@ -83,18 +89,21 @@ def steps(count: int) -> dict:
     trainer = Trainer(bench)
     engine = trainer.rollout.engine
     trainer.step(1)  # warm-up, in the new layout
-    seen: dict[str, list[dict]] = {"caller": [], "worker": []}
+    seen: dict[str, list[dict]] = {layout: [] for layout in layouts}
+    busy = 0
     for step in range(2, count + 2):
-        layout = "caller" if step % 2 == 0 else "worker"
-        caller_thread.ON_CALLER = layout == "caller"
+        layout = layouts[step % 2]
+        caller_thread.ON_CALLER = LAYOUTS[layout]
+        before = engine._worker.on_worker
         m = trainer.step(step)
+        busy += layout == "auto" and engine._worker.on_worker > before
         if layout == "worker":  # the worker thread's pool ends with the thread
             old, engine._worker.fallback = engine._worker.fallback, ThreadPoolExecutor(1, "toolrl-engine")
             old.shutdown(wait=True)
         seen[layout].append(m)
         print(f"step {step} ({layout}): {m['step_s']:.2f} s, rollout {m['rollout_s']:.2f} s, update "
               f"{m['time/forward_backward_s']:.2f} s, {m['generated_tokens']} tokens", flush=True)  # fmt: skip
-    caller_thread.ON_CALLER = True
+    caller_thread.ON_CALLER = None
     bench.close()
 
     def summary(ms: list[dict]) -> dict:
@@ -108,15 +117,19 @@ def steps(count: int) -> dict:
             ),
         }
 
-    rows = {layout: summary(ms) for layout, ms in seen.items()}
+    rows: dict = {layout: summary(ms) for layout, ms in seen.items()}
+    first, second = layouts
     for key in ("step_s", "rollout_s", "update_s", "ms_per_generated_token"):
-        rows[f"worker_vs_caller_{key}"] = round(rows["worker"][key] / rows["caller"][key], 2)
+        rows[f"{second}_vs_{first}_{key}"] = round(rows[second][key] / rows[first][key], 2)
+    if "auto" in layouts:
+        rows["auto_steps_on_worker"] = busy
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="timed steps, alternating, after one warm-up step")
+    parser.add_argument("--layouts", default="caller,worker", help="the two layouts alternated: caller, worker, auto")
     parser.add_argument("--out", default="bench/results/caller_thread.json")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -126,15 +139,19 @@ def main() -> None:
     for name, row in calls.items():
         print(f"{name:<20} {row['second_thread_alone']:>17} {row['second_thread_beside_main_pool']:>21} "
               f"{row['main_thread_alone']:>11} {row['main_thread_beside_second_pool']:>21}")  # fmt: skip
-    step = steps(args.steps)
+    layouts = args.layouts.split(",")
+    if len(layouts) != 2 or not set(layouts) <= set(LAYOUTS):
+        parser.error("--layouts: two of caller, worker, auto, comma-separated")
+    step = steps(args.steps, layouts)
     print(f"{'layout':<8} {'step s':>7} {'rollout s':>10} {'update s':>9} {'ms/token':>9}")
-    for layout in ("caller", "worker"):
+    for layout in layouts:
         r = step[layout]
         print(f"{layout:<8} {r['step_s']:>7} {r['rollout_s']:>10} {r['update_s']:>9} {r['ms_per_generated_token']:>9}")
-    print(
-        f"worker / caller: step {step['worker_vs_caller_step_s']}x, rollout {step['worker_vs_caller_rollout_s']}x, "
-        f"update {step['worker_vs_caller_update_s']}x, per token {step['worker_vs_caller_ms_per_generated_token']}x"
-    )
+    a, b = layouts
+    print(f"{b} / {a}: step {step[f'{b}_vs_{a}_step_s']}x, rollout {step[f'{b}_vs_{a}_rollout_s']}x, update "
+          f"{step[f'{b}_vs_{a}_update_s']}x, per token {step[f'{b}_vs_{a}_ms_per_generated_token']}x")  # fmt: skip
+    if "auto" in layouts:
+        print(f"auto: {step['auto_steps_on_worker']} of {step['auto']['steps']} steps found the machine busy")
     save_with_load(args.out, measured_here(load, {"calls": calls, "step": step}))
 
 

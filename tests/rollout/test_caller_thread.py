@@ -3,15 +3,25 @@ process's compute, not two. The executor's contract: calls within `run` on the c
 fallback worker; the coroutine's result and errors come back; an interrupt stops the rollout and is raised."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from toolrl.rollout import HFEngine, SamplingParams
+from toolrl.rollout import HFEngine, SamplingParams, caller_thread
 from toolrl.rollout.caller_thread import CallerThread
 from toolrl.rollout.engine import Engine, Sampled
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    """The layout a quiet machine gets, whatever the machine running the tests is doing."""
+    monkeypatch.setattr(caller_thread, "ON_CALLER", True)
 
 
 @pytest.fixture
@@ -126,3 +136,28 @@ def test_the_hf_engines_steps_run_on_the_rollouts_caller(tiny_model, tokenizer):
         engine.free_memory()
     finally:
         engine.close()
+
+
+def test_on_a_busy_machine_the_steps_stay_on_the_worker(executor, monkeypatch):
+    """With one OpenMP pool its threads spin at barriers, which costs a busy machine 4x (beside make test)."""
+    monkeypatch.setattr(caller_thread, "ON_CALLER", None)
+    monkeypatch.setattr(caller_thread, "others_share", lambda probe_s=0.1: 0.9)
+    assert {t.name[:8] for t in executor.run(where(executor)())} == {"fallback"} and executor.on_worker == 1
+    monkeypatch.setattr(caller_thread, "others_share", lambda probe_s=0.1: 0.0)
+    assert executor.run(where(executor)()) == [threading.current_thread()] * 3
+    monkeypatch.setattr(caller_thread, "others_share", lambda probe_s=0.1: None)  # not measurable: the caller
+    assert executor.run(where(executor)()) == [threading.current_thread()] * 3 and executor.on_worker == 1
+
+
+def test_others_share_sees_processes_keeping_this_processs_cpus_busy():
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(os.sched_getaffinity(0)))
+    ]
+    try:
+        time.sleep(0.3)
+        share = caller_thread.others_share(0.5)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert share is not None and share >= caller_thread.BUSY_SHARE

@@ -10,21 +10,76 @@ ms instead of 55-57, and a flash-attention call of decode size 106 us instead of
 So while `CallerThread.run` lasts, the engine's steps run on the calling thread, the one that already does the
 process's compute, and the coroutine (the rollout: tool calls, rewards, parsing) on an event loop of its own on a
 helper thread. Steps asked for after it ends, or by another caller meanwhile, go to the engine's own worker as
-before."""
+before.
+
+Not on a busy machine: with one pool its threads spin ~3 ms at each barrier, and when another process holds one
+of the cores, a thread spinning for a descheduled sibling burns the time that sibling needs. Beside a `make test`
+(load ~4 on 2 cores) the same GRPO step took 75 s with one pool against 18 s with two. So each `run` first looks
+at how much of this process's CPUs other processes used over BUSY_PROBE_S (/proc/stat less this process's own
+time): from BUSY_SHARE on, the steps go to the worker thread, as before."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import Coroutine
 from concurrent.futures import Executor, Future
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
-ON_CALLER = True
-"""False: the steps run on the engine's worker thread even within `run` (the layout before; the benchmark's A/B)."""
+ON_CALLER: bool | None = None
+"""None: on the caller unless the machine is busy (`others_share`); True or False: always or never (the
+benchmark's A/B)."""
+BUSY_PROBE_S = 0.1
+BUSY_SHARE = 0.25
+"""The share of this process's CPUs that other processes' work must take for the machine to count as busy."""
+
+
+def _ticks(cpus: set[int]) -> tuple[int, int] | None:
+    """(busy ticks of `cpus` from /proc/stat, this process's own ticks), or None where they cannot be read."""
+    try:
+        busy = 0
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *values = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                ticks = [int(v) for v in values[:8]]
+                busy += sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return busy, int(own[11]) + int(own[12])  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def others_share(probe_s: float = BUSY_PROBE_S) -> float | None:
+    """The share of this process's CPUs that other processes kept busy over `probe_s` (None: not measurable)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    before = _ticks(cpus)
+    if not cpus or before is None:
+        return None
+    time.sleep(probe_s)
+    after = _ticks(cpus)
+    if after is None:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others / (hz * probe_s * len(cpus)))
+
+
+def on_caller() -> bool:
+    if ON_CALLER is not None:
+        return ON_CALLER
+    share = others_share()
+    if share is not None and share >= BUSY_SHARE:
+        log.debug("other processes used %.0f%% of this process's CPUs: the steps go to the worker", 100 * share)
+        return False
+    return True
 
 
 class CallerThread(Executor):
@@ -37,6 +92,8 @@ class CallerThread(Executor):
         self._serving = False
         self.served = 0
         """Calls run on the calling thread so far."""
+        self.on_worker = 0
+        """Rollouts whose steps went to the worker because the machine was busy (or ON_CALLER said so)."""
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         with self._lock:
@@ -70,8 +127,11 @@ class CallerThread(Executor):
                 started.set()
                 self._jobs.put(None)
 
+        if not on_caller():  # a busy machine: the worker thread, as before
+            self.on_worker += 1
+            return asyncio.run(coro)
         with self._lock:
-            plain = self._serving or not ON_CALLER  # another thread serves: this rollout's steps go there
+            plain = self._serving  # another thread serves: this rollout's steps go there
             self._serving = True if not plain else self._serving
         if plain:
             return asyncio.run(coro)
