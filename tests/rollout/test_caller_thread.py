@@ -141,6 +141,7 @@ def test_the_hf_engines_steps_run_on_the_rollouts_caller(tiny_model, tokenizer):
 def test_on_a_busy_machine_the_steps_stay_on_the_worker(executor, monkeypatch):
     """With one OpenMP pool its threads spin at barriers, which costs a busy machine 4x (beside make test)."""
     monkeypatch.setattr(caller_thread, "ON_CALLER", None)
+    monkeypatch.setattr(caller_thread, "BUSY_REUSE_S", 0.0)
     monkeypatch.setattr(caller_thread, "others_share", lambda probe_s=0.1: 0.9)
     assert {t.name[:8] for t in executor.run(where(executor)())} == {"fallback"} and executor.on_worker == 1
     monkeypatch.setattr(caller_thread, "others_share", lambda probe_s=0.1: 0.0)
@@ -161,3 +162,13 @@ def test_others_share_sees_processes_keeping_this_processs_cpus_busy():
             burner.kill()
             burner.wait()
     assert share is not None and share >= caller_thread.BUSY_SHARE
+
+
+def test_a_look_at_the_machine_serves_the_rollouts_that_start_soon_after(monkeypatch):
+    looks = []
+    monkeypatch.setattr(caller_thread, "ON_CALLER", None)
+    monkeypatch.setattr(caller_thread, "_looked", [])
+    monkeypatch.setattr(caller_thread, "others_share", lambda probe_s=0.1: looks.append(1) or 0.9)
+    assert [caller_thread.on_caller() for _ in range(3)] == [False] * 3 and len(looks) == 1
+    monkeypatch.setattr(caller_thread, "BUSY_REUSE_S", 0.0)
+    assert caller_thread.on_caller() is False and len(looks) == 2

@@ -16,7 +16,8 @@ Not on a busy machine: with one pool its threads spin ~3 ms at each barrier, and
 of the cores, a thread spinning for a descheduled sibling burns the time that sibling needs. Beside a `make test`
 (load ~4 on 2 cores) the same GRPO step took 75 s with one pool against 18 s with two. So each `run` first looks
 at how much of this process's CPUs other processes used over BUSY_PROBE_S (/proc/stat less this process's own
-time): from BUSY_SHARE on, the steps go to the worker thread, as before."""
+time; one look serves the runs of the next BUSY_REUSE_S): from BUSY_SHARE on, the steps go to the worker thread,
+as before."""
 
 from __future__ import annotations
 
@@ -72,14 +73,24 @@ def others_share(probe_s: float = BUSY_PROBE_S) -> float | None:
     return max(0.0, others / (hz * probe_s * len(cpus)))
 
 
+BUSY_REUSE_S = 5.0
+"""A look at the machine is reused by the rollouts that start within this many seconds of it (an evaluation's
+batches, a test's rollouts), rather than each waiting BUSY_PROBE_S."""
+_looked: list[tuple[float, bool]] = []
+
+
 def on_caller() -> bool:
+    """Whether a rollout's steps run on its caller: ON_CALLER, else whether the machine is quiet."""
     if ON_CALLER is not None:
         return ON_CALLER
+    if _looked and time.monotonic() - _looked[0][0] < BUSY_REUSE_S:
+        return _looked[0][1]
     share = others_share()
-    if share is not None and share >= BUSY_SHARE:
+    quiet = share is None or share < BUSY_SHARE
+    if not quiet:
         log.debug("other processes used %.0f%% of this process's CPUs: the steps go to the worker", 100 * share)
-        return False
-    return True
+    _looked[:] = [(time.monotonic(), quiet)]
+    return quiet
 
 
 class CallerThread(Executor):
