@@ -148,6 +148,12 @@ def test_on_a_busy_machine_the_steps_stay_on_the_worker(executor, monkeypatch):
     assert executor.run(where(executor)()) == [threading.current_thread()] * 3
     monkeypatch.setattr(caller_thread, "others_share", lambda probe_s=0.1: None)  # not measurable: the caller
     assert executor.run(where(executor)()) == [threading.current_thread()] * 3 and executor.on_worker == 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # torchrun's ranks: one OpenMP thread, no pool to share
+    try:
+        assert {t.name[:8] for t in executor.run(where(executor)())} == {"fallback"} and executor.on_worker == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_others_share_sees_processes_keeping_this_processs_cpus_busy():

@@ -80,9 +80,14 @@ _looked: list[tuple[float, bool]] = []
 
 
 def on_caller() -> bool:
-    """Whether a rollout's steps run on its caller: ON_CALLER, else whether the machine is quiet."""
+    """Whether a rollout's steps run on its caller: ON_CALLER, else whether PyTorch runs more than one thread and
+    the machine is quiet."""
     if ON_CALLER is not None:
         return ON_CALLER
+    import torch
+
+    if torch.get_num_threads() < 2:  # one OpenMP thread (torchrun's ranks): no pool to share, nothing to gain
+        return False
     if _looked and time.monotonic() - _looked[0][0] < BUSY_REUSE_S:
         return _looked[0][1]
     share = others_share()
