@@ -107,7 +107,7 @@ class CallerThread(Executor):
         self._lock = threading.Lock()
         self._serving = False
         self.served = 0
-        """Calls run on the calling thread so far."""
+        """Calls taken up by the calling thread so far."""
         self.on_worker = 0
         """Rollouts whose steps went to the worker because the machine was busy (or ON_CALLER said so)."""
 
@@ -126,6 +126,14 @@ class CallerThread(Executor):
         """`asyncio.run(coro)` on a helper thread while this thread runs the calls submitted meanwhile; its result,
         or its exception raised here. While another thread serves, plain `asyncio.run(coro)`. An interrupt here
         (Ctrl-C) cancels the coroutine and is raised again once the helper thread has ended."""
+        if not on_caller():  # a busy machine: the worker thread, as before
+            self.on_worker += 1
+            return asyncio.run(coro)
+        with self._lock:
+            plain = self._serving  # another thread serves: this rollout's steps go there
+            self._serving = True
+        if plain:
+            return asyncio.run(coro)
         outcome: dict[str, Any] = {}
         started = threading.Event()
 
@@ -143,18 +151,11 @@ class CallerThread(Executor):
                 started.set()
                 self._jobs.put(None)
 
-        if not on_caller():  # a busy machine: the worker thread, as before
-            self.on_worker += 1
-            return asyncio.run(coro)
-        with self._lock:
-            plain = self._serving  # another thread serves: this rollout's steps go there
-            self._serving = True if not plain else self._serving
-        if plain:
-            return asyncio.run(coro)
         helper = threading.Thread(target=on_helper, name="toolrl-rollout-loop", daemon=True)
         helper.start()
         try:
             while (job := self._jobs.get()) is not None:
+                self.served += 1
                 self._run(job)
         except BaseException:
             started.wait()
@@ -172,7 +173,6 @@ class CallerThread(Executor):
         future, fn, args, kwargs = job
         if not future.set_running_or_notify_cancel():
             return
-        self.served += 1
         try:
             future.set_result(fn(*args, **kwargs))
         except BaseException as exc:
@@ -190,16 +190,4 @@ class CallerThread(Executor):
             except queue.Empty:
                 return
             if job is not None:
-                future, fn, args, kwargs = job
-                if future.set_running_or_notify_cancel():
-                    _chain(self.fallback.submit(fn, *args, **kwargs), future)
-
-
-def _chain(source: Future, target: Future) -> None:
-    def copy(done: Future) -> None:
-        if done.exception() is not None:
-            target.set_exception(done.exception())
-        else:
-            target.set_result(done.result())
-
-    source.add_done_callback(copy)
+                self.fallback.submit(self._run, job)
