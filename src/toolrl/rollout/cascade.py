@@ -21,6 +21,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from toolrl.models.native import attention as long_prompt
+
 NAME = "toolrl_cascade"
 
 
@@ -40,7 +42,10 @@ def attend_with_lse(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention [b, h, q, d] with the log-sum-exp of each query's scores [b, h, q]; key and value have the
-    query's head count. On CPU the fused flash kernel returns both; elsewhere the plain computation."""
+    query's head count. On CPU the fused flash kernel returns both (the native one for many queries over a long
+    prefix: models/native/attention.py); elsewhere the plain computation."""
+    if mask is None and long_prompt.takes_prefix(query, key):
+        return long_prompt.prefix_forward(query, key, value, scale)
     if query.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, False, attn_mask=mask, scale=scale

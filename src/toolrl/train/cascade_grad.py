@@ -16,8 +16,11 @@ keys at once would give.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from toolrl.models.native import attention as long_prompt
 from toolrl.rollout.cascade import apart, grouped, merged, together, ungrouped
 
 _backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -41,17 +44,13 @@ class _Cascade(torch.autograd.Function):
         dq_s, dk_s, dv_s = _backward(
             d_out - d_prefix, grouped_query, key, value, out, lse_s, 0.0, False, attn_mask=mask, scale=scale
         )
-        dq_p, dk_p, dv_p = _backward(
-            together(d_prefix),
-            together(grouped_query),
-            prefix_key,
-            prefix_value,
-            together(out),
-            together(lse_p).contiguous(),
-            0.0,
-            False,
-            scale=scale,
-        )
+        query_p = together(grouped_query)
+        if long_prompt.takes_prefix(query_p, prefix_key):  # the native kernel (models/native/attention.py)
+            backward = long_prompt.prefix_backward
+        else:
+            backward = partial(_backward, dropout_p=0.0, is_causal=False)
+        parts = together(d_prefix), query_p, prefix_key, prefix_value, together(out), together(lse_p).contiguous()
+        dq_p, dk_p, dv_p = backward(*parts, scale=scale)
         return dq_s + apart(dq_p, rows), dk_s, dv_s, None, dk_p, dv_p, None
 
 

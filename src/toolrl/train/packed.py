@@ -30,6 +30,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from toolrl.models.native import attention as long_prompt
 from toolrl.models.vision import is_vision_config
 from toolrl.rollout.cascade import supports_cascade
 from toolrl.train.cascade_grad import cascade_with_grad
@@ -141,10 +142,14 @@ def packed_attention(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA; given `toolrl_packed` (PackedRows), `query` [1, heads, N, d] is the packed tokens' and `key`/`value`
+    """SDPA (a long prompt's causal self-attention on the native kernel: models/native/attention.py); given
+    `toolrl_packed` (PackedRows), `query` [1, heads, N, d] is the packed tokens' and `key`/`value`
     [1, kv_heads, prefix + N, d] the shared prefix's then the packed tokens'. Returns [1, N, heads, d]."""
     packed: PackedRows | None = kwargs.pop(KEYWORD, None)
     if packed is None:
+        if long_prompt.takes(module, query, key, value, attention_mask, dropout, kwargs):
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            return long_prompt.causal_attention(query, key, value, scale), None
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     packed.calls += 1
     kwargs.pop("is_causal", None)

@@ -38,7 +38,8 @@ from toolrl.home import toolrl_home
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("small_gemm.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_gemm.c", "flash.c"))
+"""Built into one library: the small-batch products, and long-prompt attention (flash.c, native/attention.py)."""
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 AVX512_FLAGS = ("-mavx512f",)
 """Added where PyTorch runs its AVX-512 code and the CPU reports avx512f: the AVX-512 micro-kernels (12 rows
@@ -48,6 +49,9 @@ BUILD_TIMEOUT_S = 300
 ROWS_BY_ISA = {"AVX2": 64, "AVX512": 32}
 """The most rows of a product the kernel takes, by PyTorch's CPU capability (where oneDNN was as fast or faster
 above, bench/decode_kernel.py); `auto` uses the kernel on these capabilities only."""
+
+
+NAMES = " and ".join(source.name for source in SOURCES)
 
 
 class KernelUnavailable(RuntimeError):
@@ -86,7 +90,8 @@ def _library_path(compiler: str) -> Path:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"the C compiler {compiler} does not run: {exc}") from exc
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *flags(), version]).encode()).hexdigest()[:16]
+    texts = [source.read_text() for source in SOURCES]
+    digest = hashlib.sha256("\0".join([*texts, *flags(), version]).encode()).hexdigest()[:16]
     return kernel_dir() / f"small_gemm-{digest}.so"
 
 
@@ -102,20 +107,20 @@ def _build(compiler: str, target: Path) -> None:
         if target.exists():
             return
         partial = target.with_suffix(f".{os.getpid()}.tmp")
-        log.info("building the small-batch product kernel (once per machine): %s", target)
+        log.info("building the native kernels (once per machine): %s", target)
         try:
             done = subprocess.run(
-                [compiler, *flags(), str(SOURCE), "-o", str(partial)],
+                [compiler, *flags(), *map(str, SOURCES), "-o", str(partial)],
                 capture_output=True,
                 text=True,
                 timeout=BUILD_TIMEOUT_S,
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            raise KernelUnavailable(f"{compiler} failed to build {SOURCE.name}: {exc}") from exc
+            raise KernelUnavailable(f"{compiler} failed to build {NAMES}: {exc}") from exc
         if done.returncode != 0:
             partial.unlink(missing_ok=True)
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise KernelUnavailable(f"{compiler} failed to build {SOURCE.name}: {last}")
+            raise KernelUnavailable(f"{compiler} failed to build {NAMES}: {last}")
         partial.chmod(0o700)
         os.replace(partial, target)
 
@@ -146,6 +151,12 @@ def load() -> ctypes.CDLL:
     lib.toolrl_gemm.argtypes = [pointer, size, size, pointer, size, pointer, pointer, ctypes.c_int]
     lib.toolrl_gemm.restype = ctypes.c_int
     lib.toolrl_max_rows.restype = ctypes.c_int
+    views = [pointer, size, size] * 3  # q, k, v: data, head stride, token stride
+    lib.toolrl_flash_forward.argtypes = [*views, size, size, size, size, size, size, ctypes.c_float, pointer, size,
+                                         size, pointer, ctypes.c_int]  # fmt: skip
+    lib.toolrl_flash_backward.argtypes = [*views, pointer, size, size, pointer, pointer, size, size, size, size, size,
+                                          size, ctypes.c_float, pointer, pointer, pointer, ctypes.c_int]  # fmt: skip
+    lib.toolrl_flash_forward.restype = lib.toolrl_flash_backward.restype = lib.toolrl_flash_tile.restype = ctypes.c_int
     return lib
 
 

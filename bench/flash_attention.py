@@ -1,0 +1,174 @@
+"""Benchmark: long-prompt attention on the native kernel (models/native/flash.c) against PyTorch's CPU flash
+kernels, side by side in one process, taking turns, the best of `--repeats` each:
+
+- a layer's causal self-attention over the handbook environment's 4,879-token shared prompt (9 query heads, 3 KV
+  heads, head size 64): forward, and backward from a given output gradient;
+- the update's cascade (train/cascade_grad.py): 8 rows x 64 tokens of each query head reading the whole prompt,
+  forward with the log-sum-exp and backward;
+- bench/long_context.py's GRPO step (1 task x 8 samples, 3 turns x 64 tokens, gradient checkpointing): the
+  rollout's prompt pass (the shared prompt through the policy in training mode, as train/rollout_prefix.py runs it)
+  and the update, on the same trajectories, with the native attention on and off in turn (each update computes its
+  own prompt pass here, where the step's update reads the rollout's).
+
+Every native result is checked against PyTorch's. FLOP rates count the causal half once (backward: 2.5x the
+forward's products). Prints a table and writes bench/results/flash_attention.json with the machine's matmul peak
+and load average."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import tempfile
+import time
+
+import torch
+from common import ROOT, matmul_peak_gflops, measured_here, write_results
+
+from toolrl.models.native import attention as long_prompt
+
+TOKENS, HEADS, KV_HEADS, DIM, ROWS = 4879, 9, 3, 64, 8 * 64
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def side_by_side(ways: dict, repeats: int) -> dict[str, float]:
+    """The best time of each of `ways` (name -> function), run in turn `repeats` times."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(repeats):
+        for name, fn in ways.items():
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: min(t) for name, t in times.items()}
+
+
+def hf_layout(heads: int, n: int, seed: int) -> torch.Tensor:
+    """[1, heads, n, d] as a Llama layer hands it over: a transposed view of [1, n, heads, d]."""
+    return torch.randn(1, n, heads, DIM, generator=torch.Generator().manual_seed(seed)).transpose(1, 2)
+
+
+def rates(times: dict[str, float], flops: float) -> dict:
+    return {name: {"ms": round(s * 1000, 1), "gflops": round(flops / s / 1e9, 1)} for name, s in times.items()}
+
+
+def causal(repeats: int) -> dict:
+    q, k, v = hf_layout(HEADS, TOKENS, 0), hf_layout(KV_HEADS, TOKENS, 1), hf_layout(KV_HEADS, TOKENS, 2)
+    d_out = torch.randn(1, TOKENS, HEADS, DIM)
+    scale = DIM**-0.5
+    flops = 2 * 2 * HEADS * DIM * TOKENS * (TOKENS + 1) / 2
+    out, lse = FLASH(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), 0.0, True, scale=scale)
+    native_out = long_prompt.causal_attention(q, k, v, scale)
+    error = (native_out - out.transpose(1, 2)).abs().max().item()
+    forward = side_by_side({"pytorch": lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True), "native": lambda: long_prompt.causal_attention(q, k, v, scale)},
+        repeats)  # fmt: skip
+
+    def pytorch_backward():  # GQA as SDPA's backward runs it: the KV heads repeated, their gradients summed
+        kk, vv = (x.repeat_interleave(3, 1) for x in (k, v))
+        dq, dk, dv = FLASH_BACKWARD(d_out.transpose(1, 2), q, kk, vv, out, lse, 0.0, True, scale=scale)
+        return dq, dk.view(1, KV_HEADS, 3, TOKENS, DIM).sum(2), dv.view(1, KV_HEADS, 3, TOKENS, DIM).sum(2)
+
+    lse_native = long_prompt._forward(q[0], k[0], v[0], 0, scale, torch.empty(HEADS, TOKENS, DIM))
+
+    def native_backward():
+        return long_prompt._backward(d_out[0].transpose(0, 1), q[0], k[0], v[0], native_out[0].transpose(0, 1),
+                                     lse_native, 0, scale)  # fmt: skip
+
+    grad_error = max((a.squeeze(0) - b.squeeze(0)).abs().max().item()
+                     for a, b in zip(native_backward(), pytorch_backward(), strict=True))  # fmt: skip
+    backward = side_by_side({"pytorch": pytorch_backward, "native": native_backward}, repeats)
+    return {"forward": rates(forward, flops), "backward": rates(backward, 2.5 * flops),
+            "max_error": error, "max_grad_error": grad_error}  # fmt: skip
+
+
+def cascade_prefix(repeats: int) -> dict:
+    """Every row's queries of a KV head together ([1, kv_heads, rows x groups, d]) over the whole prompt."""
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, KV_HEADS, ROWS * 3, DIM, generator=generator)
+    k, v = (torch.randn(1, KV_HEADS, TOKENS, DIM, generator=generator) for _ in range(2))
+    d_out = torch.randn(1, KV_HEADS, ROWS * 3, DIM, generator=generator)
+    scale, flops = DIM**-0.5, 2 * 2 * KV_HEADS * ROWS * 3 * DIM * TOKENS
+    out, lse = FLASH(q, k, v, 0.0, False, scale=scale)
+    native_out, native_lse = long_prompt.prefix_forward(q, k, v, scale)
+    error = max((native_out - out).abs().max().item(), (native_lse - lse).abs().max().item())
+    forward = side_by_side({"pytorch": lambda: FLASH(q, k, v, 0.0, False, scale=scale),
+                            "native": lambda: long_prompt.prefix_forward(q, k, v, scale)}, repeats)  # fmt: skip
+    backward = side_by_side({
+        "pytorch": lambda: FLASH_BACKWARD(d_out, q, k, v, out, lse, 0.0, False, scale=scale),
+        "native": lambda: long_prompt.prefix_backward(d_out, q, k, v, out, lse, scale)}, repeats)  # fmt: skip
+    return {"forward": rates(forward, flops), "backward": rates(backward, 2.5 * flops), "max_error": error}
+
+
+def step(repeats: int) -> dict:
+    from long_context import GROUP, config
+
+    from toolrl.train import Trainer, Workbench
+    from toolrl.train.logprobs import StepPrefix
+
+    extra = ["train.prompts_per_step=1", f"train.group_size={GROUP}", "train.gradient_checkpointing=true"]
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Workbench.load(config(tmp, extra))
+        trainer = Trainer(bench)
+        trajs = trainer.collector.roll_out(1).trajs
+        bench.engine("train", 0).free_memory()
+        for i, traj in enumerate(trajs):  # every trajectory enters the loss
+            traj.reward = float(i % 2)
+        prompt = trajs[0].token_ids[: trajs[0].loss_mask.index(1)]
+        model = trainer.model
+
+        def prompt_pass():
+            model.train()
+            StepPrefix(model, prompt)
+
+        times: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            for native in (True, False):
+                long_prompt.ENABLED = native
+                update = lambda: trainer.update(copy.deepcopy(trajs))  # noqa: E731
+                for name, fn in (("prompt_pass", prompt_pass), ("update", update)):
+                    started = time.perf_counter()
+                    fn()
+                    times.setdefault(f"{name}_{'native' if native else 'pytorch'}", []).append(
+                        time.perf_counter() - started)  # fmt: skip
+                    print(f"  {name} ({'native' if native else 'pytorch'}): {times[list(times)[-1]][-1]:.1f} s",
+                          flush=True)  # fmt: skip
+        long_prompt.ENABLED = True
+        bench.close()
+    best = {name: round(min(t), 2) for name, t in times.items()}
+    return {"seconds": best, "all_seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
+            "prompt_tokens": len(prompt), "tokens": [len(t.token_ids) for t in trajs]}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--step-repeats", type=int, default=2, help="pairs of prompt passes and updates")
+    parser.add_argument("--skip-step", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "flash_attention.json"))
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    peak = matmul_peak_gflops()
+    rows = {"causal": causal(args.repeats), "cascade_prefix": cascade_prefix(args.repeats)}
+    for name, row in rows.items():
+        for part in ("forward", "backward"):
+            ours, theirs = row[part]["native"], row[part]["pytorch"]
+            row[part]["ratio"] = round(theirs["ms"] / ours["ms"], 2)
+            print(f"{name:15} {part:8}: pytorch {theirs['ms']:7.1f} ms {theirs['gflops']:6.1f} GFLOP/s   native "
+                  f"{ours['ms']:7.1f} ms {ours['gflops']:6.1f} GFLOP/s   {row[part]['ratio']:.2f}x")  # fmt: skip
+    if not args.skip_step:
+        rows["step"] = step(args.step_repeats)
+        s = rows["step"]["seconds"]
+        for name in ("prompt_pass", "update"):
+            ratio = round(s[f"{name}_pytorch"] / s[f"{name}_native"], 2)
+            rows["step"][f"{name}_ratio"] = ratio
+            print(f"step {name:11}: pytorch {s[f'{name}_pytorch']:6.1f} s   native {s[f'{name}_native']:6.1f} s   "
+                  f"{ratio:.2f}x")  # fmt: skip
+    result = measured_here(load_before, {"before_matmul_peak_gflops": round(peak, 1), **rows})
+    print(f"matmul peak {peak:.0f} GFLOP/s; load average before {result['load_avg_before']}, after "
+          f"{result['load_avg_after']}")  # fmt: skip
+    write_results(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Long-prompt causal attention on the native kernel (models/native/attention.py): the same outputs and gradients
+as PyTorch's SDPA, taken by a model's layers only where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from toolrl.models import native
+from toolrl.models.native import attention as long_prompt
+
+try:
+    native.load()
+except native.KernelUnavailable as exc:  # no C compiler or no AVX2 here
+    pytest.skip(f"the native kernel cannot be built here: {exc}", allow_module_level=True)
+
+
+def hf_layout(n: int, heads: int, dim: int, seed: int) -> torch.Tensor:
+    """[1, heads, n, dim] as a Llama layer hands it over: a transposed view of [1, n, heads, dim]."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(1, n, heads, dim, generator=generator).transpose(1, 2).requires_grad_()
+
+
+@pytest.mark.parametrize("n", [1024, 1237])  # a multiple of the blocks, and a ragged last block
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 128)])
+def test_outputs_and_gradients_are_sdpa_s(n, heads, kv_heads, dim):
+    query, key, value = hf_layout(n, heads, dim, 0), hf_layout(n, kv_heads, dim, 1), hf_layout(n, kv_heads, dim, 2)
+    grad = torch.randn(1, n, heads, dim, generator=torch.Generator().manual_seed(3))
+    scale = dim**-0.5
+    ours = long_prompt.causal_attention(query, key, value, scale)
+    ours.backward(grad)
+    mine = [t.grad for t in (query, key, value)]
+    for t in (query, key, value):
+        t.grad = None
+    ref = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=True)
+    ref.transpose(1, 2).backward(grad)
+    assert ours.shape == (1, n, heads, dim)
+    torch.testing.assert_close(ours, ref.transpose(1, 2), atol=2e-6, rtol=1e-5)
+    for got, t in zip(mine, (query, key, value), strict=True):
+        torch.testing.assert_close(got, t.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_inference_mode_gives_the_same_output():
+    query, key, value = (hf_layout(1100, h, 64, s) for h, s in ((9, 0), (3, 1), (3, 2)))
+    with torch.inference_mode():
+        got = long_prompt.causal_attention(query, key, value, 0.125)
+    want = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=0.125, enable_gqa=True)
+    torch.testing.assert_close(got, want.transpose(1, 2).detach(), atol=2e-6, rtol=1e-5)
+
+
+def test_a_long_prefix_read_by_many_queries_is_pytorch_s_flash_attention():
+    """The cascade's prefix part (train/cascade_grad.py): every query sees every key; output, log-sum-exp and the
+    gradients from a given output gradient match PyTorch's CPU flash kernel."""
+    generator = torch.Generator().manual_seed(4)
+    query, key, value = (torch.randn(1, 3, m, 64, generator=generator) for m in (150, 1100, 1100))
+    assert long_prompt.takes_prefix(query, key)
+    out, lse = long_prompt.prefix_forward(query, key, value, 0.125)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    want_out, want_lse = flash(query, key, value, 0.0, False, scale=0.125)
+    torch.testing.assert_close(out, want_out, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=2e-6, rtol=1e-5)
+    d_out = torch.randn(1, 3, 150, 64, generator=generator)
+    got = long_prompt.prefix_backward(d_out, query, key, value, out, lse, 0.125)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        d_out, query, key, value, want_out, want_lse, 0.0, False, scale=0.125
+    )
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert not long_prompt.takes_prefix(query[:, :, :24], key)  # a decode step's few queries stay on PyTorch's
+
+
+def test_a_model_s_long_prompt_goes_through_the_kernel_with_sdpa_s_loss_and_gradients(monkeypatch):
+    """A Llama model's forward and backward over a 1,100-token prompt, as the update computes a step's shared prompt:
+    the layers take the kernel (counted), and the loss and every parameter's gradient are SDPA's."""
+    import toolrl.train.packed  # noqa: F401  (registers the attention that routes to the kernel)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, 300, (1, 1100), generator=torch.Generator().manual_seed(5))
+    calls = []
+    real = long_prompt._forward
+    monkeypatch.setattr(long_prompt, "_forward", lambda *a: calls.append(1) or real(*a))
+
+    def loss_and_grads(enabled: bool):
+        monkeypatch.setattr(long_prompt, "ENABLED", enabled)
+        model.zero_grad()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    ours, ours_grads = loss_and_grads(True)
+    assert len(calls) == 2  # each layer's attention
+    want, want_grads = loss_and_grads(False)
+    assert len(calls) == 2
+    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+    for got, ref in zip(ours_grads, want_grads, strict=True):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # a short prompt stays on SDPA
+        model(ids[:, :200])
+    assert len(calls) == 2
+
+
+def test_the_avx2_build_gives_the_same_results_as_sdpa(tmp_path):
+    """The AVX2 build (what a machine without AVX-512 compiles), forced here with ATEN_CPU_CAPABILITY=avx2 in a
+    fresh process and $TOOLRL_HOME: forward and gradients are SDPA's."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import torch, torch.nn.functional as F
+from toolrl.models import native
+from toolrl.models.native import attention as long_prompt
+assert torch.backends.cpu.get_cpu_capability() == "AVX2" and "-mavx512f" not in native.flags()
+assert long_prompt._tile() == 16
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, n, h, 64, generator=g).transpose(1, 2).requires_grad_() for n, h in ((1030, 6), (1030, 2), (1030, 2)))
+out = long_prompt.causal_attention(q, k, v, 0.125)
+grad = torch.randn(out.shape, generator=g)
+out.backward(grad)
+mine = [t.grad for t in (q, k, v)]
+for t in (q, k, v):
+    t.grad = None
+ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True).transpose(1, 2)
+ref.backward(grad)
+torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+for a, t in zip(mine, (q, k, v)):
+    torch.testing.assert_close(a, t.grad, atol=1e-4, rtol=1e-4)
+print("same")
+"""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TOOLRL_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "same"
