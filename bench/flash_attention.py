@@ -127,12 +127,11 @@ def step(repeats: int) -> dict:
                 long_prompt.ENABLED = native
                 update = lambda: trainer.update(copy.deepcopy(trajs))  # noqa: E731
                 for name, fn in (("prompt_pass", prompt_pass), ("update", update)):
+                    key = f"{name}_{'native' if native else 'pytorch'}"
                     started = time.perf_counter()
                     fn()
-                    times.setdefault(f"{name}_{'native' if native else 'pytorch'}", []).append(
-                        time.perf_counter() - started)  # fmt: skip
-                    print(f"  {name} ({'native' if native else 'pytorch'}): {times[list(times)[-1]][-1]:.1f} s",
-                          flush=True)  # fmt: skip
+                    times.setdefault(key, []).append(time.perf_counter() - started)
+                    print(f"  {key}: {times[key][-1]:.1f} s", flush=True)
         long_prompt.ENABLED = True
         bench.close()
     best = {name: round(min(t), 2) for name, t in times.items()}

@@ -73,11 +73,12 @@ def test_a_long_prefix_read_by_many_queries_is_pytorch_s_flash_attention():
 def test_a_model_s_long_prompt_goes_through_the_kernel_with_sdpa_s_loss_and_gradients(monkeypatch):
     """A Llama model's forward and backward over a 1,100-token prompt, as the update computes a step's shared prompt:
     the layers take the kernel (counted), and the loss and every parameter's gradient are SDPA's."""
-    import toolrl.train.packed  # noqa: F401  (registers the attention that routes to the kernel)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, attn_implementation="sdpa")  # fmt: skip
+    import toolrl.train.packed  # noqa: F401  (registers the attention that routes to the kernel)
+
+    sizes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1}
+    config = LlamaConfig(vocab_size=300, num_hidden_layers=2, head_dim=64, attn_implementation="sdpa", **sizes)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     ids = torch.randint(0, 300, (1, 1100), generator=torch.Generator().manual_seed(5))
@@ -118,7 +119,7 @@ from toolrl.models.native import attention as long_prompt
 assert torch.backends.cpu.get_cpu_capability() == "AVX2" and "-mavx512f" not in native.flags()
 assert long_prompt._tile() == 16
 g = torch.Generator().manual_seed(0)
-q, k, v = (torch.randn(1, n, h, 64, generator=g).transpose(1, 2).requires_grad_() for n, h in ((1030, 6), (1030, 2), (1030, 2)))
+q, k, v = (torch.randn(1, 1030, h, 64, generator=g).transpose(1, 2).requires_grad_() for h in (6, 2, 2))
 out = long_prompt.causal_attention(q, k, v, 0.125)
 grad = torch.randn(out.shape, generator=g)
 out.backward(grad)
