@@ -10,7 +10,8 @@ new tokens. Side by side, in one run, each part in a fresh process (so that one 
   prefills every prompt whole, minutes a run here, so it is measured once at batch 8). Needs vllm, which the
   project's venv does not install: this part runs in .venv-vllm (`make test-vllm` makes it); without it the row
   says so and carries no ratio.
-- a GRPO step (1 task x 8 samples, 3 turns x 64 tokens; every trajectory enters the loss), as configured by default
+- a GRPO step (1 task x 8 samples, 3 turns x 64 tokens; every trajectory enters the loss), the second of a run
+  (the first also allocates AdamW's states, 3.2 s here, and is recorded as first_step_s), as configured by default
   and with gradient checkpointing (what `toolrl train` asks for above 4 GB), each against its bound: the
   FLOPs a step cannot avoid (the shared prompt's prefill once per group, each generated and observation token's
   forward, and forward + backward of the update with the shared prefix computed once: 3x a forward, 4x under
@@ -172,6 +173,13 @@ def part_sft(args) -> dict:
     return out
 
 
+def with_rewards(trajs):
+    """Every trajectory enters the loss, whatever the untrained model did: rewards 0 and 1 in turn."""
+    for i, traj in enumerate(trajs):
+        traj.reward = float(i % 2)
+    return trajs
+
+
 def part_step(args) -> dict:
     from toolrl.memory import meter
     from toolrl.train import Trainer, Workbench
@@ -183,6 +191,11 @@ def part_step(args) -> dict:
         trainer = Trainer(bench)
         guess = estimate(trainer)  # what `toolrl train` prints before its first step, beside what happens
         engine = bench.engine("train", 0)
+        started = time.perf_counter()  # a first step: it also allocates AdamW's states and builds what is built once
+        first = trainer.collector.roll_out(1).trajs
+        engine.free_memory()
+        trainer.update(with_rewards(first))
+        first_step_s = time.perf_counter() - started
         peaks = measured_calls(["selected_hidden", "target_logprobs"])
         started = time.perf_counter()
         with meter.phase("rollout"):
@@ -192,16 +205,14 @@ def part_step(args) -> dict:
         slots, capacity = engine._last_cache_size if engine.cache is None else (engine.cache.num_slots,
                                                                               engine.cache.capacity)  # fmt: skip
         engine.free_memory()
-        for i, traj in enumerate(part.trajs):  # every trajectory enters the loss, whatever the untrained model did
-            traj.reward = float(i % 2)
         started = time.perf_counter()
         with meter.phase("update"):
-            trainer.update(part.trajs)
+            trainer.update(with_rewards(part.trajs))
         update_s = time.perf_counter() - started
         cfg = bench.model.config
         kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
         out = {
-            "rollout_s": rollout_s, "update_s": update_s, "step_s": rollout_s + update_s,
+            "rollout_s": rollout_s, "update_s": update_s, "step_s": rollout_s + update_s, "first_step_s": first_step_s,
             "rollout_peak_gb": meter.last["rollout"], "update_peak_gb": meter.last["update"],
             "peak_gb": max(meter.last["rollout"], meter.last["update"]),
             "tokens": [len(t.token_ids) for t in part.trajs], "prompt_tokens": part.trajs[0].loss_mask.index(1),

@@ -153,3 +153,40 @@ def test_a_run_trains_fused_unless_the_config_says_not(tiny_model_dir):
     assert kinds(bench.model)["FusedMLP"] == bench.model.config.num_hidden_layers
     plain = Workbench.load(load_config(overrides=[*overrides, "model.fused_blocks=false"]))
     assert not kinds(plain.model)
+
+
+def test_the_native_swiglu_pass_gives_pytorchs_values_and_is_what_the_backward_uses(monkeypatch):
+    """The feed-forward's backward computes the product and both gradients in one native pass where the library is
+    built (models/native/elementwise.c): PyTorch's values, at any scale of gate (sigmoid's tails) and at a length
+    that is no multiple of a vector; without it, the PyTorch ops."""
+    from toolrl.models import fused, native
+
+    try:
+        native.load()
+    except native.KernelUnavailable as exc:
+        pytest.skip(f"the native library cannot be built here: {exc}")
+    generator = torch.Generator().manual_seed(0)
+    gate = torch.randn(3, 37, 101, generator=generator) * torch.tensor([1.0, 10.0, 100.0])[:, None, None]
+    up, grad = torch.randn(3, 37, 101, generator=generator), torch.randn(3, 37, 101, generator=generator)
+    product, grad_gate, grad_up = fused._native_swiglu(grad, gate, up, (True, True, True))
+    sig = torch.sigmoid(gate)
+    torch.testing.assert_close(product, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_up, grad * gate * sig, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_gate, grad * up * sig * (1 + gate * (1 - sig)), rtol=1e-5, atol=1e-5)
+    assert fused._native_swiglu(grad, gate, up, (False, True, False))[::2] == [None, None]  # only what is asked
+    assert fused._native_swiglu(grad.double(), gate.double(), up.double(), (True, True, True)) is None
+
+    calls = []
+    real = fused._native_swiglu
+    monkeypatch.setattr(fused, "_native_swiglu", lambda *a: calls.append(a[3]) or real(*a))
+    weight = torch.randn(5, 101, requires_grad=True)
+    gate.requires_grad_(), up.requires_grad_()
+    fused._SwiGLUDown.apply(gate, up, weight, None).sum().backward()
+    assert calls == [(True, True, True)]
+    want = [t.grad.clone() for t in (gate, up, weight)]
+    monkeypatch.setattr(fused, "_native_swiglu", lambda *a: None)  # the PyTorch ops
+    for t in (gate, up, weight):
+        t.grad = None
+    fused._SwiGLUDown.apply(gate, up, weight, None).sum().backward()
+    for got, t in zip(want, (gate, up, weight), strict=True):
+        torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-5)

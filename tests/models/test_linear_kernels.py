@@ -51,8 +51,19 @@ def test_a_layer_gives_torchs_output_and_gradients(bias, rows, monkeypatch):
         torch.testing.assert_close(ours.bias.grad, reference.bias.grad, rtol=1e-5, atol=1e-4)
     with torch.inference_mode():  # generation's path: no autograd
         torch.testing.assert_close(ours(x.detach()), reference(x.detach()), rtol=1e-5, atol=1e-5)
-    # 3 x 300 rows x 96 x 200 is past MIN_WORK: forward, both gradients and inference on oneDNN; the small ones not
-    assert len(calls) == (4 if rows == 300 else 0)
+    # 3 x 300 rows x 96 x 200 is past MIN_WORK: forward, both gradients and inference on oneDNN (the weight's
+    # gradient on MKL where it runs at full speed: weight_grad); the small ones not
+    assert len(calls) == ((3 if kernels._mkl_full_speed() else 4) if rows == 300 else 0)
+
+
+@pytest.mark.parametrize("mkl", [True, False])
+def test_a_weight_gradient_is_the_same_product_on_either_library(monkeypatch, mkl):
+    """weight_grad: grad^T @ x, on MKL reading the gradient transposed (Intel) or on oneDNN after a copy."""
+    monkeypatch.setattr(kernels, "_mkl_full_speed", lambda: mkl)
+    generator = torch.Generator().manual_seed(1)
+    grad, x = torch.randn(700, 200, generator=generator), torch.randn(700, 96, generator=generator)
+    torch.testing.assert_close(kernels.weight_grad(grad, x), grad.double().t().mm(x.double()).float(), rtol=1e-5,
+                               atol=1e-4)  # fmt: skip
 
 
 def test_the_whole_model_and_lora_train_as_with_torchs_kernel(tiny_model_dir, monkeypatch):

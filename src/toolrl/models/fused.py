@@ -23,7 +23,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from toolrl.models.linear import OneDNNLinear, linear
+from toolrl.models import native
+from toolrl.models.linear import OneDNNLinear, linear, weight_grad
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,33 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def _native_swiglu(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, outputs: tuple[bool, bool, bool]):
+    """silu(gate) * up and its gradients at gate and up (each where `outputs` asks), in one pass of the native
+    library (models/native/elementwise.c); None where it does not apply (not fp32 CPU tensors of one shape, not
+    built here)."""
+    tensors = (grad, gate, up)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != gate.shape for t in tensors):
+        return None
+    try:
+        lib = native.load()
+    except native.KernelUnavailable:
+        return None
+    grad, gate, up = (t.contiguous() for t in tensors)
+    made = [torch.empty_like(gate) if wanted else None for wanted in outputs]
+    pointers = [None if t is None else t.data_ptr() for t in made]
+    lib.toolrl_swiglu_backward(grad.data_ptr(), gate.data_ptr(), up.data_ptr(), *pointers, gate.numel(),
+                               torch.get_num_threads())  # fmt: skip
+    return made
+
+
 def _swiglu_grads(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, need_gate: bool, need_up: bool):
     """The gradients at gate and up of silu(gate) * up, given the gradient at the product."""
+    done = _native_swiglu(grad, gate, up, (False, need_gate, need_up))
+    return (done[1], done[2]) if done is not None else _swiglu_grads_torch(grad, gate, up, need_gate, need_up)
+
+
+def _swiglu_grads_torch(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, need_gate: bool, need_up: bool):
+    """`_swiglu_grads` in PyTorch ops."""
     sig = torch.sigmoid(gate)
     grad_up = grad * (gate * sig) if need_up else None
     grad_gate = None
@@ -101,17 +127,21 @@ class _SwiGLUDown(torch.autograd.Function):
         gate, up, weight = ctx.saved_tensors
         need_gate, need_up, need_weight, need_bias = ctx.needs_input_grad
         rows = grad.reshape(-1, grad.shape[-1])
-        grad_weight = grad_bias = None
+        grad_weight = grad_bias = grad_gate = grad_up = product = None
+        if need_gate or need_up:  # the product again (for the weight's gradient) in the same pass where it can
+            grad_product = linear(grad, weight.t())
+            done = _native_swiglu(grad_product, gate, up, (need_weight, need_gate, need_up))
+            if done is None:
+                grad_gate, grad_up = _swiglu_grads(grad_product, gate, up, need_gate, need_up)
+            else:
+                product, grad_gate, grad_up = done
+            del grad_product
         if need_weight:  # grad^T [out, rows] @ product [rows, in]
-            product = _silu_mul(gate, up)
-            grad_weight = linear(rows.t(), product.reshape(-1, product.shape[-1]).t())
+            product = _silu_mul(gate, up) if product is None else product
+            grad_weight = weight_grad(rows, product.reshape(-1, product.shape[-1]))
             del product
         if ctx.has_bias and need_bias:
             grad_bias = rows.sum(0)
-        grad_gate = grad_up = None
-        if need_gate or need_up:
-            grad_product = linear(grad, weight.t())
-            grad_gate, grad_up = _swiglu_grads(grad_product, gate, up, need_gate, need_up)
         return grad_gate, grad_up, grad_weight, grad_bias
 
 

@@ -38,8 +38,10 @@ from toolrl.home import toolrl_home
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_gemm.c", "flash.c"))
-"""Built into one library: the small-batch products, and long-prompt attention (flash.c, native/attention.py)."""
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_gemm.c", "flash.c", "elementwise.c"))
+"""Built into one library: the small-batch products, long-prompt attention (flash.c, native/attention.py) and the
+SwiGLU backward's elementwise pass (elementwise.c, models/fused.py)."""
+HEADERS = (Path(__file__).with_name("vec.h"),)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 AVX512_FLAGS = ("-mavx512f",)
 """Added where PyTorch runs its AVX-512 code and the CPU reports avx512f: the AVX-512 micro-kernels (12 rows
@@ -90,7 +92,7 @@ def _library_path(compiler: str) -> Path:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"the C compiler {compiler} does not run: {exc}") from exc
-    texts = [source.read_text() for source in SOURCES]
+    texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
     digest = hashlib.sha256("\0".join([*texts, *flags(), version]).encode()).hexdigest()[:16]
     return kernel_dir() / f"small_gemm-{digest}.so"
 
@@ -157,6 +159,8 @@ def load() -> ctypes.CDLL:
     lib.toolrl_flash_backward.argtypes = [*views, pointer, size, size, pointer, pointer, size, size, size, size, size,
                                           size, ctypes.c_float, pointer, pointer, pointer, ctypes.c_int]  # fmt: skip
     lib.toolrl_flash_forward.restype = lib.toolrl_flash_backward.restype = lib.toolrl_flash_tile.restype = ctypes.c_int
+    lib.toolrl_swiglu_backward.argtypes = [pointer] * 6 + [size, ctypes.c_int]
+    lib.toolrl_swiglu_backward.restype = None
     return lib
 
 

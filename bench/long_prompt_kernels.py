@@ -1,18 +1,23 @@
-"""Benchmark: long-prompt attention on the native kernel (models/native/flash.c) against PyTorch's CPU flash
-kernels, side by side in one process, taking turns, the best of `--repeats` each:
+"""Benchmark: the update's work on a long prompt, each piece this change moved against what ran before, side by
+side in one process, taking turns, the best of `--repeats` each:
 
 - a layer's causal self-attention over the handbook environment's 4,879-token shared prompt (9 query heads, 3 KV
-  heads, head size 64): forward, and backward from a given output gradient;
+  heads, head size 64), forward and backward from a given output gradient: the native kernel
+  (models/native/flash.c) against PyTorch's CPU flash kernels;
 - the update's cascade (train/cascade_grad.py): 8 rows x 64 tokens of each query head reading the whole prompt,
-  forward with the log-sum-exp and backward;
+  forward with the log-sum-exp and backward, the same two;
+- a linear layer's weight gradient at 4,879 rows (models/linear.py `weight_grad`): MKL reading the gradient
+  transposed against oneDNN after a transposing copy;
+- the SwiGLU feed-forward's elementwise backward at 4,879 x 1,536 (models/fused.py): the native pass
+  (models/native/elementwise.c) against PyTorch's ops;
 - bench/long_context.py's GRPO step (1 task x 8 samples, 3 turns x 64 tokens, gradient checkpointing): the
   rollout's prompt pass (the shared prompt through the policy in training mode, as train/rollout_prefix.py runs it)
-  and the update, on the same trajectories, with the native attention on and off in turn (each update computes its
-  own prompt pass here, where the step's update reads the rollout's).
+  and the update, on the same trajectories, with all of the above on ("native") and off ("before") in turn (each
+  update computes its own prompt pass here, where the step's update reads the rollout's).
 
-Every native result is checked against PyTorch's. FLOP rates count the causal half once (backward: 2.5x the
-forward's products). Prints a table and writes bench/results/flash_attention.json with the machine's matmul peak
-and load average."""
+Every new result is checked against the old one. FLOP rates count attention's causal half once (backward: 2.5x the
+forward's products). Prints a table and writes bench/results/long_prompt_kernels.json with the machine's matmul
+peak and load average."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import copy
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 
 import torch
 from common import ROOT, matmul_peak_gflops, measured_here, write_results
@@ -100,6 +106,54 @@ def cascade_prefix(repeats: int) -> dict:
     return {"forward": rates(forward, flops), "backward": rates(backward, 2.5 * flops), "max_error": error}
 
 
+def weight_grads(repeats: int) -> dict:
+    """grad^T @ x for the default model's layer shapes at the prompt's rows: (in, out) -> times."""
+    from toolrl.models.linear import _onednn
+
+    rows = {}
+    for inner, outer in ((576, 1536), (1536, 576), (576, 576)):
+        generator = torch.Generator().manual_seed(inner + outer)
+        grad, x = torch.randn(TOKENS, outer, generator=generator), torch.randn(TOKENS, inner, generator=generator)
+        ways = {"before": lambda g=grad, x=x: _onednn(g.t(), x.t(), None),  # what _LinearFunction ran
+                "native": lambda g=grad, x=x: torch.mm(g.t(), x)}  # fmt: skip
+        error = (ways["native"]() - ways["before"]()).abs().max().item()
+        times = side_by_side(ways, repeats)
+        rows[f"{inner}x{outer}"] = rates(times, 2 * TOKENS * inner * outer) | {"max_error": error}
+    return rows
+
+
+def swiglu_backward(repeats: int) -> dict:
+    """The product and both gradients of silu(gate) * up from the product's gradient, [1, 4879, 1536]."""
+    from toolrl.models import fused
+
+    generator = torch.Generator().manual_seed(7)
+    grad, gate, up = (torch.randn(1, TOKENS, 1536, generator=generator) for _ in range(3))
+
+    def before():
+        return fused._silu_mul(gate, up), *fused._swiglu_grads_torch(grad, gate, up, True, True)
+
+    def native():
+        return fused._native_swiglu(grad, gate, up, (True, True, True))
+
+    error = max((a - b).abs().max().item() for a, b in zip(native(), before(), strict=True))
+    times = side_by_side({"before": before, "native": native}, repeats)
+    return {name: {"ms": round(s * 1000, 1)} for name, s in times.items()} | {"max_error": error}
+
+
+@contextmanager
+def switched(on: bool):
+    """This change's pieces on, or off (what ran before it)."""
+    from toolrl.models import fused, linear
+
+    saved = long_prompt.ENABLED, fused._native_swiglu, linear._mkl_full_speed
+    if not on:
+        long_prompt.ENABLED, fused._native_swiglu, linear._mkl_full_speed = False, lambda *a: None, lambda: False
+    try:
+        yield
+    finally:
+        long_prompt.ENABLED, fused._native_swiglu, linear._mkl_full_speed = saved
+
+
 def step(repeats: int) -> dict:
     from long_context import GROUP, config
 
@@ -124,15 +178,14 @@ def step(repeats: int) -> dict:
         times: dict[str, list[float]] = {}
         for _ in range(repeats):
             for native in (True, False):
-                long_prompt.ENABLED = native
                 update = lambda: trainer.update(copy.deepcopy(trajs))  # noqa: E731
                 for name, fn in (("prompt_pass", prompt_pass), ("update", update)):
-                    key = f"{name}_{'native' if native else 'pytorch'}"
-                    started = time.perf_counter()
-                    fn()
-                    times.setdefault(key, []).append(time.perf_counter() - started)
+                    key = f"{name}_{'native' if native else 'before'}"
+                    with switched(native):
+                        started = time.perf_counter()
+                        fn()
+                        times.setdefault(key, []).append(time.perf_counter() - started)
                     print(f"  {key}: {times[key][-1]:.1f} s", flush=True)
-        long_prompt.ENABLED = True
         bench.close()
     best = {name: round(min(t), 2) for name, t in times.items()}
     return {"seconds": best, "all_seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
@@ -144,24 +197,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--step-repeats", type=int, default=2, help="pairs of prompt passes and updates")
     parser.add_argument("--skip-step", action="store_true")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "flash_attention.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "long_prompt_kernels.json"))
     args = parser.parse_args()
     load_before = os.getloadavg()
     peak = matmul_peak_gflops()
-    rows = {"causal": causal(args.repeats), "cascade_prefix": cascade_prefix(args.repeats)}
-    for name, row in rows.items():
-        for part in ("forward", "backward"):
-            ours, theirs = row[part]["native"], row[part]["pytorch"]
-            row[part]["ratio"] = round(theirs["ms"] / ours["ms"], 2)
-            print(f"{name:15} {part:8}: pytorch {theirs['ms']:7.1f} ms {theirs['gflops']:6.1f} GFLOP/s   native "
-                  f"{ours['ms']:7.1f} ms {ours['gflops']:6.1f} GFLOP/s   {row[part]['ratio']:.2f}x")  # fmt: skip
+    rows = {"causal": causal(args.repeats), "cascade_prefix": cascade_prefix(args.repeats),
+            "weight_grad": weight_grads(args.repeats), "swiglu_backward": swiglu_backward(args.repeats)}  # fmt: skip
+    table = [(f"{name} {part}", rows[name][part]) for name in ("causal", "cascade_prefix")
+             for part in ("forward", "backward")]  # fmt: skip
+    table += [(f"weight_grad {shape}", row) for shape, row in rows["weight_grad"].items()]
+    table += [("swiglu_backward", rows["swiglu_backward"])]
+    for label, row in table:
+        before, ours = row.get("pytorch", row.get("before")), row["native"]
+        row["ratio"] = round(before["ms"] / ours["ms"], 2)
+        print(f"{label:27}: before {before['ms']:7.1f} ms   native {ours['ms']:7.1f} ms   {row['ratio']:.2f}x")
     if not args.skip_step:
         rows["step"] = step(args.step_repeats)
         s = rows["step"]["seconds"]
         for name in ("prompt_pass", "update"):
-            ratio = round(s[f"{name}_pytorch"] / s[f"{name}_native"], 2)
+            ratio = round(s[f"{name}_before"] / s[f"{name}_native"], 2)
             rows["step"][f"{name}_ratio"] = ratio
-            print(f"step {name:11}: pytorch {s[f'{name}_pytorch']:6.1f} s   native {s[f'{name}_native']:6.1f} s   "
+            print(f"step {name:11}: before {s[f'{name}_before']:6.1f} s   native {s[f'{name}_native']:6.1f} s   "
                   f"{ratio:.2f}x")  # fmt: skip
     result = measured_here(load_before, {"before_matmul_peak_gflops": round(peak, 1), **rows})
     print(f"matmul peak {peak:.0f} GFLOP/s; load average before {result['load_avg_before']}, after "
