@@ -17,29 +17,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
 import torch.nn.functional as F
-from common import ROOT, machine, write_results
+from common import ROOT, machine, side_by_side, write_results
 
 from toolrl.rollout.cascade import attend_with_lse
 
 TOKENS, HEADS, KV_HEADS, DIM, LAYERS, BATCH = 4879, 9, 3, 64, 30, 8
 GROUPS = HEADS // KV_HEADS
 LINEAR = torch.ops.mkldnn._linear_pointwise
-
-
-def side_by_side(ways: dict, repeats: int) -> dict[str, float]:
-    """The best time of each of `ways` (name -> function), run in turn `repeats` times: a busy machine's slow
-    moments fall on all of them alike."""
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(repeats):
-        for name, fn in ways.items():
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
-    return {name: min(t) for name, t in times.items()}
 
 
 def chunked_causal(q, k, v, chunk: int) -> torch.Tensor:

@@ -29,24 +29,13 @@ import time
 from contextlib import contextmanager
 
 import torch
-from common import ROOT, matmul_peak_gflops, measured_here, write_results
+from common import ROOT, matmul_peak_gflops, measured_here, side_by_side, write_results
 
 from toolrl.models.native import attention as long_prompt
 
 TOKENS, HEADS, KV_HEADS, DIM, ROWS = 4879, 9, 3, 64, 8 * 64
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-def side_by_side(ways: dict, repeats: int) -> dict[str, float]:
-    """The best time of each of `ways` (name -> function), run in turn `repeats` times."""
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(repeats):
-        for name, fn in ways.items():
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
-    return {name: min(t) for name, t in times.items()}
 
 
 def hf_layout(heads: int, n: int, seed: int) -> torch.Tensor:
