@@ -196,12 +196,13 @@ def part_step(args) -> dict:
         engine.free_memory()
         trainer.update(with_rewards(first))
         first_step_s = time.perf_counter() - started
+        counted = dict(engine.stats)  # the engine's counts so far: the step's are what it adds
         peaks = measured_calls(["selected_hidden", "target_logprobs"])
         started = time.perf_counter()
         with meter.phase("rollout"):
             part = trainer.collector.roll_out(1)
         rollout_s = time.perf_counter() - started
-        stats = dict(engine.stats)
+        stats = {name: count - counted.get(name, 0) for name, count in engine.stats.items()}
         slots, capacity = engine._last_cache_size if engine.cache is None else (engine.cache.num_slots,
                                                                               engine.cache.capacity)  # fmt: skip
         engine.free_memory()
