@@ -1,19 +1,24 @@
 /* Causal attention of one long sequence (a step's shared prompt: 5k tokens of tool schemas), forward and backward,
-   fp32, AVX2 + FMA or AVX-512, threads from OpenMP.
+   fp32, AVX2 + FMA or AVX-512, threads from OpenMP. Query i sits at position offset + i and sees keys 0..offset + i:
+   offset 0 is causal self-attention, offset >= the keys is a cascade's shared prefix (every key seen).
 
-   The flash scheme: queries and keys go in blocks of 64, a block's scores live in L1/L2 only, the softmax is kept
-   as each query's log-sum-exp. Every product is of one shape: a block of C rows held in registers (6 rows x 64
-   columns on AVX-512, 6 x 16 on AVX2) while the inner dimension streams by, one operand broadcast a scalar at a
-   time from any strides (so a block of scores is read transposed without being copied), the other read as rows.
-   Keys and values are packed transposed once a call, so that the scores' products read their columns as rows.
+   The flash scheme: queries and keys go in blocks (FWD_* and BWD_* below), a block's scores live in L1/L2 only, the
+   softmax is kept as each query's log-sum-exp. Every product is of one shape: a block of rows held in registers
+   (6 rows x 64 columns on AVX-512, 6 x 16 on AVX2) while the inner dimension streams by, one operand broadcast a
+   scalar at a time from any strides (so a block of scores is read transposed without being copied), the other
+   read as rows. Keys (and, for the backward, values) are packed transposed once a call, so that the scores'
+   products read their columns as rows.
 
    Grouped-query attention: query head h reads key/value head h / (heads / kv_heads).
 
-   Forward: one task per (query head, query block), largest first (causal work grows with the block), the output
-   and running max and sum of a block in a per-task buffer. Backward (FlashAttention-2's order): one task per (KV
-   head, key block), which runs every query head of its group over every query block from the diagonal on: the
-   block's key and value gradients stay in the task, each query block's query gradient is added to the thread's
-   own buffer, and the threads' buffers are summed at the end (no two tasks write the same key gradient; no atomics).
+   Forward: one task per (KV head, query block), largest first (causal work grows with the block), running all the
+   query heads of the group over each key block while it is in cache (the queries pre-scaled), their outputs and
+   running max and sum in the task's buffer. Backward (FlashAttention-2's order): one task per (KV head, BWD_SUPER
+   key blocks), which runs every query head of its group over every query block from the diagonal on; a query
+   block's rows are read once for all the task's key blocks (reading them once per key block cost 10% of the time,
+   measured). The task's key and value gradients stay in it; each query block's query gradient is added to the
+   thread's own buffer, and the threads' buffers are summed at the end (no two tasks write the same key gradient;
+   no atomics).
 
    Strides are in floats; the head dimension is contiguous and a multiple of the column tile (64 on AVX-512, 16 on
    AVX2). Built beside small_gemm.c into one library by toolrl/models/native/__init__.py. */
