@@ -21,12 +21,11 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from functools import cache
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from toolrl.models.native import NativeWeight, max_rows
+from toolrl.models.native import NativeWeight, cpuinfo, max_rows
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +52,7 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 @cache
 def _mkl_full_speed() -> bool:
     """Whether MKL runs its own fast code here: on Intel CPUs (it chooses its code paths by vendor)."""
-    try:
-        return "GenuineIntel" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    return "GenuineIntel" in cpuinfo()
 
 
 def weight_grad(grad_rows: torch.Tensor, x_rows: torch.Tensor) -> torch.Tensor:

@@ -146,9 +146,9 @@ def packed_attention(
     `toolrl_packed` (PackedRows), `query` [1, heads, N, d] is the packed tokens' and `key`/`value`
     [1, kv_heads, prefix + N, d] the shared prefix's then the packed tokens'. Returns [1, N, heads, d]."""
     packed: PackedRows | None = kwargs.pop(KEYWORD, None)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if packed is None:
         if long_prompt.takes(module, query, key, value, attention_mask, dropout, kwargs):
-            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             return long_prompt.causal_attention(query, key, value, scale), None
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     packed.calls += 1
@@ -161,7 +161,6 @@ def packed_attention(
 
     keys, values = padded(key[:, :, prefix:]), padded(value[:, :, prefix:])
     if prefix and CASCADE and query.device.type == "cpu" and not dropout:  # the prefix read once (cascade_grad.py)
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         prefix_kv = key[:, :, :prefix], value[:, :, :prefix]
         out = cascade_with_grad(padded(query), keys, values, packed.own_mask(query.dtype), scale, *prefix_kv)
         return out.reshape(rows * width, *out.shape[2:])[packed.scatter][None], None

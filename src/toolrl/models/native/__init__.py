@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_gemm.c", "flash.c", "elementwise.c"))
 """Built into one library: the small-batch products, long-prompt attention (flash.c, native/attention.py) and the
 SwiGLU backward's elementwise pass (elementwise.c, models/fused.py)."""
-HEADERS = (Path(__file__).with_name("vec.h"),)
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("vec.h", "rows.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 AVX512_FLAGS = ("-mavx512f",)
 """Added where PyTorch runs its AVX-512 code and the CPU reports avx512f: the AVX-512 micro-kernels (12 rows
@@ -72,12 +72,17 @@ def _compiler() -> str:
 
 
 @cache
-def _cpu_flags() -> frozenset[str]:
+def cpuinfo() -> str:
+    """/proc/cpuinfo's text ("" where there is none)."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+        return ""
+
+
+@cache
+def _cpu_flags() -> frozenset[str]:
+    line = next((line for line in cpuinfo().splitlines() if line.startswith("flags")), "")
     return frozenset(line.partition(":")[2].split())
 
 

@@ -87,8 +87,8 @@ def takes_prefix(query: torch.Tensor, key: torch.Tensor) -> bool:
 
 
 def _views(*tensors: torch.Tensor) -> list[int]:
-    """Each [heads, n, d] tensor as the kernel reads it (data, head stride, token stride), or a contiguous copy
-    where its last dimension is not."""
+    """Each [heads, n, d] tensor (last dimension contiguous) as the kernel reads it: data, head stride, token
+    stride."""
     return [x for t in tensors for x in (t.data_ptr(), t.stride(0), t.stride(1))]
 
 

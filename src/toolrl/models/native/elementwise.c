@@ -6,8 +6,6 @@
    element of gate, up and the product's gradient is read once, and the product, the gate's and the up's gradients
    written once. Built beside flash.c into one library by toolrl/models/native/__init__.py. */
 
-#include <stddef.h>
-
 #include "vec.h"
 
 /* For n elements: sig = sigmoid(gate), silu = gate * sig; product = silu * up, grad_up = grad * silu,

@@ -47,17 +47,22 @@
 #endif
 #define TILE_ROWS 6
 
+#include "rows.h"
 #include "vec.h"
 
-#define ROWS_1(F) F(0)
-#define ROWS_2(F) ROWS_1(F) F(1)
-#define ROWS_3(F) ROWS_2(F) F(2)
-#define ROWS_4(F) ROWS_3(F) F(3)
-#define ROWS_5(F) ROWS_4(F) F(4)
-#define ROWS_6(F) ROWS_5(F) F(5)
+/* A tile's columns: CV vectors, CT floats (64 on AVX-512, 16 on AVX2); COLS and LOADS unroll them */
+#if W == 16
+#define COLS(F, r) F(r, 0) F(r, 1) F(r, 2) F(r, 3)
+#define LOADS(F) F(0) F(1) F(2) F(3)
+#define CV 4
+#else
+#define COLS(F, r) F(r, 0) F(r, 1)
+#define LOADS(F) F(0) F(1)
+#define CV 2
+#endif
+#define CT (CV * W)
 
-/* C[r, 0..CT) (+)= sum_p A[r * sa_r + p * sa_p] * B[p * ldb + 0..CT), r < R; accumulators are named variables (GCC
-   keeps an array's registers mirrored to the stack) */
+/* C[r, 0..CT) (+)= sum_p A[r * sa_r + p * sa_p] * B[p * ldb + 0..CT), r < R (rows unrolled by rows.h) */
 #define DECL(r, c) vf a##r##_##c = add ? vload(C + r * ldc + c * W) : vzero();
 #define DECL_ROW(r) COLS(DECL, r)
 #define LOADB(c) vf b##c = vload(b + c * W);

@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "rows.h"
+
 #define PANEL 16
 #ifdef __AVX512F__
 #define BLOCK_ROWS 12
@@ -43,21 +45,8 @@ void toolrl_pack(const float *w, int64_t n, int64_t k, float *out) {
     }
 }
 
-/* acc[r][0..15] (+)= sum over kn input features of x[r * ldx + i] * w[i * 16 + 0..15], for rows r < MR. The
-   accumulators are named variables, not an array: GCC keeps an array's registers mirrored to the stack (a store
-   per multiply-add, 2.5x slower measured). */
-#define ROWS_1(F) F(0)
-#define ROWS_2(F) ROWS_1(F) F(1)
-#define ROWS_3(F) ROWS_2(F) F(2)
-#define ROWS_4(F) ROWS_3(F) F(3)
-#define ROWS_5(F) ROWS_4(F) F(4)
-#define ROWS_6(F) ROWS_5(F) F(5)
-#define ROWS_7(F) ROWS_6(F) F(6)
-#define ROWS_8(F) ROWS_7(F) F(7)
-#define ROWS_9(F) ROWS_8(F) F(8)
-#define ROWS_10(F) ROWS_9(F) F(9)
-#define ROWS_11(F) ROWS_10(F) F(10)
-#define ROWS_12(F) ROWS_11(F) F(11)
+/* acc[r][0..15] (+)= sum over kn input features of x[r * ldx + i] * w[i * 16 + 0..15], for rows r < MR (the rows
+   unrolled by rows.h). */
 #ifdef __AVX512F__
 /* acc holds the block's first panel, acc + MAX_ROWS * PANEL its second; w1 is the second panel's slice */
 #define DECLARE(r)                                                                                             \

@@ -32,9 +32,6 @@ static inline vf vkeep(vf x, int64_t limit, vf fill) {
     __mmask16 m = limit >= W ? (__mmask16)0xFFFF : limit <= 0 ? 0 : (__mmask16)((1u << limit) - 1);
     return _mm512_mask_mov_ps(fill, m, x);
 }
-#define COLS(F, r) F(r, 0) F(r, 1) F(r, 2) F(r, 3)
-#define LOADS(F) F(0) F(1) F(2) F(3)
-#define CV 4
 #else
 #define W 8
 typedef __m256 vf;
@@ -72,11 +69,7 @@ static inline vf vkeep(vf x, int64_t limit, vf fill) {
     vf m = _mm256_cmp_ps(lanes, _mm256_set1_ps((float)limit), _CMP_LT_OQ);
     return _mm256_blendv_ps(fill, x, m);
 }
-#define COLS(F, r) F(r, 0) F(r, 1)
-#define LOADS(F) F(0) F(1)
-#define CV 2
 #endif
-#define CT (CV * W) /* columns of a tile */
 
 /* e^x, Cephes' polynomial (relative error ~1e-7 over the range); below -87.3 the result is ~0 (callers zero
    masked lanes themselves) */
@@ -94,5 +87,4 @@ static inline vf vexp(vf x) {
     p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
     return vpow2(p, n);
 }
-
 #endif
