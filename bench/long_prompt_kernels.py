@@ -10,6 +10,12 @@ side in one process, taking turns, the best of `--repeats` each:
   transposed against oneDNN after a transposing copy;
 - the SwiGLU feed-forward's elementwise backward at 4,879 x 1,536 (models/fused.py): the native pass
   (models/native/elementwise.c) against PyTorch's ops;
+- a decode step's attention over the shared prompt (8 rows, 3 query heads per KV head: 24 queries a KV head), as
+  30 layers in a row with the caches emptied first (in a step the weights and other layers' keys pass through
+  between two reads of a layer's keys): the native decode kernel (flash.c `toolrl_flash_decode`, the keys packed
+  once per rollout) against PyTorch's CPU flash kernel;
+- the rollout of bench/long_context.py's step: milliseconds a decode step, with the decode kernel on and off in
+  turn;
 - bench/long_context.py's GRPO step (1 task x 8 samples, 3 turns x 64 tokens, gradient checkpointing): the
   rollout's prompt pass (the shared prompt through the policy in training mode, as train/rollout_prefix.py runs it)
   and the update, on the same trajectories, with all of the above on ("native") and off ("before") in turn (each
@@ -95,6 +101,43 @@ def cascade_prefix(repeats: int) -> dict:
     return {"forward": rates(forward, flops), "backward": rates(backward, 2.5 * flops), "max_error": error}
 
 
+def decode_attention(repeats: int) -> dict:
+    """30 layers' prefix part of a decode step, each layer's keys and values [1, 3, 4879, 64] in a layer's layout,
+    24 queries a KV head, the caches emptied before each pass: ms a layer, the median of 5 x `repeats` passes."""
+    layers, generator = 30, torch.Generator().manual_seed(8)
+    queries = [torch.randn(1, KV_HEADS, 24, DIM, generator=generator) for _ in range(layers)]
+    keys = [hf_layout(KV_HEADS, TOKENS, 10 + i) for i in range(layers)]
+    values = [hf_layout(KV_HEADS, TOKENS, 50 + i) for i in range(layers)]
+    packed = [long_prompt.pack_keys(k) for k in keys]  # once per rollout, as the shared prefix keeps them
+    scale, flops = DIM**-0.5, 2 * 2 * KV_HEADS * 24 * DIM * TOKENS
+    evict = torch.empty(128 * 1024 * 1024)  # 512 MB: more than the caches
+
+    def pytorch(i):
+        return FLASH(queries[i], keys[i], values[i], 0.0, False, scale=scale)[:2]
+
+    def native(i):
+        return long_prompt.decode_forward(queries[i], packed[i], values[i], scale)
+
+    error = max((a - b).abs().max().item() for a, b in zip(pytorch(0), native(0), strict=True))
+    passes: dict[str, list[float]] = {"pytorch": [], "native": []}
+    for _ in range(5 * repeats):  # in turn, the caches emptied before each pass (not timed)
+        for name, one in (("pytorch", pytorch), ("native", native)):
+            evict.fill_(1.0)
+            started = time.perf_counter()
+            for i in range(layers):
+                one(i)
+            passes[name].append((time.perf_counter() - started) / layers)
+    times = {name: sorted(t)[len(t) // 2] for name, t in passes.items()}  # the median pass
+    pack_s = min(_timed(lambda: long_prompt.pack_keys(keys[0])) for _ in range(repeats))
+    return rates(times, flops) | {"max_error": error, "pack_keys_ms_per_layer": round(pack_s * 1000, 2)}
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def weight_grads(repeats: int) -> dict:
     """grad^T @ x for the default model's layer shapes at the prompt's rows: (in, out) -> times."""
     from toolrl.models.linear import _onednn
@@ -141,6 +184,61 @@ def switched(on: bool):
         yield
     finally:
         long_prompt.ENABLED, fused._native_swiglu, linear._mkl_full_speed = saved
+
+
+def rollout(repeats: int) -> dict:
+    """bench/long_context.py's rollout (1 task x 8 samples), the decode kernel on and off in turn: ms a decode step
+    (the engine's `_decode` calls timed) and the prompt's prefill, each the best of `repeats` rollouts."""
+    from long_context import GROUP, config
+
+    from toolrl.rollout.hf import HFEngine
+    from toolrl.train import Trainer, Workbench
+
+    timing = {"decode": [0.0, 0], "prefill": [0.0, 0]}
+    real = {name: getattr(HFEngine, f"_{name}") for name in timing}
+
+    def timed(name):
+        def call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return real[name](*args, **kwargs)
+            finally:
+                timing[name][0] += time.perf_counter() - started
+                timing[name][1] += 1
+
+        return call
+
+    extra = ["train.prompts_per_step=1", f"train.group_size={GROUP}", "train.gradient_checkpointing=true"]
+    per_step: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Workbench.load(config(tmp, extra))
+        trainer, engine = Trainer(bench), bench.engine("train", 0)
+        trainer.collector.roll_out(1)  # the first builds what is built once
+        engine.free_memory()
+        try:
+            for name in timing:
+                setattr(HFEngine, f"_{name}", timed(name))
+            for _ in range(repeats):
+                for on in (True, False):
+                    saved, long_prompt.ENABLED = long_prompt.ENABLED, on
+                    for entry in timing.values():
+                        entry[:] = [0.0, 0]
+                    try:
+                        trainer.collector.roll_out(1)
+                    finally:
+                        long_prompt.ENABLED = saved
+                        engine.free_memory()
+                    key = "native" if on else "before"
+                    per_step.setdefault(f"decode_ms_{key}", []).append(1000 * timing["decode"][0] / timing["decode"][1])
+                    per_step.setdefault(f"prefill_s_{key}", []).append(timing["prefill"][0])
+                    print(f"  rollout {key}: {per_step[f'decode_ms_{key}'][-1]:.1f} ms a decode step "
+                          f"({timing['decode'][1]} steps)", flush=True)  # fmt: skip
+        finally:
+            for name, fn in real.items():
+                setattr(HFEngine, f"_{name}", fn)
+            bench.close()
+    return {"best": {k: round(min(v), 2) for k, v in per_step.items()},
+            "all": {k: [round(x, 2) for x in v] for k, v in per_step.items()}}  # fmt: skip
 
 
 def step(repeats: int) -> dict:
@@ -191,9 +289,11 @@ def main() -> None:
     load_before = os.getloadavg()
     peak = matmul_peak_gflops()
     rows = {"causal": causal(args.repeats), "cascade_prefix": cascade_prefix(args.repeats),
-            "weight_grad": weight_grads(args.repeats), "swiglu_backward": swiglu_backward(args.repeats)}  # fmt: skip
+            "decode_attention": decode_attention(args.repeats), "weight_grad": weight_grads(args.repeats),
+            "swiglu_backward": swiglu_backward(args.repeats)}  # fmt: skip
     table = [(f"{name} {part}", rows[name][part]) for name in ("causal", "cascade_prefix")
              for part in ("forward", "backward")]  # fmt: skip
+    table += [("decode_attention (a layer)", rows["decode_attention"])]
     table += [(f"weight_grad {shape}", row) for shape, row in rows["weight_grad"].items()]
     table += [("swiglu_backward", rows["swiglu_backward"])]
     for label, row in table:
@@ -201,6 +301,11 @@ def main() -> None:
         row["ratio"] = round(before["ms"] / ours["ms"], 2)
         print(f"{label:27}: before {before['ms']:7.1f} ms   native {ours['ms']:7.1f} ms   {row['ratio']:.2f}x")
     if not args.skip_step:
+        rows["rollout"] = rollout(args.step_repeats)
+        best = rows["rollout"]["best"]
+        rows["rollout"]["decode_ratio"] = round(best["decode_ms_before"] / best["decode_ms_native"], 2)
+        print(f"rollout decode step  : before {best['decode_ms_before']:6.1f} ms   native "
+              f"{best['decode_ms_native']:6.1f} ms   {rows['rollout']['decode_ratio']:.2f}x")  # fmt: skip
         rows["step"] = step(args.step_repeats)
         s = rows["step"]["seconds"]
         for name in ("prompt_pass", "update"):

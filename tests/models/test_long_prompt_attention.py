@@ -67,7 +67,41 @@ def test_a_long_prefix_read_by_many_queries_is_pytorch_s_flash_attention():
     )
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    assert not long_prompt.takes_prefix(query[:, :, :24], key)  # a decode step's few queries stay on PyTorch's
+    assert not long_prompt.takes_prefix(query[:, :, :24], key)  # a decode step's few: takes_decode's
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,queries,n", [(3, 3, 24, 1100), (9, 3, 8, 1237), (6, 2, 1, 2048), (4, 4, 63, 1024)]
+)
+def test_a_decode_step_s_few_queries_over_packed_keys_are_flash_attention_s(heads, kv_heads, queries, n):
+    """A decode step's queries over a cascade's shared prefix, the keys packed once (`pack_keys`): output and
+    log-sum-exp match PyTorch's CPU flash kernel, with the keys and values in a layer's transposed layout."""
+    generator = torch.Generator().manual_seed(heads + queries)
+    query = torch.randn(1, heads, queries, 64, generator=generator)
+    key, value = (torch.randn(1, n, kv_heads, 64, generator=generator).transpose(1, 2) for _ in range(2))
+    assert long_prompt.takes_decode(query, key)
+    out, lse = long_prompt.decode_forward(query, long_prompt.pack_keys(key), value, 0.125)
+    group = heads // kv_heads
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    want_out, want_lse = flash(query, key.repeat_interleave(group, 1), value.repeat_interleave(group, 1), 0.0, False,
+                               scale=0.125)[:2]  # fmt: skip
+    torch.testing.assert_close(out, want_out, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=2e-6, rtol=1e-5)
+
+
+def test_the_decode_kernel_takes_only_what_it_computes():
+    generator = torch.Generator().manual_seed(6)
+    query, key = torch.randn(1, 3, 24, 64, generator=generator), torch.randn(1, 3, 1100, 64, generator=generator)
+    assert long_prompt.takes_decode(query, key)
+    assert not long_prompt.takes_decode(query, key[:, :, :1000])  # a short prefix: PyTorch's kernel
+    assert not long_prompt.takes_decode(torch.randn(1, 3, 64, 64), key)  # many queries: prefix_forward's
+    assert not long_prompt.takes_decode(query.double(), key.double())
+    assert not long_prompt.takes_decode(query.requires_grad_(), key)  # no backward: the update keeps its own path
+    with torch.no_grad():
+        assert long_prompt.takes_decode(query, key)
+    packed = long_prompt.pack_keys(key)
+    with pytest.raises(ValueError, match="pack_keys"):  # packed for other keys: refused, not read past its end
+        long_prompt.decode_forward(query.detach(), packed, torch.randn(1, 3, 2200, 64), 0.125)
 
 
 def test_a_model_s_long_prompt_goes_through_the_kernel_with_sdpa_s_loss_and_gradients(monkeypatch):
@@ -131,6 +165,13 @@ ref.backward(grad)
 torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
 for a, t in zip(mine, (q, k, v)):
     torch.testing.assert_close(a, t.grad, atol=1e-4, rtol=1e-4)
+q = torch.randn(1, 6, 8, 64, generator=g)  # a decode step over the keys packed once
+out, lse = long_prompt.decode_forward(q, long_prompt.pack_keys(k.detach()), v.detach(), 0.125)
+flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+kk, vv = (x.detach().repeat_interleave(3, 1) for x in (k, v))
+want, want_lse = flash(q, kk, vv, 0.0, False, scale=0.125)[:2]
+torch.testing.assert_close(out, want, atol=2e-6, rtol=1e-5)
+torch.testing.assert_close(lse, want_lse, atol=2e-6, rtol=1e-5)
 print("same")
 """
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TOOLRL_HOME": str(tmp_path)}

@@ -13,9 +13,10 @@ inside `HFEngine` forward passes (`attention_implementation`); given no `shared_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from transformers import AttentionInterface
@@ -33,9 +34,19 @@ class SharedPrefix:
     ids: list[int]
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    packed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    """Per layer, its keys as the native decode kernel reads them (`decode_keys`)."""
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def decode_keys(self, layer: int) -> torch.Tensor:
+        """The layer's keys packed for the native decode kernel (models/native/attention.py `pack_keys`), made at
+        the first decode step that reads them and kept with the prefix, which does not change while it is shared:
+        each later step reads every key once and packs none (per-step packing cost as much as it saved)."""
+        if layer not in self.packed:
+            self.packed[layer] = long_prompt.pack_keys(self.keys[layer])
+        return self.packed[layer]
 
 
 def attend_with_lse(
@@ -77,10 +88,7 @@ def cascade_attention(
     if shared_prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    layer = module.layer_idx
-    return cascade(
-        query, key, value, attention_mask, scale, shared_prefix.keys[layer], shared_prefix.values[layer]
-    ), None
+    return cascade(query, key, value, attention_mask, scale, shared_prefix, module.layer_idx), None
 
 
 def together(x: torch.Tensor) -> torch.Tensor:
@@ -111,14 +119,28 @@ def ungrouped(out: torch.Tensor, width: int) -> torch.Tensor:
     return out.reshape(rows, kv_heads, -1, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, -1, dim)
 
 
-def merged(grouped_query, key, value, mask, scale, prefix_key, prefix_value):
+def merged(
+    grouped_query,
+    key,
+    value,
+    mask,
+    scale,
+    prefix_key,
+    prefix_value,
+    packed_keys: Callable[[], torch.Tensor] | None = None,
+):
     """Cascade attention in the grouped layout: `grouped_query` [b, kv_heads, m, d] over the prefix [1, kv_heads,
     n, d] (every row's queries of a KV head in one batch) and over each row's own `key`/`value` [b, kv_heads, s, d]
     under `mask` [b, 1, m, s]. Returns the merged output [b, kv_heads, m, d], both parts' log-sum-exp [b, kv_heads,
     m] and the prefix's share of each query's softmax mass [b, kv_heads, m, 1] (train/cascade_grad.py's backward
-    reads them)."""
+    reads them). `packed_keys` gives the prefix's keys packed for the native decode kernel, which takes a decode
+    step's few queries a head (inference only)."""
     rows = grouped_query.shape[0]
-    out_p, lse_p = attend_with_lse(together(grouped_query), prefix_key, prefix_value, None, scale)
+    query = together(grouped_query)
+    if packed_keys is not None and long_prompt.takes_decode(query, prefix_key):
+        out_p, lse_p = long_prompt.decode_forward(query, packed_keys(), prefix_value, scale)
+    else:
+        out_p, lse_p = attend_with_lse(query, prefix_key, prefix_value, None, scale)
     out_s, lse_s = attend_with_lse(grouped_query, key, value, mask, scale)
     lse_p = apart(lse_p, rows)
     # The prefix's share of the softmax mass, exp(lse_p) / (exp(lse_p) + exp(lse_s)): the merge in 4 operations.
@@ -132,14 +154,15 @@ def cascade(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    prefix_key: torch.Tensor,
-    prefix_value: torch.Tensor,
+    shared: SharedPrefix,
+    layer: int,
 ) -> torch.Tensor:
-    """Attention of `query` [b, heads, q, d] over the prefix `prefix_key`/`prefix_value` [1, kv_heads, n, d]
-    (every row sees all of it) and each row's own `key`/`value` [b, kv_heads, s, d] under `mask` [b, 1, q, s].
+    """Attention of `query` [b, heads, q, d] over layer `layer` of the shared prefix (keys and values [1, kv_heads,
+    n, d]: every row sees all of it) and each row's own `key`/`value` [b, kv_heads, s, d] under `mask` [b, 1, q, s].
     Returns [b, q, heads, d]."""
     grouped_query, grouped_mask = grouped(query, mask, key.shape[1])
-    out = merged(grouped_query, key, value, grouped_mask, scale, prefix_key, prefix_value)[0]
+    out = merged(grouped_query, key, value, grouped_mask, scale, shared.keys[layer], shared.values[layer],
+                 partial(shared.decode_keys, layer))[0]  # fmt: skip
     return ungrouped(out, query.shape[2]).contiguous()
 
 

@@ -133,8 +133,7 @@ class LeanForward:
             keys, values = cache.layers[layer.index].update(k.transpose(1, 2), v.transpose(1, 2))
             query = q.transpose(1, 2)
             if shared is not None:
-                out = cascade(query, keys, values, mask, layer.scale, shared.keys[layer.index],
-                              shared.values[layer.index])  # fmt: skip
+                out = cascade(query, keys, values, mask, layer.scale, shared, layer.index)
             else:
                 out = F.scaled_dot_product_attention(
                     query, keys, values, attn_mask=mask, scale=layer.scale, enable_gqa=True

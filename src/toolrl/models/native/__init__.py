@@ -163,7 +163,12 @@ def load() -> ctypes.CDLL:
                                          size, pointer, ctypes.c_int]  # fmt: skip
     lib.toolrl_flash_backward.argtypes = [*views, pointer, size, size, pointer, pointer, size, size, size, size, size,
                                           size, ctypes.c_float, pointer, pointer, pointer, ctypes.c_int]  # fmt: skip
-    lib.toolrl_flash_forward.restype = lib.toolrl_flash_backward.restype = lib.toolrl_flash_tile.restype = ctypes.c_int
+    lib.toolrl_flash_decode.argtypes = [pointer, size, size, pointer, pointer, size, size, size, size, size, size,
+                                        size, ctypes.c_float, pointer, size, size, pointer, ctypes.c_int]  # fmt: skip
+    lib.toolrl_flash_pack_keys.argtypes = [pointer, size, size, size, size, size, pointer, ctypes.c_int]
+    lib.toolrl_flash_pack_keys.restype = None
+    for name in ("forward", "backward", "decode", "tile", "key_block"):
+        getattr(lib, f"toolrl_flash_{name}").restype = ctypes.c_int
     lib.toolrl_swiglu_backward.argtypes = [pointer] * 6 + [size, ctypes.c_int]
     lib.toolrl_swiglu_backward.restype = None
     return lib

@@ -86,6 +86,53 @@ def takes_prefix(query: torch.Tensor, key: torch.Tensor) -> bool:
     )
 
 
+def takes_decode(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether `decode_forward` computes attention of `query` [1, heads, m, d] over every key of `key` [1, kv_heads,
+    n, d]: a decode step's few queries a head (fewer than MIN_PREFIX_QUERIES) over a long shared prefix, without
+    gradients (the prefix's keys packed once for all the steps that read them: `pack_keys`)."""
+    return (
+        ENABLED
+        and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad))
+        and query.device.type == key.device.type == "cpu"
+        and query.dtype == key.dtype == torch.float32
+        and query.shape[0] == key.shape[0] == 1
+        and query.shape[1] % key.shape[1] == 0
+        and query.shape[2] < MIN_PREFIX_QUERIES
+        and key.shape[2] >= MIN_TOKENS
+        and bool(_tile())
+        and query.shape[3] % _tile() == 0
+        and query.stride(3) == key.stride(3) == 1
+    )
+
+
+def pack_keys(key: torch.Tensor) -> torch.Tensor:
+    """`key` [1, kv_heads, n, d] as `decode_forward` reads it: each block of keys transposed (flash.c)."""
+    lib = native.load()
+    _, kv_heads, n, dim = key.shape
+    block = lib.toolrl_flash_key_block()
+    packed = torch.empty(kv_heads * -(-n // block) * dim * block)
+    lib.toolrl_flash_pack_keys(*_views(_readable(key[0])), kv_heads, n, dim, packed.data_ptr(), torch.get_num_threads())
+    return packed
+
+
+def decode_forward(query, packed_keys, value, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of `query` [1, heads, m, d] over every key (`pack_keys`' of [1, kv_heads, n, d]) and `value`
+    [1, kv_heads, n, d]: output [1, heads, m, d] and log-sum-exp [1, heads, m], as `prefix_forward` returns them."""
+    query, value = _readable(query[0]), _readable(value[0])
+    (heads, m, dim), (kv_heads, n, _) = query.shape, value.shape
+    block = native.load().toolrl_flash_key_block()
+    if packed_keys.numel() != kv_heads * -(-n // block) * dim * block or not packed_keys.is_contiguous():
+        raise ValueError(f"decode_forward: packed keys of {packed_keys.numel()} floats are not pack_keys' of {n} keys")
+    out, lse = torch.empty(query.shape), torch.empty(heads, m)
+    code = native.load().toolrl_flash_decode(
+        *_views(query), packed_keys.data_ptr(), *_views(value), heads, kv_heads, m, n, dim, scale, out.data_ptr(),
+        out.stride(0), out.stride(1), lse.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if code != 0:
+        raise RuntimeError(f"toolrl_flash_decode failed on {heads} heads x {m} x {n} keys x {dim} (out of memory?)")
+    return out[None], lse[None]
+
+
 def _views(*tensors: torch.Tensor) -> list[int]:
     """Each [heads, n, d] tensor (last dimension contiguous) as the kernel reads it: data, head stride, token
     stride."""

@@ -45,6 +45,9 @@
 #ifndef BWD_SUPER
 #define BWD_SUPER 4
 #endif
+#ifndef DEC_TASKS
+#define DEC_TASKS 4
+#endif
 #define TILE_ROWS 6
 
 #include "rows.h"
@@ -118,14 +121,15 @@ static void gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t sa_r, 
 
 int toolrl_flash_tile(void) { return CT; }
 
-/* x [heads, n, d] (strides sh, st) -> packed [heads, blocks, d, BK]: each key block transposed, zero past n */
+/* x [heads, n, d] (strides sh, st) -> packed [heads, blocks, d, BK] (by_block: [blocks, heads, d, BK]): each key
+   block transposed, zero past n */
 static void pack_transposed(const float *x, int64_t heads, int64_t n, int64_t d, int64_t sh, int64_t st,
-                            int64_t bk, float *packed, int threads) {
+                            int64_t bk, float *packed, int by_block, int threads) {
     int64_t blocks = (n + bk - 1) / bk;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t hb = 0; hb < heads * blocks; ++hb) {
         int64_t h = hb / blocks, j = hb % blocks;
-        float *dst = packed + hb * d * bk;
+        float *dst = packed + (by_block ? j * heads + h : hb) * d * bk;
         for (int64_t c = 0; c < bk; ++c) {
             int64_t t = j * bk + c;
             const float *src = x + h * sh + t * st;
@@ -146,6 +150,77 @@ static const float *rows_of(const float *src, int64_t stride, int64_t rows, int6
     return buffer;
 }
 
+/* The group's query heads (KV head g's) of a block of `rows` queries, pre-scaled, into qs (head e's at qs + e * hs *
+   d), and their outputs, running max and sum (os, ms, ls, the same head stride) started empty */
+static void start_queries(const float *q, int64_t qh, int64_t qt, int64_t g, int64_t group, int64_t q0, int64_t rows,
+                          int64_t hs, int64_t d, float scale, float *qs, float *os, float *ms, float *ls) {
+    vf sc = vset1(scale); /* the scores' scale, folded into the queries */
+    memset(os, 0, sizeof(float) * group * hs * d);
+    for (int64_t i = 0; i < group * hs; ++i) ms[i] = -INFINITY, ls[i] = 0.0f;
+    for (int64_t e = 0; e < group; ++e) {
+        float *dst = qs + e * hs * d;
+        gather_rows(q + (g * group + e) * qh + q0 * qt, qt, rows, d, dst);
+        for (int64_t i = 0; i < rows * d; i += W) vstore(dst + i, vmul(vload(dst + i), sc));
+    }
+}
+
+/* One key block (keys k0.., `valid` of them, packed transposed at kpj; their values at vj, token stride vt) for the
+   group's query heads as start_queries laid them out, query r at position first + r (seeing keys 0..first + r): the
+   block's scores in s, then each row's running max and sum and its unnormalized output updated (the online
+   softmax). */
+static void forward_block(int64_t group, int64_t rows, int64_t hs, int64_t d, int64_t first, const float *qs,
+                          const float *kpj, const float *vj, int64_t vt, int64_t k0, int64_t valid, float *s, float *os,
+                          float *ms, float *ls) {
+    int64_t seen = first + rows;                            /* keys the block's last query sees */
+    int64_t reach = seen - k0 < valid ? seen - k0 : valid; /* keys of this block any row sees */
+    for (int64_t e = 0; e < group; ++e) {
+        float *o = os + e * hs * d, *m = ms + e * hs, *l = ls + e * hs;
+        gemm(rows, FWD_BK, d, qs + e * hs * d, d, 1, kpj, FWD_BK, s, FWD_BK, 0);
+        for (int64_t r = 0; r < rows; ++r) {
+            float *sr = s + r * FWD_BK;
+            int64_t limit = first + r - k0 + 1;
+            if (limit > valid) limit = valid;
+            if (limit <= 0) {
+                memset(sr, 0, sizeof(float) * FWD_BK);
+                continue;
+            }
+            vf mx = vset1(-INFINITY), ninf = vset1(-INFINITY), sum = vzero(), zero = vzero();
+            if (limit == FWD_BK) { /* a row every key of the block is visible to */
+                for (int64_t c = 0; c < FWD_BK; c += W) mx = vmax(mx, vload(sr + c));
+            } else {
+                for (int64_t c = 0; c < limit; c += W) {
+                    vf x = vkeep(vload(sr + c), limit - c, ninf);
+                    vstore(sr + c, x);
+                    mx = vmax(mx, x);
+                }
+            }
+            float top = vhmax(mx), fresh = top > m[r] ? top : m[r];
+            float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - fresh);
+            vf base = vset1(fresh);
+            if (limit == FWD_BK) {
+                for (int64_t c = 0; c < FWD_BK; c += W) {
+                    vf p = vexp(vsub(vload(sr + c), base));
+                    vstore(sr + c, p);
+                    sum = vadd(sum, p);
+                }
+            } else {
+                for (int64_t c = 0; c < FWD_BK; c += W) {
+                    vf p = c < limit ? vkeep(vexp(vsub(vload(sr + c), base)), limit - c, zero) : zero;
+                    vstore(sr + c, p);
+                    sum = vadd(sum, p);
+                }
+            }
+            l[r] = l[r] * alpha + vhsum(sum);
+            m[r] = fresh;
+            if (alpha != 1.0f) {
+                vf a = vset1(alpha);
+                for (int64_t i = 0; i < d; i += W) vstore(o + r * d + i, vmul(vload(o + r * d + i), a));
+            }
+        }
+        gemm(rows, d, reach, s, FWD_BK, 1, vj, vt, o, d, 1);
+    }
+}
+
 /* Forward. q [heads, nq, d] (strides qh, qt), k and v [kv_heads, nk, d] (kh, kt and vh, vt); query i is at
    position offset + i and sees keys 0..offset + i (offset 0 and nq = nk: causal self-attention; offset >= nk: every
    key). out [heads, nq, d] (strides uh, ut), lse [heads, nq] (natural log of each query's softmax sum over
@@ -159,7 +234,7 @@ int toolrl_flash_forward(const float *q, int64_t qh, int64_t qt, const float *k,
     int64_t blocks = (nk + FWD_BK - 1) / FWD_BK, qblocks = (nq + FWD_BQ - 1) / FWD_BQ, group = heads / kv_heads;
     float *kp = aligned_alloc(64, sizeof(float) * kv_heads * blocks * d * FWD_BK);
     if (!kp) return -1;
-    pack_transposed(k, kv_heads, nk, d, kh, kt, FWD_BK, kp, threads);
+    pack_transposed(k, kv_heads, nk, d, kh, kt, FWD_BK, kp, 0, threads);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -176,66 +251,13 @@ int toolrl_flash_forward(const float *q, int64_t qh, int64_t qt, const float *k,
             int64_t q0 = qb * FWD_BQ, rows = nq - q0 < FWD_BQ ? nq - q0 : FWD_BQ;
             float *os = s + FWD_BQ * FWD_BK, *qs = os + group * FWD_BQ * d;
             float *ms = qs + group * FWD_BQ * d, *ls = ms + group * FWD_BQ;
-            memset(os, 0, sizeof(float) * group * FWD_BQ * d);
-            for (int64_t i = 0; i < group * FWD_BQ; ++i) ms[i] = -INFINITY, ls[i] = 0.0f;
-            vf sc = vset1(scale); /* the scores' scale, folded into the queries */
-            for (int64_t e = 0; e < group; ++e) {
-                float *dst = qs + e * FWD_BQ * d;
-                gather_rows(q + (g * group + e) * qh + q0 * qt, qt, rows, d, dst);
-                for (int64_t i = 0; i < rows * d; i += W) vstore(dst + i, vmul(vload(dst + i), sc));
-            }
+            start_queries(q, qh, qt, g, group, q0, rows, FWD_BQ, d, scale, qs, os, ms, ls);
             int64_t seen = offset + q0 + rows; /* keys the block's last query sees */
             int64_t last = ((seen < nk ? seen : nk) - 1) / FWD_BK;
             for (int64_t j = 0; j <= last; ++j) {
                 int64_t k0 = j * FWD_BK, valid = nk - k0 < FWD_BK ? nk - k0 : FWD_BK;
-                int64_t reach = seen - k0 < valid ? seen - k0 : valid; /* keys of this block any row sees */
-                for (int64_t e = 0; e < group; ++e) {
-                    float *o = os + e * FWD_BQ * d, *m = ms + e * FWD_BQ, *l = ls + e * FWD_BQ;
-                    gemm(rows, FWD_BK, d, qs + e * FWD_BQ * d, d, 1, kp + (g * blocks + j) * d * FWD_BK, FWD_BK, s,
-                         FWD_BK, 0);
-                    for (int64_t r = 0; r < rows; ++r) {
-                        float *sr = s + r * FWD_BK;
-                        int64_t limit = offset + q0 + r - k0 + 1;
-                        if (limit > valid) limit = valid;
-                        if (limit <= 0) {
-                            memset(sr, 0, sizeof(float) * FWD_BK);
-                            continue;
-                        }
-                        vf mx = vset1(-INFINITY), ninf = vset1(-INFINITY), sum = vzero(), zero = vzero();
-                        if (limit == FWD_BK) { /* a row every key of the block is visible to */
-                            for (int64_t c = 0; c < FWD_BK; c += W) mx = vmax(mx, vload(sr + c));
-                        } else {
-                            for (int64_t c = 0; c < limit; c += W) {
-                                vf x = vkeep(vload(sr + c), limit - c, ninf);
-                                vstore(sr + c, x);
-                                mx = vmax(mx, x);
-                            }
-                        }
-                        float top = vhmax(mx), fresh = top > m[r] ? top : m[r];
-                        float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - fresh);
-                        vf base = vset1(fresh);
-                        if (limit == FWD_BK) {
-                            for (int64_t c = 0; c < FWD_BK; c += W) {
-                                vf p = vexp(vsub(vload(sr + c), base));
-                                vstore(sr + c, p);
-                                sum = vadd(sum, p);
-                            }
-                        } else {
-                            for (int64_t c = 0; c < FWD_BK; c += W) {
-                                vf p = c < limit ? vkeep(vexp(vsub(vload(sr + c), base)), limit - c, zero) : zero;
-                                vstore(sr + c, p);
-                                sum = vadd(sum, p);
-                            }
-                        }
-                        l[r] = l[r] * alpha + vhsum(sum);
-                        m[r] = fresh;
-                        if (alpha != 1.0f) {
-                            vf a = vset1(alpha);
-                            for (int64_t i = 0; i < d; i += W) vstore(o + r * d + i, vmul(vload(o + r * d + i), a));
-                        }
-                    }
-                    gemm(rows, d, reach, s, FWD_BK, 1, v + g * vh + k0 * vt, vt, o, d, 1);
-                }
+                forward_block(group, rows, FWD_BQ, d, offset + q0, qs, kp + (g * blocks + j) * d * FWD_BK,
+                              v + g * vh + k0 * vt, vt, k0, valid, s, os, ms, ls);
             }
             for (int64_t e = 0; e < group; ++e) {
                 int64_t h = g * group + e;
@@ -251,6 +273,85 @@ int toolrl_flash_forward(const float *q, int64_t qh, int64_t qt, const float *k,
         free(s);
     }
     free(kp);
+    return failed ? -1 : 0;
+}
+
+/* The keys' block size for toolrl_flash_pack_keys and toolrl_flash_decode */
+int toolrl_flash_key_block(void) { return FWD_BK; }
+
+/* k [kv_heads, nk, d] (strides kh, kt) into `packed` (ceil(nk / FWD_BK) * kv_heads * d * FWD_BK floats) as
+   toolrl_flash_decode reads it: each block of keys transposed, a block's KV heads side by side */
+void toolrl_flash_pack_keys(const float *k, int64_t kh, int64_t kt, int64_t kv_heads, int64_t nk, int64_t d,
+                            float *packed, int threads) {
+    pack_transposed(k, kv_heads, nk, d, kh, kt, FWD_BK, packed, 1, threads);
+}
+
+/* Decode: a few queries a head (nq <= FWD_BQ: a decode step's rows over a cascade's shared prefix) that see every
+   key, the keys packed once beforehand (toolrl_flash_pack_keys: kp), so that a step reads each key and value once
+   and packs nothing. Such a call has one query block a KV head, too few tasks for the threads: the keys are split
+   into chunks (FlashDecoding), one task per chunk for every KV head (a chunk's keys and values are read together,
+   where the heads' values lie side by side in memory), and the tasks' unnormalized outputs, maxima and sums are
+   merged by log-sum-exp at the end. q, v, out and lse as in toolrl_flash_forward. */
+int toolrl_flash_decode(const float *q, int64_t qh, int64_t qt, const float *kp, const float *v, int64_t vh,
+                        int64_t vt, int64_t heads, int64_t kv_heads, int64_t nq, int64_t nk, int64_t d, float scale,
+                        float *out, int64_t uh, int64_t ut, float *lse, int threads) {
+    if (nq <= 0 || nq > FWD_BQ || nk <= 0 || d <= 0 || d % CT || kv_heads <= 0 || heads % kv_heads || threads <= 0)
+        return -1;
+    int64_t blocks = (nk + FWD_BK - 1) / FWD_BK, group = heads / kv_heads;
+    /* about DEC_TASKS tasks a thread (dynamic scheduling evens them out) */
+    int64_t chunk = (blocks + DEC_TASKS * threads - 1) / (DEC_TASKS * threads);
+    int64_t chunks = (blocks + chunk - 1) / chunk, part = group * nq * (d + 2);
+    float *parts = aligned_alloc(64, sizeof(float) * kv_heads * chunks * part);
+    if (!parts) return -1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = aligned_alloc(64, sizeof(float) * (FWD_BQ * FWD_BK + group * nq * d)); /* scores, queries */
+        if (!s) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; ++c) {
+            if (!s) continue;
+            int64_t j0 = c * chunk, j1 = j0 + chunk < blocks ? j0 + chunk : blocks;
+            for (int64_t g = 0; g < kv_heads; ++g) {
+                float *os = parts + (g * chunks + c) * part, *ms = os + group * nq * d, *ls = ms + group * nq;
+                float *qs = s + FWD_BQ * FWD_BK;
+                start_queries(q, qh, qt, g, group, 0, nq, nq, d, scale, qs, os, ms, ls);
+                for (int64_t j = j0; j < j1; ++j) {
+                    int64_t k0 = j * FWD_BK, valid = nk - k0 < FWD_BK ? nk - k0 : FWD_BK;
+                    forward_block(group, nq, nq, d, nk, qs, kp + (j * kv_heads + g) * d * FWD_BK,
+                                  v + g * vh + k0 * vt, vt, k0, valid, s, os, ms, ls);
+                }
+            }
+        }
+        free(s);
+        /* the implicit barrier of the loop above: every task's part is written */
+#pragma omp for schedule(static)
+        for (int64_t hr = 0; hr < heads * nq; ++hr) {
+            int64_t h = hr / nq, r = hr % nq, g = h / group, e = h % group, at = e * nq + r;
+            const float *first = parts + g * chunks * part;
+            float top = -INFINITY, sum = 0.0f;
+            for (int64_t c = 0; c < chunks; ++c) {
+                float m = first[c * part + group * nq * d + at];
+                top = m > top ? m : top;
+            }
+            float *dst = out + h * uh + r * ut;
+            for (int64_t i = 0; i < d; i += W) vstore(dst + i, vzero());
+            for (int64_t c = 0; c < chunks; ++c) {
+                const float *o = first + c * part, *m = o + group * nq * d, *l = m + group * nq;
+                float w = expf(m[at] - top);
+                vf wv = vset1(w);
+                sum += l[at] * w;
+                for (int64_t i = 0; i < d; i += W) vstore(dst + i, vfma(vload(o + at * d + i), wv, vload(dst + i)));
+            }
+            vf inv = vset1(1.0f / sum);
+            for (int64_t i = 0; i < d; i += W) vstore(dst + i, vmul(vload(dst + i), inv));
+            lse[h * nq + r] = top + logf(sum);
+        }
+    }
+    free(parts);
     return failed ? -1 : 0;
 }
 
@@ -274,8 +375,8 @@ int toolrl_flash_backward(const float *q, int64_t qh, int64_t qt, const float *k
         free(kp), free(vp), free(dqs);
         return -1;
     }
-    pack_transposed(k, kv_heads, nk, d, kh, kt, BWD_BK, kp, threads);
-    pack_transposed(v, kv_heads, nk, d, vh, vt, BWD_BK, vp, threads);
+    pack_transposed(k, kv_heads, nk, d, kh, kt, BWD_BK, kp, 0, threads);
+    pack_transposed(v, kv_heads, nk, d, vh, vt, BWD_BK, vp, 0, threads);
     int failed = 0, team = 1;
 #pragma omp parallel num_threads(threads)
     {
