@@ -306,7 +306,8 @@ int toolrl_flash_decode(const float *q, int64_t qh, int64_t qt, const float *kp,
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *s = aligned_alloc(64, sizeof(float) * (FWD_BQ * FWD_BK + group * nq * d)); /* scores, queries */
+        /* scores, then every KV head's queries */
+        float *s = aligned_alloc(64, sizeof(float) * (FWD_BQ * FWD_BK + kv_heads * group * nq * d));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
@@ -317,12 +318,18 @@ int toolrl_flash_decode(const float *q, int64_t qh, int64_t qt, const float *kp,
             int64_t j0 = c * chunk, j1 = j0 + chunk < blocks ? j0 + chunk : blocks;
             for (int64_t g = 0; g < kv_heads; ++g) {
                 float *os = parts + (g * chunks + c) * part, *ms = os + group * nq * d, *ls = ms + group * nq;
-                float *qs = s + FWD_BQ * FWD_BK;
-                start_queries(q, qh, qt, g, group, 0, nq, nq, d, scale, qs, os, ms, ls);
-                for (int64_t j = j0; j < j1; ++j) {
-                    int64_t k0 = j * FWD_BK, valid = nk - k0 < FWD_BK ? nk - k0 : FWD_BK;
-                    forward_block(group, nq, nq, d, nk, qs, kp + (j * kv_heads + g) * d * FWD_BK,
-                                  v + g * vh + k0 * vt, vt, k0, valid, s, os, ms, ls);
+                start_queries(q, qh, qt, g, group, 0, nq, nq, d, scale, s + FWD_BQ * FWD_BK + g * group * nq * d, os,
+                              ms, ls);
+            }
+            /* a block's keys and values for every head while they are in cache (the heads' values lie side by
+               side in a layer's layout: one pass over the block's rows) */
+            for (int64_t j = j0; j < j1; ++j) {
+                int64_t k0 = j * FWD_BK, valid = nk - k0 < FWD_BK ? nk - k0 : FWD_BK;
+                for (int64_t g = 0; g < kv_heads; ++g) {
+                    float *os = parts + (g * chunks + c) * part, *ms = os + group * nq * d, *ls = ms + group * nq;
+                    forward_block(group, nq, nq, d, nk, s + FWD_BQ * FWD_BK + g * group * nq * d,
+                                  kp + (j * kv_heads + g) * d * FWD_BK, v + g * vh + k0 * vt, vt, k0, valid, s, os,
+                                  ms, ls);
                 }
             }
         }
