@@ -98,6 +98,24 @@ def timed_backward(model, fn, trajs, repeats: int):
     return best, result.detach(), grads
 
 
+def memory_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
+    """The machine's memory read rate (GB/s, the best of `repeats` sums of a `mb` MB fp32 tensor with torch's
+    threads, more than the caches hold): the bound of work that reads more bytes than it computes FLOPs, such as
+    a decode step reading every weight and the shared prompt's keys and values."""
+    import time
+
+    import torch
+
+    x = torch.ones(mb * 1024 * 1024 // 4)
+    x.sum()  # warm-up: the pages are touched
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - started)
+    return x.numel() * 4 / best / 1e9
+
+
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     """The machine's fp32 matmul rate (GFLOP/s, the best of `repeats` n x n products with torch's threads, on
     torch's kernel and on oneDNN's, whichever is faster here): the bound the model's achieved FLOP/s is compared

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine, matmul_peak_gflops, measured_calls, write_results
+from common import ROOT, machine, matmul_peak_gflops, measured_calls, memory_bandwidth_gbs, write_results
 
 MODEL = "smollm2-135m-instruct"
 ENV = ["env.name=support", "env.options.handbook=true"]
@@ -195,6 +195,7 @@ def part_step(args) -> dict:
         first = trainer.collector.roll_out(1).trajs
         engine.free_memory()
         trainer.update(with_rewards(first))
+        trainer.state.optimizer.zero_grad(set_to_none=True)  # as Trainer.step does: the rollout holds no gradient
         first_step_s = time.perf_counter() - started
         counted = dict(engine.stats)  # the engine's counts so far: the step's are what it adds
         peaks = measured_calls(["selected_hidden", "target_logprobs"])
@@ -223,6 +224,7 @@ def part_step(args) -> dict:
             "parts_gb": parts_gb(trainer.model) | peaks
             | {"kv_cache": kv_per_token * slots * (capacity + 1) / GB},
             "flops": step_flops(cfg, part.trajs, stats, bench.config.train.gradient_checkpointing),
+            "decode": decode_traffic(trainer.model, part.trajs, stats),
             "estimate": {"step_s": guess.step_s, "peak_gb": guess.peak_gb, "parts_gb": guess.parts_gb},
         }  # fmt: skip
         bench.close()
@@ -260,6 +262,24 @@ def step_flops(cfg, trajs, stats, checkpointing: bool) -> dict[str, float]:
     # the update's forward over the shared prompt is the rollout's (train/rollout_prefix.py): one less
     return {"rollout": rollout, "update": update, "step": rollout + update, "shared_prefix_tokens": n,
             "prompt_forward": prefill}  # fmt: skip
+
+
+def decode_traffic(model, trajs, stats) -> dict[str, float]:
+    """What the rollout's decode steps cannot avoid reading, beside their FLOPs: each step reads every weight a
+    forward uses (the embedding's rows aside) and the shared prompt's keys and values in every layer (the rows' own
+    few are left out: at least this much). A decode step at 8 rows does ~3 FLOPs a byte it reads, far under this
+    machine's ~15-20 FLOPs a byte: its bound is the memory's rate, not the matmul peak."""
+    from toolrl.train.logprobs import shared_prefix_length
+
+    cfg = model.config
+    embed = model.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed or cfg.tie_word_embeddings)
+    n = shared_prefix_length(trajs, min(t.loss_mask.index(1) for t in trajs))
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * n * embed.element_size()
+    steps, tokens = stats.get("decode_steps", 0), stats.get("decoded_tokens", 0)
+    per_token = 2 * (weights / embed.element_size()) + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (
+        cfg.head_dim * n)  # fmt: skip
+    return {"steps": steps, "bytes_per_step": weights + kv, "flops": per_token * tokens}
 
 
 # ---- the run ------------------------------------------------------------------------------------------------------
@@ -304,16 +324,17 @@ def main() -> None:
         rows["step"] = run_part("step", sys.executable, [f"--set={s}" for s in args.set])
         checkpointed = [*args.set, "train.gradient_checkpointing=true"]  # the knob toolrl train asks for over 4 GB
         rows["step_checkpointed"] = run_part("step", sys.executable, [f"--set={s}" for s in checkpointed])
-    peak = matmul_peak_gflops()
+    peak, bandwidth = matmul_peak_gflops(), memory_bandwidth_gbs()
     result = {"machine": machine(), "load_avg_before": [round(x, 2) for x in load_before],
               "load_avg_after": [round(x, 2) for x in os.getloadavg()], "matmul_peak_gflops": round(peak, 1),
+              "memory_bandwidth_gbs": round(bandwidth, 1),
               "workload": {"model": MODEL, "env": ENV, "group": GROUP, "turns": TURNS, "new_tokens": NEW_TOKENS,
                            "sft_tokens": SFT_TOKENS}, **rows}  # fmt: skip
-    summarize(result, peak)
+    summarize(result, peak, bandwidth)
     write_results(args.out, result)
 
 
-def summarize(result: dict, peak: float) -> None:
+def summarize(result: dict, peak: float, bandwidth: float) -> None:
     gen = result.get("generation")
     if gen is not None:
         print(f"prompt {gen['prompt_tokens']} tokens ({gen['shared_prompt_tokens']} shared), {NEW_TOKENS} new:")
@@ -339,6 +360,14 @@ def summarize(result: dict, peak: float) -> None:
         # the bound of a step whose update reads the rollout's prompt pass (the issue's bound counts it twice)
         once = bound - step["flops"]["prompt_forward"] / (peak * 1e9)
         result[f"step_vs_bound_one_prompt_pass{suffix}"] = round(step["step_s"] / once, 2)
+        # the roofline: each decode step at the slower of its FLOPs at the peak and its reads at the memory's rate
+        decode = step["decode"]
+        if decode["steps"]:
+            flops_s = decode["flops"] / decode["steps"] / (peak * 1e9)
+            per_step = max(flops_s, decode["bytes_per_step"] / (bandwidth * 1e9))
+            roofline = bound - decode["flops"] / (peak * 1e9) + decode["steps"] * per_step
+            result[f"step_roofline_bound_s{suffix}"] = round(roofline, 1)
+            result[f"step_vs_roofline_bound{suffix}"] = round(step["step_s"] / roofline, 2)
         print(f"GRPO step{' (gradient checkpointing)' if not suffix else ''}: {step['step_s']:.1f} s (rollout "
               f"{step['rollout_s']:.1f}, update {step['update_s']:.1f}); bound {bound:.1f} s at {peak:.0f} GFLOP/s -> "
               f"{step['step_s'] / bound:.2f}x; peak {step['peak_gb']:.2f} GB; toolrl train estimated "
