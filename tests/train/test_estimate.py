@@ -86,3 +86,27 @@ def test_a_groups_task_counts_once_per_group_in_the_flops():
     params = 30 * (576 * (9 + 2 * 3) * 64 + 9 * 64 * 576 + 3 * 576 * 1536)  # the default model's body
     one, two = step_flops(Shape, LONG), step_flops(Shape, replace(LONG, groups=2))
     assert two - one == pytest.approx(4 * 2 * params * task, rel=1e-9)
+
+
+def test_the_resident_part_holds_weights_that_were_mapped_and_not_yet_read(tmp_path):
+    """A model loaded from safetensors maps the file: its weights count in the process's memory only once read. The
+    estimate reads them first, so its resident part holds them (it came out 0.5 GB under a measured step before)."""
+    script = f"""
+import gc, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from toolrl.memory import rss_gb, trim
+from toolrl.models.loading import load_model
+from toolrl.train.estimate import resident_gb
+config = LlamaConfig(vocab_size=8000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False)
+LlamaForCausalLM(config).save_pretrained({str(tmp_path / "model")!r})
+gc.collect(); trim()
+before = rss_gb()
+model = load_model({str(tmp_path / "model")!r}, torch.device("cpu"))
+weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 1024**3
+print(resident_gb(model) - before, weights)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown, weights = map(float, done.stdout.split())
+    assert grown >= 0.9 * weights, f"the resident part grew {grown:.3f} GB for {weights:.3f} GB of weights"
