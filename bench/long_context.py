@@ -15,7 +15,10 @@ new tokens. Side by side, in one run, each part in a fresh process (so that one 
   and with gradient checkpointing (what `toolrl train` asks for above 4 GB), each against its bound: the
   FLOPs a step cannot avoid (the shared prompt's prefill once per group, each generated and observation token's
   forward, and forward + backward of the update with the shared prefix computed once: 3x a forward, 4x under
-  gradient checkpointing) divided by this machine's measured matmul peak.
+  gradient checkpointing) divided by this machine's measured matmul peak: the highest of the rates measured before,
+  between and after the parts (the machine's rate moves with other load; the highest gives the strictest bound).
+  Beside it a roofline bound: each decode step at the slower of its FLOPs at that peak and its reads (every weight
+  and the prompt's keys and values) at the measured memory rate.
 - peak memory of the warm start (SFT on two ~6.5k-token trajectories: the reference conversation continued with
   further turns of its own calls and results), full weights and LoRA r=16, and of the GRPO step; each with its
   parts (weights, gradients, AdamW states, the largest activations, the output layer's scores, the KV cache), and
@@ -312,6 +315,7 @@ def main() -> None:
         return
     load_before = os.getloadavg()
     rows: dict = {}
+    peaks = [matmul_peak_gflops()]  # before, between and after the parts: the machine's rate moves with its load
     if "generation" not in args.skip:
         python = args.vllm_python if Path(args.vllm_python).exists() else sys.executable
         rows["generation"] = run_part("generation", python, ["--repeats", str(args.repeats), "--vllm-memory",
@@ -322,12 +326,14 @@ def main() -> None:
         rows["sft_lora"] = run_part("sft", sys.executable, ["--lora"])
     if "step" not in args.skip:
         rows["step"] = run_part("step", sys.executable, [f"--set={s}" for s in args.set])
+        peaks.append(matmul_peak_gflops())
         checkpointed = [*args.set, "train.gradient_checkpointing=true"]  # the knob toolrl train asks for over 4 GB
         rows["step_checkpointed"] = run_part("step", sys.executable, [f"--set={s}" for s in checkpointed])
-    peak, bandwidth = matmul_peak_gflops(), memory_bandwidth_gbs()
+    peaks.append(matmul_peak_gflops())
+    peak, bandwidth = max(peaks), memory_bandwidth_gbs()  # the highest rate seen: the strictest bound
     result = {"machine": machine(), "load_avg_before": [round(x, 2) for x in load_before],
               "load_avg_after": [round(x, 2) for x in os.getloadavg()], "matmul_peak_gflops": round(peak, 1),
-              "memory_bandwidth_gbs": round(bandwidth, 1),
+              "matmul_peaks_gflops": [round(x, 1) for x in peaks], "memory_bandwidth_gbs": round(bandwidth, 1),
               "workload": {"model": MODEL, "env": ENV, "group": GROUP, "turns": TURNS, "new_tokens": NEW_TOKENS,
                            "sft_tokens": SFT_TOKENS}, **rows}  # fmt: skip
     summarize(result, peak, bandwidth)
