@@ -74,8 +74,11 @@ def test_the_shared_prompt_counts_once_in_the_kv_cache_and_the_flops(trajectorie
     w = replace(LONG, trajectories=trajectories)
     single = replace(w, trajectories=1)
     kv, kv_one = memory_gb(Shape, w, 0, 0)["kv_cache"], memory_gb(Shape, single, 0, 0)["kv_cache"]
-    per_own = kv_one * (LONG.length - LONG.shared) / LONG.length  # one trajectory's own tokens
+    kv_token = 2 * Shape.num_hidden_layers * Shape.num_key_value_heads * Shape.head_dim * 4 / 1024**3
+    per_own = (LONG.length - LONG.shared) * kv_token  # one trajectory's own tokens
     assert kv == pytest.approx(kv_one + (trajectories - 1) * per_own, rel=1e-6)
+    # the shared prompt once, and its keys once more, packed for the decode kernel
+    assert kv_one == pytest.approx(per_own + 1.5 * LONG.shared * kv_token, rel=1e-6)
     assert step_flops(Shape, w) < trajectories * step_flops(Shape, single) / 2
 
 

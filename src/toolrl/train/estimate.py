@@ -4,9 +4,10 @@ configuration whose peak would not fit in the memory available.
 
 Memory, by part (fp32 throughout, as on this CPU): what the process holds now (interpreter, weights, a reference
 copy), gradients and AdamW's two states of the trained weights, the rollout's KV cache (every trajectory's own
-tokens, the shared prompt once) with the engine's packed copy of the linear weights, and the update's activations:
-the shared prompt computed once per step (train/logprobs.py StepPrefix; the rollout computes it and holds it for
-the update, train/rollout_prefix.py) and the largest micro-batch, each token keeping ACTIVATION_FLOATS per layer,
+tokens, the shared prompt once, its keys packed again for decoding where it is long) with the engine's packed copy
+of the linear weights, and the update's activations: the shared prompt computed once per step (train/logprobs.py
+StepPrefix; the rollout computes it and holds it for the update, train/rollout_prefix.py) and the largest
+micro-batch, each token keeping ACTIVATION_FLOATS per layer,
 or only its layer input under gradient checkpointing (and one layer's worth while it is recomputed). The warm
 start's fine-tuning has the same shape on the reference's trajectories.
 
@@ -26,6 +27,7 @@ import torch
 
 from toolrl.errors import ConfigError
 from toolrl.memory import rss_gb
+from toolrl.models.native.attention import MIN_TOKENS
 from toolrl.rollout.engine import common_prefix_length
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,8 @@ def memory_gb(model_config, w: Workload, resident: float, packed: float) -> dict
         "resident": resident,
         "gradients": w.trainable * 4 / GB,
         "adamw": 2 * w.trainable * 4 / GB,
-        "kv_cache": (w.trajectories * own + w.shared) * kv_token / GB,
+        # the shared prompt once, and on a long one its keys again, packed for the decode kernel (rollout/cascade.py)
+        "kv_cache": (w.trajectories * own + w.shared * (1.5 if w.shared >= MIN_TOKENS else 1)) * kv_token / GB,
         "packed_weights": packed,
         "prompt_pass": (prompt + 2 * w.shared * kv_token) / GB,
         "activations": activations / GB,

@@ -121,7 +121,8 @@ def decode_forward(query, packed_keys, value, scale: float) -> tuple[torch.Tenso
     query, value = _readable(query[0]), _readable(value[0])
     (heads, m, dim), (kv_heads, n, _) = query.shape, value.shape
     block = native.load().toolrl_flash_key_block()
-    if packed_keys.numel() != kv_heads * -(-n // block) * dim * block or not packed_keys.is_contiguous():
+    size = kv_heads * -(-n // block) * dim * block
+    if packed_keys.numel() != size or packed_keys.dtype != torch.float32 or not packed_keys.is_contiguous():
         raise ValueError(f"decode_forward: packed keys of {packed_keys.numel()} floats are not pack_keys' of {n} keys")
     out, lse = torch.empty(query.shape), torch.empty(heads, m)
     code = native.load().toolrl_flash_decode(
