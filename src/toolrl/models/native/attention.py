@@ -10,7 +10,10 @@ project measures on. flash.c runs the backward at 1.6-2x that and the forward at
 `causal_attention` takes the place of SDPA where `takes` says so: fp32 on CPU, one sequence, no mask, as many keys
 as queries (self-attention from position 0), at least MIN_TOKENS of them, a head size that is a multiple of the
 kernel's column tile, and the library built (models/native/__init__.py; where it cannot be, SDPA as before, said
-once in the log). ENABLED = False turns it off (the benchmarks' comparison)."""
+once in the log). The cascade's prefix part (every query sees every key of a shared prompt) runs on `prefix_forward`
+and `prefix_backward` from MIN_PREFIX_QUERIES queries a head, and a decode step's few on `decode_forward`, over keys
+packed once per rollout (`pack_keys`, kept on the rollout's SharedPrefix). ENABLED = False turns them all off (the
+benchmarks' comparison)."""
 
 from __future__ import annotations
 
