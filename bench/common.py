@@ -173,6 +173,15 @@ def measured_calls(names: list[str]):
     return peaks
 
 
+def timed(fn) -> float:
+    """Seconds one call of `fn` takes."""
+    import time
+
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def side_by_side(ways: dict, repeats: int) -> dict[str, float]:
     """The best time of each of `ways` (name -> function), run in turn `repeats` times: a busy machine's slow
     moments fall on all of them alike."""

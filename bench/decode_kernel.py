@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from common import machine, matmul_peak_gflops, write_results
+from common import machine, matmul_peak_gflops, timed, write_results
 
 from toolrl.models import load_model, load_tokenizer
 from toolrl.models import native as kernel
@@ -28,12 +28,6 @@ from toolrl.models.linear import PackedWeights
 MODEL = "smollm2-135m-instruct"
 SHAPES = [(576, 1536), (1536, 576), (576, 576), (576, 192), (576, 49152)]
 ROWS = [1, 8, 16, 32, 64]
-
-
-def timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
 
 
 def alternate(fns: dict, repeats: int, calls: int) -> dict[str, float]:

@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 
 import torch
-from common import ROOT, matmul_peak_gflops, measured_here, side_by_side, write_results
+from common import ROOT, matmul_peak_gflops, measured_here, side_by_side, timed, write_results
 
 from toolrl.models.native import attention as long_prompt
 
@@ -128,14 +128,8 @@ def decode_attention(repeats: int) -> dict:
                 one(i)
             passes[name].append((time.perf_counter() - started) / layers)
     times = {name: sorted(t)[len(t) // 2] for name, t in passes.items()}  # the median pass
-    pack_s = min(_timed(lambda: long_prompt.pack_keys(keys[0])) for _ in range(repeats))
+    pack_s = min(timed(lambda: long_prompt.pack_keys(keys[0])) for _ in range(repeats))
     return rates(times, flops) | {"max_error": error, "pack_keys_ms_per_layer": round(pack_s * 1000, 2)}
-
-
-def _timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
 
 
 def weight_grads(repeats: int) -> dict:

@@ -108,12 +108,17 @@ def takes_decode(query: torch.Tensor, key: torch.Tensor) -> bool:
     )
 
 
+def _packed_floats(lib, kv_heads: int, n: int, dim: int) -> int:
+    """The size of `pack_keys`' result for n keys: whole blocks of keys, zero past n."""
+    block = lib.toolrl_flash_key_block()
+    return kv_heads * -(-n // block) * dim * block
+
+
 def pack_keys(key: torch.Tensor) -> torch.Tensor:
     """`key` [1, kv_heads, n, d] as `decode_forward` reads it: each block of keys transposed (flash.c)."""
     lib = native.load()
     _, kv_heads, n, dim = key.shape
-    block = lib.toolrl_flash_key_block()
-    packed = torch.empty(kv_heads * -(-n // block) * dim * block)
+    packed = torch.empty(_packed_floats(lib, kv_heads, n, dim))
     lib.toolrl_flash_pack_keys(*_views(_readable(key[0])), kv_heads, n, dim, packed.data_ptr(), torch.get_num_threads())
     return packed
 
@@ -123,12 +128,12 @@ def decode_forward(query, packed_keys, value, scale: float) -> tuple[torch.Tenso
     [1, kv_heads, n, d]: output [1, heads, m, d] and log-sum-exp [1, heads, m], as `prefix_forward` returns them."""
     query, value = _readable(query[0]), _readable(value[0])
     (heads, m, dim), (kv_heads, n, _) = query.shape, value.shape
-    block = native.load().toolrl_flash_key_block()
-    size = kv_heads * -(-n // block) * dim * block
+    lib = native.load()
+    size = _packed_floats(lib, kv_heads, n, dim)
     if packed_keys.numel() != size or packed_keys.dtype != torch.float32 or not packed_keys.is_contiguous():
         raise ValueError(f"decode_forward: packed keys of {packed_keys.numel()} floats are not pack_keys' of {n} keys")
     out, lse = torch.empty(query.shape), torch.empty(heads, m)
-    code = native.load().toolrl_flash_decode(
+    code = lib.toolrl_flash_decode(
         *_views(query), packed_keys.data_ptr(), *_views(value), heads, kv_heads, m, n, dim, scale, out.data_ptr(),
         out.stride(0), out.stride(1), lse.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
