@@ -4,6 +4,8 @@ than computing the prompt again."""
 
 import asyncio
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -169,3 +171,27 @@ def test_no_prompt_pass_is_kept_where_the_engine_samples_from_a_copy_or_it_is_tu
     config = tiny_config(tiny_model_dir, tmp_path, "env.name=long-system-prompt", setting)
     trainer = Trainer(Workbench.load(config))
     assert trainer.scorer.kept is None and trainer.bench.engines["train"].prefix_pass is None
+
+
+def test_a_prompt_pass_dropped_without_its_backward_is_freed_under_gradient_checkpointing(tiny_model, tokenizer):
+    """Under gradient checkpointing the pass's graph holds its cache; the cache once held the pass's keys and
+    values, and so the graph that made them: a cycle through autograd's nodes that no collector frees. Every prompt
+    pass the update did not take (a newer prefix, changed weights) stayed in memory for the run."""
+    model = copy.deepcopy(tiny_model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    kept = RolloutPrefix(model)
+    with kept.for_rollout():
+        kept(SHARED)
+        first = weakref.ref(kept.kept.outputs[-1][0])
+        assert first().grad_fn is not None  # the pass's graph: what the update would backpropagate through
+        kept(SHARED[:-1])  # a newer prefix replaces it: the first pass is dropped
+    gc.collect()
+    assert kept.stats == {"computed": 2, "dropped": 1}
+    assert first() is None
+
+    prefix = StepPrefix(model, SHARED)  # the update's own pass, given up before its backward (a failed step)
+    alive = weakref.ref(prefix.outputs[0][1])
+    del prefix
+    gc.collect()
+    assert alive() is None
