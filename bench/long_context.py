@@ -32,13 +32,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine, matmul_peak_gflops, measured_calls, memory_bandwidth_gbs, write_results
+from common import (
+    ROOT,
+    cpu_since,
+    machine,
+    matmul_peak_gflops,
+    measured_calls,
+    memory_bandwidth_gbs,
+    write_results,
+)
 
 MODEL = "smollm2-135m-instruct"
 ENV = ["env.name=support", "env.options.handbook=true"]
@@ -202,6 +211,7 @@ def part_step(args) -> dict:
         first_step_s = time.perf_counter() - started
         counted = dict(engine.stats)  # the engine's counts so far: the step's are what it adds
         peaks = measured_calls(["selected_hidden", "target_logprobs"])
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
         with meter.phase("rollout"):
             part = trainer.collector.roll_out(1)
@@ -214,6 +224,7 @@ def part_step(args) -> dict:
         with meter.phase("update"):
             trainer.update(with_rewards(part.trajs))
         update_s = time.perf_counter() - started
+        cpu = cpu_since(usage)
         cfg = bench.model.config
         kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
         out = {
@@ -223,7 +234,7 @@ def part_step(args) -> dict:
             "tokens": [len(t.token_ids) for t in part.trajs], "prompt_tokens": part.trajs[0].loss_mask.index(1),
             "generated_tokens": sum(sum(t.loss_mask) for t in part.trajs),
             "turns": [sum(1 for s in t.spans if s[0] == "model") for t in part.trajs],
-            "engine": stats, "gradient_checkpointing": bench.config.train.gradient_checkpointing,
+            "engine": stats, "gradient_checkpointing": bench.config.train.gradient_checkpointing, "cpu": cpu,
             "parts_gb": parts_gb(trainer.model) | peaks
             | {"kv_cache": kv_per_token * slots * (capacity + 1) / GB},
             "flops": step_flops(cfg, part.trajs, stats, bench.config.train.gradient_checkpointing),
@@ -308,7 +319,12 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--skip", action="append", default=[], help="parts to leave out: generation, sft, step")
     parser.add_argument("--out", default="bench/results/long_context.json")
+    parser.add_argument("--mmap-threshold", type=int, help="a part's toolrl.memory.MMAP_THRESHOLD (bytes)")
     args = parser.parse_args()
+    if args.mmap_threshold:  # bench/heap_threshold.py: the page faults and the peak at another threshold
+        import toolrl.memory
+
+        toolrl.memory.MMAP_THRESHOLD = args.mmap_threshold
     if args.part:
         part = {"generation": part_generation, "sft": part_sft, "step": part_step}[args.part]
         print(json.dumps(part(args)))
