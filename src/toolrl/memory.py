@@ -11,7 +11,7 @@ Within a step, that fragmentation is the peak itself once sequences are long: a 
 mapped (bench/long_context.py), for ~20% more time in page faults. `bound_heap()` fixes the threshold; the update
 and the warm start call it when a micro-batch's sequences are LONG_SEQUENCE tokens or longer. The cost, measured on
 a 4.9k-token GRPO step: 5.8-8 million faults, 12-13% of its CPU time in the kernel; thresholds of 16 MiB and more
-cut the faults by 65-80% and put the rollout's peak above 4 GB (bench/heap_threshold.py, docs/benchmarks.md).
+cut the faults by 61-80% and put the rollout's peak above 4 GB (bench/heap_threshold.py, docs/benchmarks.md).
 
 `meter` measures the peak resident memory of each phase of a run (PeakMeter).
 """
