@@ -185,14 +185,10 @@ def timed(fn) -> float:
 def side_by_side(ways: dict, repeats: int) -> dict[str, float]:
     """The best time of each of `ways` (name -> function), run in turn `repeats` times: a busy machine's slow
     moments fall on all of them alike."""
-    import time
-
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(repeats):
         for name, fn in ways.items():
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
+            times[name].append(timed(fn))
     return {name: min(t) for name, t in times.items()}
 
 

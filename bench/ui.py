@@ -15,10 +15,9 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from common import machine, write_results
+from common import machine, timed, write_results
 
 
 def a_record(tokenizer) -> dict:
@@ -57,13 +56,8 @@ def write_run(root: Path, record: dict, megabytes: float, per_step: int) -> tupl
     return run, steps, (run / "samples.jsonl").stat().st_size
 
 
-def timed(fn, repeat: int = 1) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def median_time(fn, repeat: int = 1) -> float:
+    return statistics.median(timed(fn) for _ in range(repeat))
 
 
 def main() -> None:
@@ -83,20 +77,20 @@ def main() -> None:
         run, steps, size = write_run(root, record, args.megabytes, per_step=24)
         client = TestClient(build_app(root, [], token=None), base_url="http://127.0.0.1")
         get = lambda path, **params: client.get(path, params={"run": "big", **params}).raise_for_status()  # noqa: E731
-        first = timed(lambda: get("/api/briefs", step=steps // 2))
+        first = median_time(lambda: get("/api/briefs", step=steps // 2))
         RunDir(run).log_samples(steps + 1, [{**record, "sample": i} for i in range(24)])
-        grown = timed(lambda: get("/api/briefs", step=steps + 1))
-        again = timed(lambda: get("/api/briefs", step=steps // 2), repeat=5)
-        listed = timed(lambda: get("/api/steps"), repeat=5)
-        one = timed(lambda: get("/api/record", step=steps // 2, index=3), repeat=20)
-        runs = timed(lambda: client.get("/api/runs").raise_for_status(), repeat=5)
-        new_metrics = timed(lambda: get("/api/metrics", since=steps - 1), repeat=5)
+        grown = median_time(lambda: get("/api/briefs", step=steps + 1))
+        again = median_time(lambda: get("/api/briefs", step=steps // 2), repeat=5)
+        listed = median_time(lambda: get("/api/steps"), repeat=5)
+        one = median_time(lambda: get("/api/record", step=steps // 2, index=3), repeat=20)
+        runs = median_time(lambda: client.get("/api/runs").raise_for_status(), repeat=5)
+        new_metrics = median_time(lambda: get("/api/metrics", since=steps - 1), repeat=5)
 
         def reread_step():  # what a viewer without an index does for each look at a step: parse, then filter
             with (run / "samples.jsonl").open() as f:
                 return [r for r in map(json.loads, f) if r["step"] == steps // 2]
 
-        rescan = timed(reread_step)
+        rescan = median_time(reread_step)
     rows = [
         ("first look at a step (index the whole file)", first),
         ("look after one more step was written", grown),
