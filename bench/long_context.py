@@ -165,6 +165,7 @@ def part_sft(args) -> dict:
 
     extra = ["train.lora.r=16", "train.gradient_checkpointing=true"] if args.lora else []
     extra += ["train.gradient_checkpointing=true"] if args.checkpointing and not args.lora else []
+    extra += args.set
     with tempfile.TemporaryDirectory() as tmp:
         bench = Workbench.load(config(tmp, extra))
         trainer = Trainer(bench)
@@ -173,12 +174,13 @@ def part_sft(args) -> dict:
         peaks = measured_calls(["selected_hidden", "target_logprobs"])
         steps: list[dict] = []
         before = rss_gb()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
         with meter.phase("sft"):
             fine_tune(trainer.model, trajs, SFTConfig(batch_size=2), bench.config.train.micro_batch_tokens, 0,
                       steps.append)  # fmt: skip
         seconds = time.perf_counter() - started
-        out = {"peak_gb": meter.last["sft"], "resident_before_gb": before, "seconds": seconds,
+        out = {"peak_gb": meter.last["sft"], "resident_before_gb": before, "seconds": seconds, "cpu": cpu_since(usage),
                "tokens": [len(t.token_ids) for t in trajs], "trained_tokens": sum(sum(t.loss_mask) for t in trajs),
                "parts_gb": parts_gb(trainer.model) | peaks}  # fmt: skip
         bench.close()
@@ -321,7 +323,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/long_context.json")
     parser.add_argument("--mmap-threshold", type=int, help="a part's toolrl.memory.MMAP_THRESHOLD (bytes)")
     args = parser.parse_args()
-    if args.mmap_threshold:  # bench/heap_threshold.py: the page faults and the peak at another threshold
+    if args.mmap_threshold:  # bench/heap.py: the page faults and the peak at another threshold
         import toolrl.memory
 
         toolrl.memory.MMAP_THRESHOLD = args.mmap_threshold

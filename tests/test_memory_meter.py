@@ -62,7 +62,8 @@ def test_the_step_line_shows_the_step_s_peak_memory():
 
 def test_long_sequences_map_large_blocks_and_short_ones_leave_the_heap_alone(monkeypatch):
     """From LONG_SEQUENCE tokens the allocator's threshold is fixed (blocks above 1 MiB mapped, given back when
-    freed); below it nothing changes; and a 64 MiB block freed after bound_heap() leaves the resident set."""
+    freed); below it nothing changes; and 4 MiB blocks freed after bound_heap() leave the resident set: at once
+    without the block cache (model.cpu_block_cache_mb=0), at the phase's trim with it (it keeps them until then)."""
     from toolrl import memory
 
     calls = []
@@ -78,7 +79,8 @@ def test_long_sequences_map_large_blocks_and_short_ones_leave_the_heap_alone(mon
     script = """
 import sys, torch
 from toolrl import memory
-if sys.argv[1] == "bound":
+if sys.argv[1] != "glibc":
+    memory.keep_blocks(0 if sys.argv[1] == "bound" else 512)
     assert memory.bound_heap() is True
 for _ in range(3):  # 16 MiB blocks freed: glibc's own threshold moves up, smaller blocks come from the heap
     warm = [torch.ones(4 << 20) for _ in range(4)]
@@ -88,13 +90,18 @@ before = memory.rss_gb()
 pairs = [(torch.ones(1 << 20), torch.ones(256)) for _ in range(32)]  # 4 MiB blocks between small ones
 kept = [small for _, small in pairs]  # the small blocks stay: in a heap, the large ones' holes would too
 del pairs
+if sys.argv[1] == "cached":
+    from toolrl.models.native import block_cache
+    assert not block_cache.installed() or memory.rss_gb() - before > 0.1  # kept for the next request of their size
+    memory.trim()
 print(memory.rss_gb() - before, len(kept))
 """
     left = {}
-    for mode in ("bound", "glibc"):
+    for mode in ("bound", "glibc", "cached"):
         out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
         left[mode] = float(out.stdout.split()[0])
     # bound: not one of the 32 freed 4 MiB blocks stays; glibc's own threshold keeps at least 5 of them (it kept
     # 8-32 across runs here: how many depends on where the heap's top lands, 0.031-0.13 GB)
     assert left["bound"] < 0.004, f"freed 4 MiB blocks stayed resident: {left}"
+    assert left["cached"] < 0.004, f"kept 4 MiB blocks stayed resident after trim: {left}"
     assert left["glibc"] > 0.02, f"glibc's own threshold gave them back too: the test shows nothing ({left})"

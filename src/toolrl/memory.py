@@ -11,7 +11,9 @@ Within a step, that fragmentation is the peak itself once sequences are long: a 
 mapped (bench/long_context.py), for ~20% more time in page faults. `bound_heap()` fixes the threshold; the update
 and the warm start call it when a micro-batch's sequences are LONG_SEQUENCE tokens or longer. The cost, measured on
 a 4.9k-token GRPO step: 5.8-8 million faults, 12-13% of its CPU time in the kernel; thresholds of 16 MiB and more
-cut the faults by 61-80% and put the rollout's peak above 4 GB (bench/heap_threshold.py, docs/benchmarks.md).
+cut the faults by 61-80% and put the rollout's peak above 4 GB (bench/heap.py, docs/benchmarks.md). So
+bound_heap() also installs a cache of freed large blocks, by size (models/native/block_cache.py), of at most
+`model.cpu_block_cache_mb` (keep_blocks); trim() empties it.
 
 `meter` measures the peak resident memory of each phase of a run (PeakMeter).
 """
@@ -24,6 +26,7 @@ import ctypes.util
 import functools
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +44,10 @@ def _libc():
 
 
 def trim() -> bool:
-    """Return free heap memory to the system; True where glibc did so."""
+    """Return free heap memory and the kept blocks to the system; True where glibc did so."""
+    cache = sys.modules.get("toolrl.models.native.block_cache")  # loaded by bound_heap (and the torch it needs)
+    if cache is not None:
+        cache.flush()
     libc = _libc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
 
@@ -50,18 +56,39 @@ LONG_SEQUENCE = 2048
 """From this many tokens in one sequence, blocks above MMAP_THRESHOLD are mapped (bound_heap)."""
 MMAP_THRESHOLD = 1 << 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+BLOCK_CACHE_MB = 512
+"""model.cpu_block_cache_mb's default: the most freed large blocks kept for reuse once sequences are long."""
+_block_cache_mb = BLOCK_CACHE_MB
+
+
+def keep_blocks(mb: int) -> None:
+    """How many MB of freed large blocks bound_heap's cache may keep (model.cpu_block_cache_mb; 0: none). Set
+    when a run's model loads; where the heap is already bounded, it applies now."""
+    global _block_cache_mb
+    _block_cache_mb = mb
+    if bound_heap.cache_info().currsize:
+        _install_block_cache()
+
+
+def _install_block_cache() -> bool:
+    from toolrl.models.native import block_cache
+
+    return block_cache.install(_block_cache_mb)
 
 
 @functools.cache
 def bound_heap() -> bool:
     """Serve every block above MMAP_THRESHOLD with mmap from now on (glibc's mallopt, which also stops the
-    threshold moving): freed activations go back to the system at once instead of fragmenting the heap. Once per
-    process; True where glibc did so."""
+    threshold moving): freed activations go back to the system at once instead of fragmenting the heap; and keep
+    PyTorch's freed blocks from 1 MiB for the next request of their size, up to keep_blocks' MB, which spares
+    most of the page faults that mapping them again would cost (models/native/block_cache.py). Once per process;
+    True where glibc's threshold was set."""
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
     done = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     log.info("long sequences: blocks above %d KiB are mapped, not kept in the heap", MMAP_THRESHOLD >> 10)
+    _install_block_cache()
     return done
 
 
@@ -141,11 +168,16 @@ class PeakMeter:
 
     def metrics(self, phases: tuple[str, ...]) -> dict[str, float]:
         """The latest peak of each phase and the resident memory now (GB), as run metrics (`memory/PHASE_peak_gb`,
-        `memory/rss_gb`); none where the platform does not give them."""
+        `memory/rss_gb`; none where the platform does not give them), and where long sequences installed the
+        block cache, the large blocks it served from kept ones and those it mapped anew."""
         out = {f"memory/{p}_peak_gb": self.last[p] for p in phases if p in self.last}
         now = rss_gb()
         if now is not None:
             out["memory/rss_gb"] = round(now, 3)
+        cache = sys.modules.get("toolrl.models.native.block_cache")
+        counts = cache.stats() if cache is not None else None
+        if counts is not None:  # since the process started: requests served by a kept block, and the others
+            out |= {"memory/kept_block_hits": counts.hits, "memory/kept_block_misses": counts.misses}
         return out
 
     def current_overall(self) -> float:

@@ -15,28 +15,12 @@ from toolrl.models import native
 from toolrl.models.linear import OneDNNLinear, PackedWeights, onednn_available, use_onednn_linear
 from toolrl.rollout import HFEngine, SamplingParams
 
+from .native_built import fresh_home_forgetting, needs
 
-def _unavailable() -> str | None:
-    try:
-        native.load()
-    except native.KernelUnavailable as exc:
-        return str(exc)
-    return None
+needs_kernel = needs(native.load, "the native kernel")
 
 
-REASON = _unavailable()
-needs_kernel = pytest.mark.skipif(REASON is not None, reason=f"the native kernel cannot be built here: {REASON}")
-
-
-@pytest.fixture
-def fresh_home(tmp_path, monkeypatch):
-    """A TOOLRL_HOME with no built kernel, and load() forgetting the one it loaded."""
-    monkeypatch.setenv("TOOLRL_HOME", str(tmp_path / "home"))
-    native.load.cache_clear()
-    native._log_once.cache_clear()
-    yield tmp_path / "home"
-    native.load.cache_clear()
-    native._log_once.cache_clear()
+fresh_home = fresh_home_forgetting(native.load, native._log_once)
 
 
 @needs_kernel
@@ -117,7 +101,7 @@ def test_the_engine_on_the_kernel_samples_what_the_onednn_engine_samples(tiny_mo
 def test_a_kernel_file_others_may_write_is_not_loaded(fresh_home):
     """A library at the kernel's path that group or others may write (planted, or left by a careless copy) is
     refused with the path named, and auto keeps oneDNN."""
-    path = native._library_path(native._compiler())
+    path = native.kernels().path(native._compiler())
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a library")
     path.chmod(0o666)

@@ -34,6 +34,9 @@ class ModelConfig(Section):
     """CPU fp32 generation's products of a few rows: `native` on toolrl's AVX2 kernel (models/native, built once per
     machine by the C compiler on PATH; bench/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel on AVX2 and
     AVX-512 CPUs where a compiler builds it, else oneDNN."""
+    cpu_block_cache_mb: int = Field(512, ge=0)
+    """From 2,048-token sequences, freed CPU blocks of 1 MiB+ are kept by size for reuse, up to this many MB: far
+    fewer page faults (models/native/block_cache.py, built by the C++ compiler on PATH). 0: each mapped anew."""
     fused_blocks: bool = True
     """The trained model's RMSNorm and SwiGLU feed-forward as one autograd step each (models/fused.py): the same
     values, about 38% less activation memory in a training step's forward pass; false keeps transformers' own."""
@@ -48,8 +51,7 @@ class JudgeConfig(Section):
     """The served model's name, or the local model (embedded name or folder); empty: the run's model.name."""
     api_key_env: str | None = None
     template: str | None = None
-    """Prompt with {question}, {answer}, {response} (the final <answer>), {transcript}, {max_score}; unset: a
-    built-in correctness template."""
+    """Prompt with {question}, {answer}, {response} (the final <answer>), {transcript}, {max_score}; unset: built in."""
     max_score: float = Field(10.0, gt=0)
     fallback: float = 0.0
     """Score given when the judge fails or its reply has no score (counted in judge/fallbacks)."""
@@ -200,11 +202,10 @@ class KLConfig(Section):
     policy's tokenizer) instead of the initial policy. With mode reward and estimator k1, each sampled token is
     rewarded -coef (log p_policy - log p_teacher): the reverse KL to the teacher, on the policy's own samples."""
     teacher_endpoint: TeacherConfig | None = None
-    """On-policy distillation from a teacher behind an OpenAI-compatible endpoint that returns prompt log-probs
-    (vLLM, SGLang: completions with echo and logprobs): each trajectory's token ids are sent and the teacher's
-    log-prob of every sampled token comes back; it must serve the policy's tokenizer (checked when the run starts
-    through vLLM's /tokenize) and its log-probs are at temperature 1, so rollout.sampling.temperature must be 1.
-    Instead of `teacher`."""
+    """On-policy distillation (instead of `teacher`) from a teacher behind an OpenAI-compatible endpoint returning
+    prompt log-probs (vLLM, SGLang: completions with echo and logprobs), sent each trajectory's token ids; it must
+    serve the policy's tokenizer (checked at start through vLLM's /tokenize) and gives log-probs at temperature 1,
+    so rollout.sampling.temperature must be 1."""
     task_reward: float = Field(1.0, ge=0)
     """Scale of the environment's reward in the advantages; 0 with a teacher: distillation alone."""
 
@@ -336,8 +337,7 @@ class TrainConfig(Section):
     None: the memory available when the run starts."""
     lora: LoRAConfig = LoRAConfig()
     train_vision: bool = False
-    """A vision-language policy: also train its vision tower and merger (frozen by default; with LoRA, give
-    them adapters too)."""
+    """A vision-language policy: also train its vision tower and merger (frozen by default; LoRA adapts them)."""
     save_every: int = Field(0, ge=0)
     """Write a resumable checkpoint (last/) every N steps; 0: only at the end."""
     eval_every: int = Field(0, ge=0)

@@ -18,6 +18,7 @@ from toolrl.config.resolve import resolved
 from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, Task, make_env
 from toolrl.errors import ConfigError
+from toolrl.memory import keep_blocks
 from toolrl.models import load_config, load_model, load_tokenizer, pick_device
 from toolrl.models.fused import use_fused_blocks
 from toolrl.progress import Heartbeat, Tally
@@ -85,6 +86,7 @@ class Workbench:
         from toolrl import distributed
 
         device = distributed.device_for(distributed.from_env(), pick_device(config.device))
+        keep_blocks(config.model.cpu_block_cache_mb)  # process-wide, as the allocator is (toolrl/memory.py)
         name = model_name or config.model.name
         tokenizer = load_tokenizer(name)
         env = make_env(config.env, name, config.rollout.parser)

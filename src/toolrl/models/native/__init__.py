@@ -28,6 +28,7 @@ import platform
 import shutil
 import stat
 import subprocess
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -53,9 +54,6 @@ ROWS_BY_ISA = {"AVX2": 64, "AVX512": 32}
 above, bench/decode_kernel.py); `auto` uses the kernel on these capabilities only."""
 
 
-NAMES = " and ".join(source.name for source in SOURCES)
-
-
 class KernelUnavailable(RuntimeError):
     """The native kernel cannot be built or loaded here; the message says why."""
 
@@ -64,11 +62,12 @@ def kernel_dir() -> Path:
     return toolrl_home() / "kernels"
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc"):
+def _compiler(env: str = "CC", names: tuple[str, ...] = ("cc", "gcc")) -> str:
+    """The compiler $`env` names, else the first of `names`, found on PATH."""
+    for name in (os.environ.get(env), *names):
         if name and shutil.which(name):
             return shutil.which(name)
-    raise KernelUnavailable("no C compiler found ($CC, cc or gcc on PATH)")
+    raise KernelUnavailable(f"no compiler found (${env}, {', '.join(names)} on PATH)")
 
 
 @cache
@@ -92,14 +91,66 @@ def flags() -> tuple[str, ...]:
     return FLAGS + AVX512_FLAGS if avx512 else FLAGS
 
 
-def _library_path(compiler: str) -> Path:
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelUnavailable(f"the C compiler {compiler} does not run: {exc}") from exc
-    texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
-    digest = hashlib.sha256("\0".join([*texts, *flags(), version]).encode()).hexdigest()[:16]
-    return kernel_dir() / f"small_gemm-{digest}.so"
+@dataclass(frozen=True)
+class Build:
+    """A shared library built from `sources` once per machine into kernel_dir(), under a name that hashes the
+    sources, headers, flags, `key` and the compiler's version."""
+
+    stem: str
+    sources: tuple[Path, ...]
+    headers: tuple[Path, ...]
+    flags: tuple[str, ...]
+    """Before the sources."""
+    link: tuple[str, ...] = ()
+    """After the sources (libraries)."""
+    key: str = ""
+
+    @property
+    def names(self) -> str:
+        return " and ".join(source.name for source in self.sources)
+
+    def path(self, compiler: str) -> Path:
+        try:
+            version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise KernelUnavailable(f"the compiler {compiler} does not run: {exc}") from exc
+        texts = [source.read_text() for source in (*self.sources, *self.headers)]
+        digest = hashlib.sha256("\0".join([*texts, *self.flags, *self.link, self.key, version]).encode()).hexdigest()
+        return kernel_dir() / f"{self.stem}-{digest[:16]}.so"
+
+    def build(self, compiler: str, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with FileLock(str(target) + ".lock"):
+            if target.exists():
+                return
+            partial = target.with_suffix(f".{os.getpid()}.tmp")
+            log.info("building %s (once per machine): %s", self.names, target)
+            command = [compiler, *self.flags, *map(str, self.sources), *self.link, "-o", str(partial)]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise KernelUnavailable(f"{compiler} failed to build {self.names}: {exc}") from exc
+            if done.returncode != 0:
+                partial.unlink(missing_ok=True)
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise KernelUnavailable(f"{compiler} failed to build {self.names}: {last}")
+            partial.chmod(0o700)
+            os.replace(partial, target)
+
+    def load(self, compiler: str) -> ctypes.CDLL:
+        """The library, built first if needed; KernelUnavailable says why it cannot be had."""
+        path = self.path(compiler)
+        try:
+            if not path.exists():
+                self.build(compiler, path)
+        except OSError as exc:  # a read-only or full $TOOLRL_HOME
+            raise KernelUnavailable(f"cannot build into {path.parent}: {exc}") from exc
+        if not _trusted(path):
+            raise KernelUnavailable(f"{path} is not owned by this user or others may write it: not loaded (delete it)")
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise KernelUnavailable(f"cannot load {path} ({exc}): delete it to build it again") from exc
 
 
 def _trusted(path: Path) -> bool:
@@ -108,50 +159,23 @@ def _trusted(path: Path) -> bool:
     return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with FileLock(str(target) + ".lock"):
-        if target.exists():
-            return
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        log.info("building the native kernels (once per machine): %s", target)
-        try:
-            done = subprocess.run(
-                [compiler, *flags(), *map(str, SOURCES), "-o", str(partial)],
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise KernelUnavailable(f"{compiler} failed to build {NAMES}: {exc}") from exc
-        if done.returncode != 0:
-            partial.unlink(missing_ok=True)
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise KernelUnavailable(f"{compiler} failed to build {NAMES}: {last}")
-        partial.chmod(0o700)
-        os.replace(partial, target)
+def x86_posix() -> None:
+    """KernelUnavailable unless this is an x86-64 POSIX machine (what the native code is written for)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or os.name != "posix":
+        raise KernelUnavailable(f"the native code is written for x86-64 POSIX machines, not {platform.machine()}")
+
+
+def kernels() -> Build:
+    return Build("small_gemm", SOURCES, HEADERS, flags())
 
 
 @cache
 def load() -> ctypes.CDLL:
     """The built library (built first if needed); KernelUnavailable says why it cannot be had."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or os.name != "posix":
-        raise KernelUnavailable(f"the kernel is written for x86-64 POSIX machines, not {platform.machine()}")
+    x86_posix()
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         raise KernelUnavailable(f"this CPU has no AVX2 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})")
-    compiler = _compiler()
-    path = _library_path(compiler)
-    try:
-        if not path.exists():
-            _build(compiler, path)
-    except OSError as exc:  # a read-only or full $TOOLRL_HOME
-        raise KernelUnavailable(f"cannot build into {path.parent}: {exc}") from exc
-    if not _trusted(path):
-        raise KernelUnavailable(f"{path} is not owned by this user or others may write it: not loaded (delete it)")
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise KernelUnavailable(f"cannot load {path} ({exc}): delete it to build it again") from exc
+    lib = kernels().load(_compiler())
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.toolrl_pack.argtypes = [pointer, size, size, pointer]
     lib.toolrl_pack.restype = None
