@@ -2,6 +2,7 @@
 without new page faults, bounded by size and age, emptied by memory.trim(), the same values as PyTorch's own
 allocator, installed by long sequences as model.cpu_block_cache_mb says, and never loaded from a planted file."""
 
+import ast
 import logging
 import stat
 import subprocess
@@ -26,7 +27,8 @@ MB = 1 << 20
 @pytest.fixture
 def cache():
     """The cache installed with 64 MB for the test, PyTorch's own allocator again after it."""
-    assert block_cache.install(64)
+    assert block_cache.install(64)  # the peak in use counts from now
+    block_cache.flush()  # nothing kept
     yield block_cache
     block_cache.uninstall()
     assert not block_cache.installed()
@@ -99,6 +101,26 @@ def test_kept_blocks_are_bounded_by_size_and_age_and_trim_gives_them_back(cache)
 
 
 @needs_cache
+def test_what_is_mapped_never_exceeds_the_peak_of_blocks_in_use(cache):
+    """PyTorch's own allocator maps exactly the blocks in use; kept blocks are unmapped, oldest first, before a new
+    block would take what is mapped past the most that was in use at once since the cache was installed."""
+    before = cache.stats()
+    in_use = before.mapped_bytes - before.kept_bytes
+    small = torch.ones(_floats(4))
+    del small  # kept: 4 MB in use was the peak so far
+    assert cache.stats().kept_bytes == 4 * MB
+    big = torch.ones(_floats(8))  # a new peak in use: 8 MB; 12 would be mapped with the kept block
+    now = cache.stats()
+    assert (now.kept_bytes, now.evicted - before.evicted) == (0, 1)
+    assert now.mapped_bytes - in_use == 8 * MB
+    del big
+    pair = [torch.ones(_floats(4)) for _ in range(2)]  # 4 and 8 in use: the kept 8 MB block goes at the first
+    assert cache.stats().mapped_bytes - in_use == 8 * MB
+    del pair  # both kept: what is mapped stays at the peak
+    assert (cache.stats().kept_bytes, cache.stats().mapped_bytes - in_use) == (8 * MB, 8 * MB)
+
+
+@needs_cache
 def test_blocks_in_use_when_the_cache_is_removed_are_still_given_back(cache):
     kept = torch.ones(_floats(4))
     block_cache.uninstall()
@@ -138,6 +160,7 @@ def test_threads_allocating_and_freeing_at_once_keep_the_counts_whole(cache):
     stats = cache.stats()
     assert stats.mapped_bytes - stats.kept_bytes == in_use  # the threads' blocks are all kept or unmapped
     assert stats.hits > 0
+    assert stats.mapped_bytes <= stats.peak_in_use_bytes
     memory.trim()
     assert cache.stats().mapped_bytes == in_use
 
@@ -208,3 +231,46 @@ def test_without_a_cxx_compiler_the_reason_is_logged_once_and_blocks_are_mapped_
         assert block_cache.install(64) is False
     warnings = [r.getMessage() for r in caplog.records if "not kept for reuse" in r.getMessage()]
     assert len(warnings) == 1 and "no compiler found ($CXX, c++, g++ on PATH)" in warnings[0]
+
+
+@needs_cache
+def test_a_step_s_passes_take_kept_blocks_and_stay_within_the_peak_in_use(tmp_path, tiny_model_dir):
+    """A GRPO update and a warm-start step on the 4.9k-token handbook prompt (a tiny model, in a fresh process):
+    the cache is installed by their long sequences and serves their passes, and when each step's gradients are
+    clipped, what it maps is within the most that was in use at once."""
+    script = """
+import sys, torch
+from toolrl.config import load_config
+from toolrl.config.schema import SFTConfig
+from toolrl.models.native import block_cache
+from toolrl.train import Trainer, Workbench
+from toolrl.train.sft import fine_tune
+
+seen = []
+clip = torch.nn.utils.clip_grad_norm_
+def watched(*args, **kwargs):
+    stats = block_cache.stats()
+    seen.append((block_cache.installed(), stats.hits, stats.mapped_bytes <= stats.peak_in_use_bytes))
+    return clip(*args, **kwargs)
+torch.nn.utils.clip_grad_norm_ = watched
+config = load_config(overrides=[f"model.name={sys.argv[1]}", f"output_dir={sys.argv[2]}", "device=cpu",
+    "env.name=support", "env.options.handbook=true", "train.prompts_per_step=1", "train.group_size=2",
+    "rollout.max_turns=1", "rollout.max_new_tokens=8", "eval.at_start=false", "eval.at_end=false"])
+bench = Workbench.load(config)
+trainer = Trainer(bench)
+trajs = trainer.collector.roll_out(1).trajs
+assert min(len(t.token_ids) for t in trajs) >= 2048
+for i, traj in enumerate(trajs):
+    traj.reward = float(i % 2)
+trainer.update(trajs)
+fine_tune(trainer.model, trajs, SFTConfig(batch_size=2), 1024, 0, lambda record: None)
+bench.close()
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(tiny_model_dir), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert len(seen) >= 2  # the update's clipping and the warm start's
+    assert all(installed and within for installed, _, within in seen), seen
+    assert 0 < seen[0][1] < seen[-1][1]  # the update's passes took kept blocks, and the warm start's more

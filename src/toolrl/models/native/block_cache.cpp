@@ -2,15 +2,18 @@
 // (models/native/block_cache.py says why and when).
 //
 // Blocks of at least `threshold` bytes are mapped with mmap, page-rounded. A freed one is kept, keyed by its
-// size; where that holds more than `capacity` bytes the oldest kept blocks are unmapped (`evicted`). Each
-// allocation or free of a large block is one tick; a kept block that no allocation of its size took within
-// `max_age` ticks is unmapped (`expired`): sizes that stopped recurring (another sequence length, another phase)
-// leave the cache on their own. Smaller blocks go to c10's alloc_cpu/free_cpu as in PyTorch's default allocator.
+// size, for the next allocation of that size. The oldest kept blocks are unmapped (`evicted`) where they hold
+// more than `capacity` bytes, and before a new block is mapped where the blocks in use and kept would exceed the
+// most that were in use at once since the cache was last installed (`high`): what is mapped never exceeds what
+// PyTorch's own allocator would have mapped at its peak. Each allocation or free of a large block is one tick; a
+// kept block that no allocation of its size took within `max_age` ticks is unmapped (`expired`): sizes that
+// stopped recurring (another sequence length, another phase) leave on their own.
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -30,7 +33,7 @@ std::mutex mutex;
 std::unordered_map<void*, size_t> live;  // a large block in use -> its mapped size
 std::unordered_map<size_t, std::deque<std::pair<uint64_t, void*>>> kept;  // size -> (tick freed, block), oldest first
 std::map<uint64_t, size_t> by_age;  // tick freed -> size, over every kept block
-size_t threshold = 1 << 20, capacity = 0;
+size_t threshold = 1 << 20, capacity = 0, in_use = 0, high = 0;  // in use: mapped, not kept; high: its most
 uint64_t tick = 0, max_age = 0;
 bool caching = false;
 Stats stats;
@@ -64,6 +67,7 @@ void release(void* ptr) {
     if (it != live.end()) {
       size_t size = it->second;
       live.erase(it);
+      in_use -= size;
       ++tick;
       if (!caching || size > capacity) {
         unmap(ptr, size);
@@ -110,11 +114,18 @@ struct BlockCache final : c10::Allocator {
     std::lock_guard<std::mutex> guard(mutex);
     void* ptr = take(size);
     if (ptr == nullptr) {
+      size_t limit = std::max(high, in_use + size);  // kept blocks never take what is mapped past the peak in use
+      while (stats.cached_bytes > 0 && in_use + size + stats.cached_bytes > limit) {
+        drop_oldest();
+        stats.evicted++;
+      }
       ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       TORCH_CHECK_WITH(OutOfMemoryError, ptr != MAP_FAILED, "CPU out of memory: cannot map ", size, " bytes");
       stats.mapped_bytes += size;
     }
     live.emplace(ptr, size);
+    in_use += size;
+    if (in_use > high) high = in_use;
     return {ptr, ptr, &release, cpu};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -146,6 +157,7 @@ int toolrl_block_cache_install(uint64_t min_bytes, uint64_t max_cached, uint64_t
     capacity = max_cached;
     max_age = age;
     caching = true;
+    high = in_use;
   }
   c10::Allocator* current = c10::GetCPUAllocator();
   if (current != &instance) {
@@ -174,7 +186,7 @@ void toolrl_block_cache_flush() {
   flush_locked();
 }
 
-// hits, misses, evicted, expired, mapped bytes (in use and kept), kept bytes.
+// hits, misses, evicted, expired, mapped bytes (in use and kept), kept bytes, the most bytes in use at once.
 void toolrl_block_cache_stats(uint64_t* out) {
   std::lock_guard<std::mutex> guard(mutex);
   out[0] = stats.hits;
@@ -183,6 +195,7 @@ void toolrl_block_cache_stats(uint64_t* out) {
   out[3] = stats.expired;
   out[4] = stats.mapped_bytes;
   out[5] = stats.cached_bytes;
+  out[6] = high;
 }
 
 int toolrl_block_cache_installed() { return c10::GetCPUAllocator() == &instance; }

@@ -6,12 +6,14 @@ fragmentation was the peak, 8.2 GB against 2.5 GB on a 6.5k-token warm start). M
 per 4 KB each time they are taken again: a 4.9k-token GRPO step faulted 4-8 million times, 12-13% of its CPU time
 in the kernel. A forward or backward pass asks for the same sizes layer after layer, so a freed block is kept, by
 its exact (page-rounded) size, for the next request of that size. What bounds the memory it keeps:
+- what is mapped (blocks in use and kept) never exceeds the most that was in use at once: before a new block would
+  take it past that, the oldest kept blocks are unmapped, so the cache adds nothing to the large blocks' peak;
 - at most `max_mb` MB; past it, the oldest kept blocks are unmapped;
 - a kept block no request took within `max_age` large allocations and frees (a few layers' worth) is unmapped,
   so sizes that stopped recurring (another sequence length, another phase) leave on their own;
 - memory.trim() at the end of a phase unmaps everything kept.
 
-Counted (`stats`): hits, misses, blocks evicted by the size bound or expired by age, bytes mapped and kept.
+Counted (`stats`): hits, misses, blocks evicted or expired, bytes mapped and kept, the peak in use.
 Where the library cannot be built or loaded (no C++ compiler, no PyTorch headers, not x86-64 Linux), nothing is
 installed and the reason is logged once: long sequences still map and unmap each block, as before."""
 
@@ -35,7 +37,7 @@ MIN_BYTES = 1 << 20
 """Blocks this large and larger are mapped and kept; smaller ones go to malloc as in PyTorch's default."""
 MAX_AGE = 256
 """Large allocations and frees after which an unused kept block is unmapped."""
-STATS = ("hits", "misses", "evicted", "expired", "mapped_bytes", "kept_bytes")
+STATS = ("hits", "misses", "evicted", "expired", "mapped_bytes", "kept_bytes", "peak_in_use_bytes")
 
 
 def _torch_dir() -> Path:
@@ -76,11 +78,15 @@ class Stats:
     expired: int
     mapped_bytes: int
     kept_bytes: int
+    peak_in_use_bytes: int
+    """The most bytes of large blocks in use at once since the cache was last installed: what is mapped stays
+    within it."""
 
 
-def install(max_mb: int, max_age: int = MAX_AGE, min_bytes: int = MIN_BYTES) -> bool:
-    """Make the cache PyTorch's CPU allocator, keeping at most `max_mb` MB (0: uninstall). True where it now is;
-    False, with the reason logged once, where it cannot be built here."""
+def install(max_mb: int, max_age: int | None = None, min_bytes: int = MIN_BYTES) -> bool:
+    """Make the cache PyTorch's CPU allocator, keeping at most `max_mb` MB (0: uninstall) for at most `max_age`
+    (MAX_AGE) large allocations and frees. True where it now is; False, with the reason logged once, where it
+    cannot be built here."""
     if max_mb <= 0:
         uninstall()
         return False
@@ -89,7 +95,7 @@ def install(max_mb: int, max_age: int = MAX_AGE, min_bytes: int = MIN_BYTES) -> 
     except KernelUnavailable as exc:
         _log_once(str(exc))
         return False
-    done = bool(lib.toolrl_block_cache_install(min_bytes, max_mb << 20, max_age))
+    done = bool(lib.toolrl_block_cache_install(min_bytes, max_mb << 20, MAX_AGE if max_age is None else max_age))
     log.info("long sequences: freed blocks of %d KiB and more are kept for reuse, up to %d MB", min_bytes >> 10, max_mb)
     return done
 
