@@ -197,9 +197,10 @@ print(block_cache.installed(), kept, block_cache.stats().kept_bytes if stats els
         assert done.stdout.strip().splitlines()[-1] == expected, (mb, done.stdout)
 
 
-def test_a_negative_cache_size_is_refused_naming_the_field():
+@pytest.mark.parametrize("mb", ["-1", str(1 << 40), "lots"])
+def test_a_cache_size_out_of_range_is_refused_naming_the_field(mb):
     with pytest.raises(ConfigError, match="cpu_block_cache_mb"):
-        load_config(overrides=["model.cpu_block_cache_mb=-1"])
+        load_config(overrides=[f"model.cpu_block_cache_mb={mb}"])
 
 
 fresh_home = fresh_home_forgetting(block_cache.load, block_cache._log_once)

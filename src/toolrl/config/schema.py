@@ -34,7 +34,7 @@ class ModelConfig(Section):
     """CPU fp32 generation's products of a few rows: `native` on toolrl's AVX2 kernel (models/native, built once per
     machine by the C compiler on PATH; bench/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel on AVX2 and
     AVX-512 CPUs where a compiler builds it, else oneDNN."""
-    cpu_block_cache_mb: int = Field(512, ge=0)
+    cpu_block_cache_mb: int = Field(512, ge=0, le=1 << 20)
     """From 2,048-token sequences, freed CPU blocks of 1 MiB+ are kept by size for reuse, up to this many MB: far
     fewer page faults (models/native/block_cache.py, built by the C++ compiler on PATH). 0: each mapped anew."""
     fused_blocks: bool = True
