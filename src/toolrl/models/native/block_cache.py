@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
@@ -37,7 +37,6 @@ MIN_BYTES = 1 << 20
 """Blocks this large and larger are mapped and kept; smaller ones go to malloc as in PyTorch's default."""
 MAX_AGE = 256
 """Large allocations and frees after which an unused kept block is unmapped."""
-STATS = ("hits", "misses", "evicted", "expired", "mapped_bytes", "kept_bytes", "peak_in_use_bytes")
 
 
 def _torch_dir() -> Path:
@@ -124,7 +123,7 @@ def stats() -> Stats | None:
     """The counts since the process started; None where the cache was never loaded."""
     if not loaded():
         return None
-    out = (ctypes.c_uint64 * len(STATS))()
+    out = (ctypes.c_uint64 * len(fields(Stats)))()  # in the order toolrl_block_cache_stats writes them
     load().toolrl_block_cache_stats(out)
     return Stats(*out)
 
