@@ -43,9 +43,14 @@ def _libc():
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None
 
 
+def _block_cache():
+    """models/native/block_cache where bound_heap imported it, else None (importing it would import torch)."""
+    return sys.modules.get("toolrl.models.native.block_cache")
+
+
 def trim() -> bool:
     """Return free heap memory and the kept blocks to the system; True where glibc did so."""
-    cache = sys.modules.get("toolrl.models.native.block_cache")  # loaded by bound_heap (and the torch it needs)
+    cache = _block_cache()
     if cache is not None:
         cache.flush()
     libc = _libc()
@@ -56,9 +61,8 @@ LONG_SEQUENCE = 2048
 """From this many tokens in one sequence, blocks above MMAP_THRESHOLD are mapped (bound_heap)."""
 MMAP_THRESHOLD = 1 << 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-BLOCK_CACHE_MB = 512
-"""model.cpu_block_cache_mb's default: the most freed large blocks kept for reuse once sequences are long."""
-_block_cache_mb = BLOCK_CACHE_MB
+_block_cache_mb: int | None = None
+"""keep_blocks' MB; None until a run sets it: model.cpu_block_cache_mb's default then."""
 
 
 def keep_blocks(mb: int) -> None:
@@ -71,9 +75,11 @@ def keep_blocks(mb: int) -> None:
 
 
 def _install_block_cache() -> bool:
+    from toolrl.config.schema import ModelConfig
     from toolrl.models.native import block_cache
 
-    return block_cache.install(_block_cache_mb)
+    default = ModelConfig.model_fields["cpu_block_cache_mb"].default
+    return block_cache.install(default if _block_cache_mb is None else _block_cache_mb)
 
 
 @functools.cache
@@ -174,7 +180,7 @@ class PeakMeter:
         now = rss_gb()
         if now is not None:
             out["memory/rss_gb"] = round(now, 3)
-        cache = sys.modules.get("toolrl.models.native.block_cache")
+        cache = _block_cache()
         counts = cache.stats() if cache is not None else None
         if counts is not None:  # since the process started: requests served by a kept block, and the others
             out |= {"memory/kept_block_hits": counts.hits, "memory/kept_block_misses": counts.misses}

@@ -26,7 +26,7 @@ namespace {
 constexpr size_t kPage = 4096;
 
 struct Stats {
-  uint64_t hits = 0, misses = 0, evicted = 0, expired = 0, mapped_bytes = 0, cached_bytes = 0;
+  uint64_t hits = 0, misses = 0, evicted = 0, expired = 0, cached_bytes = 0;
 };
 
 std::mutex mutex;
@@ -38,15 +38,10 @@ uint64_t tick = 0, max_age = 0;
 bool caching = false;
 Stats stats;
 
-void unmap(void* ptr, size_t size) {  // with mutex held
-  munmap(ptr, size);
-  stats.mapped_bytes -= size;
-}
-
 void drop_oldest() {  // with mutex held, by_age not empty
   size_t size = by_age.begin()->second;
   auto& blocks = kept[size];
-  unmap(blocks.front().second, size);
+  munmap(blocks.front().second, size);
   blocks.pop_front();
   if (blocks.empty()) kept.erase(size);
   stats.cached_bytes -= size;
@@ -70,7 +65,7 @@ void release(void* ptr) {
       in_use -= size;
       ++tick;
       if (!caching || size > capacity) {
-        unmap(ptr, size);
+        munmap(ptr, size);
         return;
       }
       kept[size].emplace_back(tick, ptr);
@@ -121,7 +116,6 @@ struct BlockCache final : c10::Allocator {
       }
       ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       TORCH_CHECK_WITH(OutOfMemoryError, ptr != MAP_FAILED, "CPU out of memory: cannot map ", size, " bytes");
-      stats.mapped_bytes += size;
     }
     live.emplace(ptr, size);
     in_use += size;
@@ -139,7 +133,7 @@ c10::Allocator* previous = nullptr;
 
 void flush_locked() {
   for (auto& entry : kept)
-    for (auto& block : entry.second) unmap(block.second, entry.first);
+    for (auto& block : entry.second) munmap(block.second, entry.first);
   kept.clear();
   by_age.clear();
   stats.cached_bytes = 0;
@@ -193,7 +187,7 @@ void toolrl_block_cache_stats(uint64_t* out) {
   out[1] = stats.misses;
   out[2] = stats.evicted;
   out[3] = stats.expired;
-  out[4] = stats.mapped_bytes;
+  out[4] = in_use + stats.cached_bytes;
   out[5] = stats.cached_bytes;
   out[6] = high;
 }
