@@ -18,7 +18,10 @@ new tokens. Side by side, in one run, each part in a fresh process (so that one 
   gradient checkpointing) divided by this machine's measured matmul peak: the highest of the rates measured before,
   between and after the parts (the machine's rate moves with other load; the highest gives the strictest bound).
   Beside it a roofline bound: each decode step at the slower of its FLOPs at that peak and its reads (every weight
-  and the prompt's keys and values) at the measured memory rate.
+  and the prompt's keys and values) at the measured memory rate. A busy machine gives the step a share of its
+  cores, and its wall time then measures the load as much as the step: beside the wall-time ratio, the step's CPU
+  seconds (user + kernel, every thread) against the bound's core-seconds (the bound times torch's threads), the
+  work it did over the least it could do, which the load does not change.
 - peak memory of the warm start (SFT on two ~6.5k-token trajectories: the reference conversation continued with
   further turns of its own calls and results), full weights and LoRA r=16, and of the GRPO step; each with its
   parts (weights, gradients, AdamW states, the largest activations, the output layer's scores, the KV cache), and
@@ -195,6 +198,8 @@ def with_rewards(trajs):
 
 
 def part_step(args) -> dict:
+    import torch
+
     from toolrl.memory import meter
     from toolrl.train import Trainer, Workbench
     from toolrl.train.estimate import estimate
@@ -237,6 +242,7 @@ def part_step(args) -> dict:
             "generated_tokens": sum(sum(t.loss_mask) for t in part.trajs),
             "turns": [sum(1 for s in t.spans if s[0] == "model") for t in part.trajs],
             "engine": stats, "gradient_checkpointing": bench.config.train.gradient_checkpointing, "cpu": cpu,
+            "threads": torch.get_num_threads(),
             "parts_gb": parts_gb(trainer.model) | peaks
             | {"kv_cache": kv_per_token * slots * (capacity + 1) / GB},
             "flops": step_flops(cfg, part.trajs, stats, bench.config.train.gradient_checkpointing),
@@ -397,9 +403,17 @@ def summarize(result: dict, peak: float, bandwidth: float) -> None:
             roofline = bound - decode["flops"] / (peak * 1e9) + decode["steps"] * per_step
             result[f"step_roofline_bound_s{suffix}"] = round(roofline, 1)
             result[f"step_vs_roofline_bound{suffix}"] = round(step["step_s"] / roofline, 2)
+        # on a shared machine the step gets a share of the cores: its CPU seconds against the bound's core-seconds
+        # (the bound at every thread's full time) are the work it did over the least it could, whatever the load
+        cpu_s = step["cpu"]["user_s"] + step["cpu"]["sys_s"]
+        threads = step.get("threads", 1)
+        result[f"step_cpu_share{suffix}"] = round(cpu_s / (step["step_s"] * threads), 2)
+        result[f"step_cpu_vs_bound{suffix}"] = round(cpu_s / (bound * threads), 2)
         print(f"GRPO step{' (gradient checkpointing)' if not suffix else ''}: {step['step_s']:.1f} s (rollout "
               f"{step['rollout_s']:.1f}, update {step['update_s']:.1f}); bound {bound:.1f} s at {peak:.0f} GFLOP/s -> "
-              f"{step['step_s'] / bound:.2f}x; peak {step['peak_gb']:.2f} GB; toolrl train estimated "
+              f"{step['step_s'] / bound:.2f}x; CPU {cpu_s:.1f} s on {threads} threads (a "
+              f"{result[f'step_cpu_share{suffix}']:.0%} share) -> {result[f'step_cpu_vs_bound{suffix}']:.2f}x the "
+              f"bound's core-seconds; peak {step['peak_gb']:.2f} GB; toolrl train estimated "
               f"{step['estimate']['step_s']:.0f} s, {step['estimate']['peak_gb']:.2f} GB")  # fmt: skip
     for key, name in (
         ("sft", "sft_peak_gb_plain"),
