@@ -247,7 +247,8 @@ def part_step(args) -> dict:
             | {"kv_cache": kv_per_token * slots * (capacity + 1) / GB},
             "flops": step_flops(cfg, part.trajs, stats, bench.config.train.gradient_checkpointing),
             "decode": decode_traffic(trainer.model, part.trajs, stats),
-            "estimate": {"step_s": guess.step_s, "peak_gb": guess.peak_gb, "parts_gb": guess.parts_gb},
+            "estimate": {"step_s": guess.step_s, "step_s_one_turn": guess.step_s_one_turn, "peak_gb": guess.peak_gb,
+                         "parts_gb": guess.parts_gb},
         }  # fmt: skip
         bench.close()
     return out
@@ -414,7 +415,8 @@ def summarize(result: dict, peak: float, bandwidth: float) -> None:
               f"{step['step_s'] / bound:.2f}x; CPU {cpu_s:.1f} s on {threads} threads (a "
               f"{result[f'step_cpu_share{suffix}']:.0%} share) -> {result[f'step_cpu_vs_bound{suffix}']:.2f}x the "
               f"bound's core-seconds; peak {step['peak_gb']:.2f} GB; toolrl train estimated "
-              f"{step['estimate']['step_s']:.0f} s, {step['estimate']['peak_gb']:.2f} GB")  # fmt: skip
+              f"{step['estimate'].get('step_s_one_turn', 0):.0f} s in one turn, {step['estimate']['step_s']:.0f} s "
+              f"at the limits, {step['estimate']['peak_gb']:.2f} GB")  # fmt: skip
     for key, name in (
         ("sft", "sft_peak_gb_plain"),
         ("sft_checkpointed", "sft_peak_gb"),

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from toolrl.train.estimate import Workload, memory_gb, peak, step_flops
+from toolrl.train.estimate import Estimate, Workload, memory_gb, peak, step_flops
 
 
 def toolrl(*args: str) -> subprocess.CompletedProcess:
@@ -28,6 +28,7 @@ def test_train_prints_the_estimate_before_its_first_step_on_a_long_prompt(tiny_m
     log = (tmp_path / "run" / "progress.log").read_text()
     lines = [line for line in log.splitlines() if "estimate:" in line]
     assert lines and "2 trajectories of up to" in lines[0] and "shared), a step ~" in lines[0], log
+    assert "if every sample answers in one turn" in lines[0] and "at the limits" in lines[0]
     assert "peak ~" in lines[0] and "resident" in lines[0]
     assert log.index("estimate:") < log.index("step 1")
 
@@ -55,8 +56,8 @@ class Shape:
     intermediate_size, vocab_size = 1536, 49152
 
 
-LONG = Workload(trajectories=8, groups=1, prompt=4887, shared=4841, length=5463, micro_batch_tokens=1024,
-                checkpointing=False, trainable=134_515_008)  # fmt: skip
+LONG = Workload(trajectories=8, groups=1, prompt=4887, shared=4841, length=5463, one_turn=4887 + 64,
+                micro_batch_tokens=1024, checkpointing=False, trainable=134_515_008)  # fmt: skip
 
 
 def test_checkpointing_and_smaller_micro_batches_lower_the_peak_and_checkpointing_costs_time():
@@ -113,3 +114,14 @@ print(resident_gb(model) - before, weights)
     assert done.returncode == 0, done.stderr[-2000:]
     grown, weights = map(float, done.stdout.split())
     assert grown >= 0.9 * weights, f"the resident part grew {grown:.3f} GB for {weights:.3f} GB of weights"
+
+
+def test_the_time_is_given_for_one_turn_answers_and_at_the_limits():
+    """An untrained model often answers in one turn: its step is far shorter than the limits' (3 turns, each with an
+    observation). The line gives both; with one turn allowed, the two are the same and it gives one."""
+    one, limits = step_flops(Shape, replace(LONG, length=LONG.one_turn)), step_flops(Shape, LONG)
+    assert one < limits
+    line = Estimate(LONG, 180.0, 3.2, {"resident": 0.5}, 60.0).line()
+    assert "a step ~1.0 min if every sample answers in one turn, ~3.0 min at the limits" in line, line
+    single = replace(LONG, length=LONG.one_turn)
+    assert "a step ~1.0 min, peak ~3.2 GB" in Estimate(single, 60.0, 3.2, {"resident": 0.5}, 60.0).line()

@@ -13,7 +13,9 @@ start's fine-tuning has the same shape on the reference's trajectories.
 
 Time: the FLOPs a step cannot avoid (the shared prompt once, each group's task once, every other token once in the
 rollout, 3x that in the update, 4x under checkpointing; attention counted by context) over the machine's matmul
-rate measured now, times the ratio bench/long_context.py measured between a real step and that bound (STEP_OVER_BOUND).
+rate measured now, times the ratio bench/long_context.py measured between a real step and that bound (STEP_OVER_BOUND):
+at the limits' longest trajectories, and with every sample answering in one turn, which is where an untrained model's
+step often is.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class Workload:
     shared: int
     length: int
     """Tokens of the longest trajectory the limits allow."""
+    one_turn: int
+    """Tokens of a trajectory that answers in one turn of rollout.max_new_tokens (no tool call): an untrained model
+    often does, and its step is then far shorter than the limits' (bench/long_context.py's samples did)."""
     micro_batch_tokens: int
     checkpointing: bool
     trainable: int
@@ -65,14 +70,21 @@ class Workload:
 class Estimate:
     workload: Workload
     step_s: float
+    """At the limits: every sample to the longest trajectory they allow."""
     peak_gb: float
+    """At the limits: memory is planned for the longest trajectories."""
     parts_gb: dict[str, float]
+    step_s_one_turn: float
+    """Every sample answering in one turn (Workload.one_turn)."""
 
     def line(self) -> str:
         w = self.workload
         parts = ", ".join(f"{k} {v:.2f}" for k, v in self.parts_gb.items() if v >= 0.01)
+        time = f"~{self.step_s / 60:.1f} min"
+        if w.one_turn < w.length:
+            time = f"~{self.step_s_one_turn / 60:.1f} min if every sample answers in one turn, {time} at the limits"
         return (f"estimate: {w.trajectories} trajectories of up to {w.length:,} tokens ({w.shared:,} shared), a step "
-                f"~{self.step_s / 60:.1f} min, peak ~{self.peak_gb:.1f} GB ({parts})")  # fmt: skip
+                f"{time}, peak ~{self.peak_gb:.1f} GB ({parts})")  # fmt: skip
 
 
 def memory_gb(model_config, w: Workload, resident: float, packed: float) -> dict[str, float]:
@@ -160,9 +172,11 @@ def workload_of(trainer) -> Workload:
     prompt = max((len(p) for p in prompts), default=0)
     shared = common_prefix_length(prompts) if len(prompts) > 1 else prompt
     response = min(r.max_turns * (r.max_new_tokens + r.max_observation_tokens), r.max_response_tokens)
+    one_turn = min(r.max_new_tokens, response)
     return Workload(
         trajectories=t.prompts_per_step * t.group_size, groups=t.prompts_per_step, prompt=prompt, shared=shared,
-        length=prompt + response, micro_batch_tokens=t.micro_batch_tokens, checkpointing=t.gradient_checkpointing,
+        length=prompt + response, one_turn=prompt + one_turn, micro_batch_tokens=t.micro_batch_tokens,
+        checkpointing=t.gradient_checkpointing,
         trainable=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         shared_pass=t.share_prompt_pass,
     )  # fmt: skip
@@ -211,9 +225,9 @@ def estimate(trainer, rate_gflops: float | None = None) -> Estimate:
     model_config = text_config(trainer.model)
     packed = sum(m.weight.numel() * 4 for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)) / GB
     parts = memory_gb(model_config, w, resident_gb(trainer.model), packed)
-    rate = rate_gflops or matmul_gflops()
-    return Estimate(w, step_flops(model_config, w) / (rate * 1e9) * STEP_OVER_BOUND, peak(parts, w.shared_pass),
-                    parts)  # fmt: skip
+    seconds = STEP_OVER_BOUND / ((rate_gflops or matmul_gflops()) * 1e9)
+    one_turn = step_flops(model_config, replace(w, length=w.one_turn)) * seconds
+    return Estimate(w, step_flops(model_config, w) * seconds, peak(parts, w.shared_pass), parts, one_turn)
 
 
 KNOBS = (
