@@ -116,28 +116,13 @@ def memory_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """The machine's fp32 matmul rate (GFLOP/s, the best of `repeats` n x n products with torch's threads, on
-    torch's kernel and on oneDNN's, whichever is faster here): the bound the model's achieved FLOP/s is compared
-    with."""
-    import time
+def matmul_peak_gflops(n: int = 2048, seconds: float = 0.8) -> float:
+    """The machine's fp32 matmul rate (GFLOP/s, the fastest n x n product with torch's threads, on torch's kernel
+    and on oneDNN's, repeated for `seconds`): the bound the model's achieved FLOP/s is compared with. The same
+    measure as `toolrl train`'s estimate (models/linear.py), at a larger product."""
+    from toolrl.models.linear import matmul_gflops
 
-    import torch
-
-    from toolrl.models.linear import onednn_available
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    kernels = [lambda: a @ b]
-    if onednn_available():
-        kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
-    best = float("inf")
-    for product in kernels:
-        product()  # warm-up
-        for _ in range(repeats):
-            started = time.perf_counter()
-            product()
-            best = min(best, time.perf_counter() - started)
-    return 2 * n**3 / best / 1e9
+    return matmul_gflops(n, seconds)
 
 
 def model_sizes(model) -> tuple[int, int]:

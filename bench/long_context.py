@@ -248,7 +248,7 @@ def part_step(args) -> dict:
             "flops": step_flops(cfg, part.trajs, stats, bench.config.train.gradient_checkpointing),
             "decode": decode_traffic(trainer.model, part.trajs, stats),
             "estimate": {"step_s": guess.step_s, "step_s_one_turn": guess.step_s_one_turn, "peak_gb": guess.peak_gb,
-                         "parts_gb": guess.parts_gb},
+                         "rate_gflops": guess.rate_gflops, "parts_gb": guess.parts_gb},
         }  # fmt: skip
         bench.close()
     return out

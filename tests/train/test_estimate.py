@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from toolrl.train.estimate import Estimate, Workload, memory_gb, peak, step_flops
+from toolrl.train.estimate import STEP_OVER_BOUND, Estimate, Workload, memory_gb, peak, step_flops
 
 
 def toolrl(*args: str) -> subprocess.CompletedProcess:
@@ -121,7 +121,12 @@ def test_the_time_is_given_for_one_turn_answers_and_at_the_limits():
     observation). The line gives both; with one turn allowed, the two are the same and it gives one."""
     one, limits = step_flops(Shape, replace(LONG, length=LONG.one_turn)), step_flops(Shape, LONG)
     assert one < limits
-    line = Estimate(LONG, 180.0, 3.2, {"resident": 0.5}, 60.0).line()
-    assert "a step ~1.0 min if every sample answers in one turn, ~3.0 min at the limits" in line, line
-    single = replace(LONG, length=LONG.one_turn)
-    assert "a step ~1.0 min, peak ~3.2 GB" in Estimate(single, 60.0, 3.2, {"resident": 0.5}, 60.0).line()
+    rate = one * STEP_OVER_BOUND / 60 / 1e9  # the rate at which the one-turn step takes a minute
+    guess = Estimate(LONG, 3.2, {"resident": 0.5}, limits, one, rate)
+    assert guess.step_s_one_turn == pytest.approx(60.0) and guess.step_s > 60.0
+    expected = f"a step ~1.0 min if every sample answers in one turn, ~{guess.step_s / 60:.1f} min at the limits"
+    assert expected in guess.line() and f"(at {rate:.0f} GFLOP/s, measured now)" in guess.line(), guess.line()
+    single = Estimate(replace(LONG, length=LONG.one_turn), 3.2, {"resident": 0.5}, one, one, rate)
+    assert "a step ~1.0 min (at" in single.line()
+    with pytest.raises(ValueError, match="no matmul rate"):
+        _ = Estimate(LONG, 3.2, {"resident": 0.5}, limits, one).step_s

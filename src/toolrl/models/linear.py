@@ -41,6 +41,28 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def matmul_gflops(n: int = 1024, seconds: float = 0.25, least: int = 5) -> float:
+    """This machine's fp32 matmul rate now (GFLOP/s): the fastest n x n product on torch's kernel and on oneDNN's,
+    each repeated for `seconds` (at least `least` times) after a first, unmeasured one. Three products were not
+    enough: the first few after a pause run slow (threads waking), and a best of three on the EPYC came out at
+    85-156 GFLOP/s where twenty gave 182-192."""
+    import time
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    kernels = [lambda: a @ b]
+    if onednn_available():
+        kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
+    best = float("inf")
+    for product in kernels:
+        product()
+        ends, count = time.perf_counter() + seconds / len(kernels), 0
+        while count < least or time.perf_counter() < ends:
+            started = time.perf_counter()
+            product()
+            best, count = min(best, time.perf_counter() - started), count + 1
+    return 2 * n**3 / best / 1e9
+
+
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]^T + bias, rows flattened for oneDNN and shaped back (a transposed weight
     view is read as it is: no copy)."""

@@ -21,7 +21,6 @@ step often is.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 
 from toolrl.errors import ConfigError
 from toolrl.memory import rss_gb
+from toolrl.models.linear import matmul_gflops
 from toolrl.models.native.attention import MIN_TOKENS
 from toolrl.rollout.engine import common_prefix_length
 
@@ -69,13 +69,28 @@ class Workload:
 @dataclass
 class Estimate:
     workload: Workload
-    step_s: float
-    """At the limits: every sample to the longest trajectory they allow."""
     peak_gb: float
     """At the limits: memory is planned for the longest trajectories."""
     parts_gb: dict[str, float]
-    step_s_one_turn: float
+    flops: float
+    """At the limits: every sample to the longest trajectory they allow."""
+    flops_one_turn: float
     """Every sample answering in one turn (Workload.one_turn)."""
+    rate_gflops: float | None = None
+    """The matmul rate measured before the step; None where no time was asked for (a short prompt's run)."""
+
+    @property
+    def step_s(self) -> float:
+        return self._seconds(self.flops)
+
+    @property
+    def step_s_one_turn(self) -> float:
+        return self._seconds(self.flops_one_turn)
+
+    def _seconds(self, flops: float) -> float:
+        if self.rate_gflops is None:
+            raise ValueError("this estimate measured no matmul rate: estimate(..., timed=True) gives its time")
+        return flops / (self.rate_gflops * 1e9) * STEP_OVER_BOUND
 
     def line(self) -> str:
         w = self.workload
@@ -84,7 +99,8 @@ class Estimate:
         if w.one_turn < w.length:
             time = f"~{self.step_s_one_turn / 60:.1f} min if every sample answers in one turn, {time} at the limits"
         return (f"estimate: {w.trajectories} trajectories of up to {w.length:,} tokens ({w.shared:,} shared), a step "
-                f"{time}, peak ~{self.peak_gb:.1f} GB ({parts})")  # fmt: skip
+                f"{time} (at {self.rate_gflops:.0f} GFLOP/s, measured now), peak ~{self.peak_gb:.1f} GB "
+                f"({parts})")  # fmt: skip
 
 
 def memory_gb(model_config, w: Workload, resident: float, packed: float) -> dict[str, float]:
@@ -141,18 +157,6 @@ def step_flops(model_config, w: Workload) -> float:
     return forward * (1 + (4 if w.checkpointing else 3))
 
 
-def matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
-    """This machine's fp32 matmul rate now (GFLOP/s): the best of a few n x n products."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - started)
-    return 2 * n**3 / best / 1e9
-
-
 def available_gb() -> float | None:
     """Memory this process may still take (MemAvailable) plus what it holds; None where /proc is not there."""
     try:
@@ -195,8 +199,9 @@ def before_first_step(trainer, note) -> None:
     if not hasattr(trainer.rollout, "prompt_ids") or not all(env.messages(task) for task in tasks):
         log.info("no step estimate: the prompts are written as episodes start (agents, an OpenEnv server)")
         return
-    guess = estimate(trainer)
-    if guess.workload.prompt >= LONG_PROMPT:
+    long = workload_of(trainer).prompt >= LONG_PROMPT
+    guess = estimate(trainer, timed=long)  # the matmul rate (~0.25 s) is measured only where the time is printed
+    if long:
         note(guess.line())
     refuse_if_over(guess, text_config(trainer.model), trainer.config.train.memory_limit_gb)
 
@@ -219,15 +224,15 @@ def resident_gb(model) -> float:
     return rss_gb() or 0.0
 
 
-def estimate(trainer, rate_gflops: float | None = None) -> Estimate:
-    """The estimate for `trainer`'s run as configured."""
+def estimate(trainer, rate_gflops: float | None = None, timed: bool = True) -> Estimate:
+    """The estimate for `trainer`'s run as configured; its time at `rate_gflops`, or at the rate measured now."""
     w = workload_of(trainer)
     model_config = text_config(trainer.model)
     packed = sum(m.weight.numel() * 4 for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)) / GB
     parts = memory_gb(model_config, w, resident_gb(trainer.model), packed)
-    seconds = STEP_OVER_BOUND / ((rate_gflops or matmul_gflops()) * 1e9)
-    one_turn = step_flops(model_config, replace(w, length=w.one_turn)) * seconds
-    return Estimate(w, step_flops(model_config, w) * seconds, peak(parts, w.shared_pass), parts, one_turn)
+    flops, one_turn = step_flops(model_config, w), step_flops(model_config, replace(w, length=w.one_turn))
+    rate = rate_gflops or (matmul_gflops() if timed else None)
+    return Estimate(w, peak(parts, w.shared_pass), parts, flops, one_turn, rate)
 
 
 KNOBS = (
