@@ -407,7 +407,7 @@ def summarize(result: dict, peak: float, bandwidth: float) -> None:
         # on a shared machine the step gets a share of the cores: its CPU seconds against the bound's core-seconds
         # (the bound at every thread's full time) are the work it did over the least it could, whatever the load
         cpu_s = step["cpu"]["user_s"] + step["cpu"]["sys_s"]
-        threads = step.get("threads", 1)
+        threads = step["threads"]
         result[f"step_cpu_share{suffix}"] = round(cpu_s / (step["step_s"] * threads), 2)
         result[f"step_cpu_vs_bound{suffix}"] = round(cpu_s / (bound * threads), 2)
         print(f"GRPO step{' (gradient checkpointing)' if not suffix else ''}: {step['step_s']:.1f} s (rollout "
@@ -415,7 +415,7 @@ def summarize(result: dict, peak: float, bandwidth: float) -> None:
               f"{step['step_s'] / bound:.2f}x; CPU {cpu_s:.1f} s on {threads} threads (a "
               f"{result[f'step_cpu_share{suffix}']:.0%} share) -> {result[f'step_cpu_vs_bound{suffix}']:.2f}x the "
               f"bound's core-seconds; peak {step['peak_gb']:.2f} GB; toolrl train estimated "
-              f"{step['estimate'].get('step_s_one_turn', 0):.0f} s in one turn, {step['estimate']['step_s']:.0f} s "
+              f"{step['estimate']['step_s_one_turn']:.0f} s in one turn, {step['estimate']['step_s']:.0f} s "
               f"at the limits, {step['estimate']['peak_gb']:.2f} GB")  # fmt: skip
     for key, name in (
         ("sft", "sft_peak_gb_plain"),

@@ -199,10 +199,9 @@ def before_first_step(trainer, note) -> None:
     if not hasattr(trainer.rollout, "prompt_ids") or not all(env.messages(task) for task in tasks):
         log.info("no step estimate: the prompts are written as episodes start (agents, an OpenEnv server)")
         return
-    long = workload_of(trainer).prompt >= LONG_PROMPT
-    guess = estimate(trainer, timed=long)  # the matmul rate (~0.25 s) is measured only where the time is printed
-    if long:
-        note(guess.line())
+    guess = estimate(trainer, timed=False)
+    if guess.workload.prompt >= LONG_PROMPT:  # the matmul rate (~0.25 s) is measured only where the time is printed
+        note(replace(guess, rate_gflops=matmul_gflops()).line())
     refuse_if_over(guess, text_config(trainer.model), trainer.config.train.memory_limit_gb)
 
 
