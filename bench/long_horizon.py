@@ -13,7 +13,8 @@
   key-chain tasks (a trajectory each: they share the harness prompt, not the task) behind a harness-sized prompt
   (~3.2k tokens: `env.options.preamble_tokens`) in a 4,096-token window, 6 calls a chain, compacted by a sliding
   window;
-- check: `toolrl env check` of the key-chain environment's reference with sliding_window, summarize and none;
+- check: `toolrl env check` of the key-chain environment's reference with sliding_window, summarize, fold and none, and
+  what each strategy costs on the reference's episodes (segments, tokens fed, trained, carried and written);
 - learning: recipes/long-horizon.yaml over seeds: greedy success before and after training, the share of greedy
   test trajectories stopped by the length limit after training, the run's peak memory.
 
@@ -75,8 +76,9 @@ def identity(tmp: Path) -> dict:
     return {"none_grad_identical": same, "none_digests": len(digests["now"]), "none_before_commit": BEFORE}
 
 
-def chain_trajectories(model: Path | str, tasks: int, sets: list[str], samples: int = 4):
-    """The key-chain reference's trajectories of `tasks` tasks, `samples` each (a group), with rewards that differ."""
+def chain_trajectories(model: Path | str, tasks: int, sets: list[str], samples: int = 4, rewards: bool = True):
+    """The key-chain reference's trajectories of `tasks` tasks, `samples` each (a group); with `rewards`, rewards
+    that differ (alternately 0 and 1) in place of the environment's."""
     from toolrl.config import load_config
     from toolrl.train import Workbench
 
@@ -87,7 +89,7 @@ def chain_trajectories(model: Path | str, tasks: int, sets: list[str], samples: 
         trajs = bench.evaluation(tasks=[task for task in chosen for _ in range(samples)])
     finally:
         bench.close()
-    for i, traj in enumerate(trajs):
+    for i, traj in enumerate(trajs if rewards else []):
         traj.reward = float(i % 2)
     return trajs
 
@@ -189,11 +191,22 @@ def tree(tmp: Path, repeats: int, preamble: int) -> dict:
     return result
 
 
+FOLD = [
+    "rollout.context.name=fold",
+    "rollout.max_turns=24",
+    "rollout.max_new_tokens=64",
+    "rollout.max_context_tokens=2048",
+]
+"""fold's branch and return are turns of their own (two more a branch of three calls), a return must fit a turn, and the
+main context keeps every return: it needs these limits on the key chain (still short of the whole episode's ~2,750)."""
+
+
 def check(tmp: Path, tasks: int) -> dict:
     out = {}
-    for name in ("sliding_window", "summarize", "none"):
-        done = subprocess.run([sys.executable, "-m", "toolrl", "env", "check", "--set", "env.name=chain", "--set",
-                               f"rollout.context.name={name}", "--num-tasks", str(tasks), "--json"],
+    for name in ("sliding_window", "summarize", "fold", "none"):
+        sets = FOLD if name == "fold" else [f"rollout.context.name={name}"]
+        done = subprocess.run([sys.executable, "-m", "toolrl", "env", "check", "--set", "env.name=chain",
+                               *(f"--set={s}" for s in sets), "--num-tasks", str(tasks), "--json"],
                               capture_output=True, text=True, cwd=tmp)  # fmt: skip
         report = json.loads(done.stdout.strip().splitlines()[-1])
         reference = next(p for p in report["policies"] if p["policy"] == "reference")
@@ -201,7 +214,50 @@ def check(tmp: Path, tasks: int) -> dict:
         say(f"check: {name:14s} reference {reference['success']:.0%}")
     return {"reference_success_with_context": min(out["sliding_window"]["reference_success"],
                                                   out["summarize"]["reference_success"]),
-            "reference_success_without_context": out["none"]["reference_success"], "env_check": out}  # fmt: skip
+            "reference_success_without_context": out["none"]["reference_success"], "env_check": out,
+            "strategy_costs": costs(tasks)}  # fmt: skip
+
+
+COSTED = {"uncapped": ["rollout.context.name=none", "rollout.max_context_tokens=8192"],
+          "none": ["rollout.context.name=none"], "sliding_window": [],
+          "sliding_window_notes": ["rollout.context.options.notes=true"],
+          "summarize": ["rollout.context.name=summarize"], "fold": FOLD}  # fmt: skip
+"""What each strategy costs on the key-chain reference (and the whole episode in one context, uncapped, for scale)."""
+
+
+def costs(tasks: int) -> dict:
+    """Per strategy, means per trajectory of the reference's episodes: its success, segments, the longest segment,
+    the tokens the model is fed in training (every segment's, carried context included: what the update and the
+    rollout's prefill compute), the trained tokens, the tokens carried from one segment to the next and written for
+    it, and the attention's query-key pairs (the part of the cost that grows with a segment's square)."""
+    from toolrl.models.resolve import DEFAULT_MODEL
+
+    out = {}
+    for name, sets in COSTED.items():
+        trajs = chain_trajectories(DEFAULT_MODEL, tasks, sets, samples=1, rewards=False)
+        rows = [[len(s.token_ids) for s in t.sequences()] for t in trajs]
+
+        def mean(values) -> float:
+            return round(statistics.fmean(values), 2)
+
+        out[name] = {
+            "success": mean(t.rewards.get("correct", 0.0) for t in trajs),
+            "segments": mean(len(r) for r in rows),
+            "longest_segment": max(max(r) for r in rows),
+            "tokens_fed": mean(sum(r) for r in rows),
+            "tokens_trained": mean(t.trained_count for t in trajs),
+            "tokens_carried": mean(sum(s.carried for s in t.sequences()) for t in trajs),
+            "tokens_written": mean(sum(s.written for s in t.sequences()) for t in trajs),
+            "attention_pairs": mean(sum(n * (n + 1) // 2 for n in r) for r in rows),
+            "tool_calls": mean(t.num_tool_calls for t in trajs),
+        }
+        row = out[name]
+        say(
+            f"costs: {name:20s} segments {row['segments']:5.2f}, longest {row['longest_segment']:5d}, fed "
+            f"{row['tokens_fed']:7.1f}, trained {row['tokens_trained']:6.1f}, carried {row['tokens_carried']:7.1f}, "
+            f"written {row['tokens_written']:5.1f}, calls {row['tool_calls']:4.1f}"
+        )
+    return out
 
 
 def learning(seeds: list[int], num_tasks: int, sets: list[str]) -> dict:

@@ -121,13 +121,33 @@ def test_fold_branches_and_returns_and_the_segments_share_everything_before_the_
         check_linked(traj, 2048, bench.chat.generation_header)
 
 
+def test_the_reference_folds_every_three_rounds_into_a_branch_that_returns_its_summary(tiny_model_dir):
+    """The environment's own reference under fold (no policy of its own): the scripted policy opens a branch, makes
+    three calls in it and returns the environment's reference summary; the main context keeps only the returns."""
+    sets = ["rollout.context.name=fold", "rollout.max_turns=24", "rollout.max_new_tokens=64",
+            "rollout.max_context_tokens=2048"]  # fmt: skip
+    bench, trajs = play(tiny_model_dir, "reference", *sets, tasks=2)
+    for traj in trajs:
+        assert traj.rewards["correct"] == 1.0 and traj.rewards["format"] == 1.0, traj.stop_reason
+        segments = traj.sequences()
+        assert len(segments) == 5 and all(s.ended_by == "fold" for s in segments[:-1])
+        assert traj.num_tool_calls == 12 + 2 * 4  # every next_key, branch and return is a call
+        keys = traj.task.meta["keys"]
+        assert [f"next_key with {keys[3 * k]}" in summary for k, summary in enumerate(traj.summaries, 1)] == [True] * 4
+        main = bench.tokenizer.decode(segments[-1].token_ids)
+        assert main.count("Branch returned: Summary:") == 4 and "Report for" not in main  # only the returns kept
+        assert not any(r.error for r in traj.results)  # no branch ran out of context: every return closed one
+        check_linked(traj, 2048, bench.chat.generation_header)
+
+
 def test_a_strategy_of_ones_own_registers_from_outside_the_package(tiny_model_dir):
     assert "keep-last" in CONTEXTS
     sets = ["plugins=[tests.fixtures.context_plugins]", "rollout.context.name=keep-last",
-            "rollout.context.options.marker=(cut here)"]  # fmt: skip
+            "rollout.context.options.marker=(cut here)", "rollout.context.options.plan=I follow the keys."]  # fmt: skip
     bench, trajs = play(tiny_model_dir, "reference", *sets, tasks=1)
     traj = trajs[0]
     assert traj.rewards["correct"] == 1.0 and all(s.ended_by == "keep-last" for s in traj.sequences()[:-1])
+    assert traj.texts[0].startswith("I follow the keys.<tool_call>")  # how the reference plays under it (script)
     last = traj.sequences()[-1]
     assert "(cut here)" in bench.tokenizer.decode(last.token_ids)
     check_linked(traj, 1536, bench.chat.generation_header)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,6 +26,10 @@ from toolrl.errors import ConfigError
 from toolrl.rollout.trajectory import MODEL, Part, Trajectory
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.validation import BoundedModel
+
+if TYPE_CHECKING:
+    from toolrl.envs.base import Environment, Task
+    from toolrl.envs.reference import Turn
 
 
 class ContextOptions(BoundedModel, BaseModel):
@@ -116,6 +120,11 @@ class ContextStrategy:
     def tools(self) -> list[Any]:
         """Tools it offers the policy (Tool objects, shown in the prompt) and runs itself (`call`)."""
         return []
+
+    def script(self, turns: list[Turn], env: Environment, task: Task) -> list[Turn]:
+        """How a scripted policy (the reference, rollout/scripted.py) plays `turns` under this strategy: the same
+        turns by default; a strategy with tools of its own has it use them (fold: branches)."""
+        return turns
 
     def reserve(self, view: ContextView) -> int:
         """Tokens of the open segment kept free for the strategy's own compaction (summarize's request and

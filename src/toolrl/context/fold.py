@@ -6,16 +6,21 @@ that whole prefix (training computes it once: toolrl/scoring), and the return tu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from toolrl.context.base import ContextOptions, ContextStrategy, ContextView
 from toolrl.context.registry import register_context
+from toolrl.envs.reference import Said
 from toolrl.rollout.trajectory import Carry, Part, Written
 from toolrl.text import clip
 from toolrl.tools.call import ToolCall, ToolResult
 from toolrl.tools.function import tool_from_function
+
+if TYPE_CHECKING:
+    from toolrl.envs.base import Environment, Task
+    from toolrl.envs.reference import Turn
 
 BRANCH, RETURN = "branch", "return"
 OPENED = (
@@ -24,6 +29,8 @@ OPENED = (
 )
 RETURNED = "Branch returned: {message}"
 CUT = "The branch ran out of context before it returned."
+SCRIPTED_ROUNDS = 3
+"""A scripted policy's (the reference's) rounds of calls per branch."""
 
 
 class FoldOptions(ContextOptions):
@@ -89,3 +96,29 @@ class Fold(ContextStrategy):
     async def over_budget(self, view: ContextView) -> list[Part] | None:
         """A branch that fills the context is folded back with a note; the main context stops (length)."""
         return self._fold(view, CUT) if self.at is not None else None
+
+    def script(self, turns: list[Turn], env: Environment, task: Task) -> list[Turn]:
+        """A scripted policy folds its rounds of calls: every SCRIPTED_ROUNDS of them in a branch, which returns
+        the environment's reference summary of the rounds done (Environment.reference_summary). A script that
+        branches on its own is played as written."""
+        if any(c.name == BRANCH for turn in turns for c in _calls(turn)):
+            return turns
+        out: list[Turn] = []
+        done = opened = 0
+        for turn in [*turns, None]:
+            calls = bool(_calls(turn))
+            if opened and (not calls or opened == SCRIPTED_ROUNDS):
+                message = env.reference_summary(task, done) or f"{done} rounds of calls done."
+                out.append((ToolCall(RETURN, {"message": message}),))
+                opened = 0
+            if turn is None:
+                break
+            if calls and not opened:
+                out.append((ToolCall(BRANCH, {"description": f"the next {SCRIPTED_ROUNDS} rounds of calls"}),))
+            opened, done = (opened + 1, done + 1) if calls else (opened, done)
+            out.append(turn)
+        return out
+
+
+def _calls(turn: Turn | None) -> tuple[ToolCall, ...]:
+    return turn if isinstance(turn, tuple) else turn.calls if isinstance(turn, Said) else ()

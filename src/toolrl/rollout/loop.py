@@ -352,11 +352,11 @@ class Rollout:
         traj, started = run.traj, time.perf_counter()
         calls = turn.parsed.calls
         step = await self._step(run, calls)
+        traj.num_tool_calls += len(calls)
         if step is None:  # the context strategy compacted the trajectory in the turn's place (fold's return)
             return _Turn(State.GENERATING)
         results = step.observations
         traj.timings["tools_s"] = traj.timings.get("tools_s", 0.0) + time.perf_counter() - started
-        traj.num_tool_calls += len(calls)
         traj.results.extend(results)
         traj.record_step(step.reward, step.info)
         failed = sum(r.error for r in results)

@@ -25,6 +25,7 @@ from toolrl.rollout.engine import Engine, Sampled
 
 if TYPE_CHECKING:
     from toolrl.chat import ChatFormat
+    from toolrl.context.base import ContextStrategy
     from toolrl.envs.base import Environment, Task
     from toolrl.parsers import CallSyntax
     from toolrl.rollout.sampling import SamplingParams
@@ -79,15 +80,18 @@ class ScriptedEngine(Engine):
     (rollout.max_new_tokens) are split over as many turns as they need; a single call or reply past it is
     cut, as a model's turn would be."""
 
-    def __init__(self, chat: ChatFormat, syntax: CallSyntax, env: Environment, script: Script):
-        self.chat, self.syntax, self.env, self.script = chat, syntax, env, script
+    def __init__(
+        self, chat: ChatFormat, syntax: CallSyntax, env: Environment, script: Script, context: ContextStrategy | None
+    ):
+        self.chat, self.syntax, self.env, self.script, self.context = chat, syntax, env, script, context
         self.plays: dict[Hashable, _Play] = {}
 
     def begin(self, seq: Hashable, task: Task) -> None:
         turns = self.script(self.env, task)
         if turns is None:
             raise ConfigError(f"env {self.env.name}: task {task.id} has no reference to play; leave it out")
-        self.plays[seq] = _Play(task, list(turns))
+        turns = list(turns) if self.context is None else self.context.script(list(turns), self.env, task)
+        self.plays[seq] = _Play(task, turns)
 
     def _ids(self, turn: str | Said) -> list[int]:
         text = turn if isinstance(turn, str) else turn.text + self.syntax.render(list(turn.calls))
@@ -123,6 +127,9 @@ class ScriptedEngine(Engine):
         self.plays.pop(seq, None)
 
 
-def scripted_engine(policy: str, chat: ChatFormat, syntax: CallSyntax, env: Environment) -> ScriptedEngine:
-    """The engine that plays `policy` (a name in POLICIES)."""
-    return ScriptedEngine(chat, syntax, env, POLICIES.lookup(policy))
+def scripted_engine(
+    policy: str, chat: ChatFormat, syntax: CallSyntax, env: Environment, context: ContextStrategy | None = None
+) -> ScriptedEngine:
+    """The engine that plays `policy` (a name in POLICIES), under the run's context strategy (`context`: how the
+    script uses the strategy's tools; None: as written)."""
+    return ScriptedEngine(chat, syntax, env, POLICIES.lookup(policy), context)

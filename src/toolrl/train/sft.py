@@ -69,13 +69,13 @@ def _play(bench, purpose: str, cfg: SFTConfig, tasks: Sequence[Task], seed: int,
 @register_sft_source("reference")
 def reference_source(bench, cfg: SFTConfig, tasks: Sequence[Task], seed: int) -> Played:
     """The environment's reference policy (its known-good calls) plays each task once."""
-    from toolrl.rollout.scripted import playable, scripted_engine
+    from toolrl.rollout.scripted import playable
 
     played, left = playable(bench.env, tasks, "reference")
     if not played:
         raise ConfigError(f"sft.source: reference, but environment {bench.env.name} has no reference for any of "
                           f"its {len(tasks)} train tasks; use teacher, file or self")  # fmt: skip
-    bench.engines.setdefault("sft-reference", scripted_engine("reference", bench.chat, bench.env.syntax, bench.env))
+    bench.engines.setdefault("sft-reference", bench.scripted("reference"))
     return Played(_play(bench, "sft-reference", cfg, played, seed, 1), left_out=len(left))
 
 

@@ -157,7 +157,7 @@ class Workbench:
         """One engine per purpose (train, eval), made on first use and kept for the run (it frees its cache
         between rollouts). An engine that loads the trainer's weights (vLLM) is one instance for every purpose."""
         if self.policy != MODEL:
-            return self.engines.setdefault(purpose, scripted_engine(self.policy, self.chat, self.env.syntax, self.env))
+            return self.engines.setdefault(purpose, self.scripted(self.policy))
         name = self.engine_name
         if purpose not in self.engines and ENGINES.capability(name, "loads_weights") and self.engines:
             self.engines[purpose] = next(iter(self.engines.values()))
@@ -167,6 +167,11 @@ class Workbench:
                 model=self.model, chat=self.chat, device=self.device, seed=seed, config=self.config
             )
         return self.engines[purpose]
+
+    def scripted(self, policy: str) -> Engine:
+        """An engine that plays the scripted `policy` (rollout/scripted.py) under the run's context strategy."""
+        context = self.context()
+        return scripted_engine(policy, self.chat, self.env.syntax, self.env, None if context is None else context())
 
     def rollout(self, sampling: SamplingConfig, seed: int, purpose: str = "train") -> Rollout:
         r = self.config.rollout
