@@ -21,8 +21,11 @@
     python bench/long_horizon.py                       # every part
     python bench/long_horizon.py --part tree --part check
 
+    python bench/long_horizon.py --part tree --beside 'make test'   # the time ratio, measured on a busy machine
+
 Prints each part's figures and writes bench/results/long_horizon.json (the parts it ran; the others are kept from the
-file) with the machine and its load average before and after.
+file), with the machine and, under `runs`, each part's commit, seconds, load average before and after, and what ran
+beside it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ BEFORE = "594976a"
 """The commit before linked segments."""
 ESTIMATORS = {"grpo": [], "dr_grpo": [], "rloo": [], "gae": ["train.loss=vanilla_pg"], "ppo": ["train.advantage=gae"],
               "reinforce_pp": [], "gigpo": []}  # fmt: skip
-PARTS = ("identity", "estimators", "tree", "check", "learning")
 
 
 def say(line: str) -> None:
@@ -282,39 +284,44 @@ def learning(seeds: list[int], num_tasks: int, sets: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", action="append", choices=PARTS, help="parts to run (default: all)")
+    parser.add_argument("--part", action="append", choices=list(PARTS), help="parts to run (default: all)")
     parser.add_argument("--repeats", type=int, default=1, help="tree: timed passes of each way")
     parser.add_argument("--preamble", type=int, default=2500, help="tree: the harness prompt's tokens")
     parser.add_argument("--check-tasks", type=int, default=16)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--num-tasks", type=int, default=32, help="learning: test tasks per evaluation")
     parser.add_argument("--set", action="append", default=[], help="learning: a config override for every run")
+    parser.add_argument("--beside", default="", help="what else ran on the machine meanwhile (e.g. 'make test')")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     parts = args.part or list(PARTS)
     results = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
-    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for part in parts:
-            started = time.perf_counter()
+            started, load_before = time.perf_counter(), os.getloadavg()
             folder = Path(tmp) / part
             folder.mkdir()
-            if part == "identity":
-                got = identity(folder)
-            elif part == "estimators":
-                got = estimators(folder)
-            elif part == "tree":
-                got = tree(folder, args.repeats, args.preamble)
-            elif part == "check":
-                got = check(folder, args.check_tasks)
-            else:
-                got = learning(args.seeds, args.num_tasks, args.set)
-            got[f"{part}_s"] = round(time.perf_counter() - started, 1)
-            results.update(got)
-    results |= {"machine": machine(), "commit": git_head(), "load_avg_before": [round(x, 2) for x in load_before],
-                "load_avg_after": [round(x, 2) for x in os.getloadavg()], "parts_run": parts}  # fmt: skip
+            results.update(PARTS[part](folder, args))
+            results.setdefault("runs", {})[part] = {  # each part's own provenance: parts run at different times
+                "commit": git_head(), "seconds": round(time.perf_counter() - started, 1), "beside": args.beside,
+                "load_avg_before": [round(x, 2) for x in load_before],
+                "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+            }  # fmt: skip
+            say(f"{part}: load average before {results['runs'][part]['load_avg_before']}, after "
+                f"{results['runs'][part]['load_avg_after']}")  # fmt: skip
+    results["machine"] = machine()
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    say(f"load average before {results['load_avg_before']}, after {results['load_avg_after']}; wrote {args.out}")
+    say(f"wrote {args.out}")
+
+
+PARTS = {
+    "identity": lambda folder, args: identity(folder),
+    "estimators": lambda folder, args: estimators(folder),
+    "tree": lambda folder, args: tree(folder, args.repeats, args.preamble),
+    "check": lambda folder, args: check(folder, args.check_tasks),
+    "learning": lambda folder, args: learning(args.seeds, args.num_tasks, args.set),
+}
+"""Each part: (a scratch folder, the arguments) -> its results."""
 
 
 def git_head() -> str:
