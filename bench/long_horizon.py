@@ -227,6 +227,10 @@ COSTED = {"uncapped": ["rollout.context.name=none", "rollout.max_context_tokens=
 """What each strategy costs on the key-chain reference (and the whole episode in one context, uncapped, for scale)."""
 
 
+def mean(values) -> float:
+    return round(statistics.fmean(values), 2)
+
+
 def costs(tasks: int) -> dict:
     """Per strategy, means per trajectory of the reference's episodes: its success, segments, the longest segment,
     the tokens the model is fed in training (every segment's, carried context included: what the update and the
@@ -238,10 +242,6 @@ def costs(tasks: int) -> dict:
     for name, sets in COSTED.items():
         trajs = chain_trajectories(DEFAULT_MODEL, tasks, sets, samples=1, rewards=False)
         rows = [[len(s.token_ids) for s in t.sequences()] for t in trajs]
-
-        def mean(values) -> float:
-            return round(statistics.fmean(values), 2)
-
         out[name] = {
             "success": mean(t.rewards.get("correct", 0.0) for t in trajs),
             "segments": mean(len(r) for r in rows),

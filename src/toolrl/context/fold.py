@@ -105,20 +105,25 @@ class Fold(ContextStrategy):
             return turns
         out: list[Turn] = []
         done = opened = 0
-        for turn in [*turns, None]:
+
+        def close() -> None:
+            message = env.reference_summary(task, done) or f"{done} rounds of calls done."
+            out.append((ToolCall(RETURN, {"message": message}),))
+
+        for turn in turns:
             calls = bool(_calls(turn))
             if opened and (not calls or opened == SCRIPTED_ROUNDS):
-                message = env.reference_summary(task, done) or f"{done} rounds of calls done."
-                out.append((ToolCall(RETURN, {"message": message}),))
+                close()
                 opened = 0
-            if turn is None:
-                break
-            if calls and not opened:
-                out.append((ToolCall(BRANCH, {"description": f"the next {SCRIPTED_ROUNDS} rounds of calls"}),))
-            opened, done = (opened + 1, done + 1) if calls else (opened, done)
+            if calls:
+                if not opened:
+                    out.append((ToolCall(BRANCH, {"description": f"the next {SCRIPTED_ROUNDS} rounds of calls"}),))
+                opened, done = opened + 1, done + 1
             out.append(turn)
+        if opened:
+            close()
         return out
 
 
-def _calls(turn: Turn | None) -> tuple[ToolCall, ...]:
+def _calls(turn: Turn) -> tuple[ToolCall, ...]:
     return turn if isinstance(turn, tuple) else turn.calls if isinstance(turn, Said) else ()

@@ -75,7 +75,8 @@ def reference_source(bench, cfg: SFTConfig, tasks: Sequence[Task], seed: int) ->
     if not played:
         raise ConfigError(f"sft.source: reference, but environment {bench.env.name} has no reference for any of "
                           f"its {len(tasks)} train tasks; use teacher, file or self")  # fmt: skip
-    bench.engines.setdefault("sft-reference", bench.scripted("reference"))
+    if "sft-reference" not in bench.engines:
+        bench.engines["sft-reference"] = bench.scripted("reference")
     return Played(_play(bench, "sft-reference", cfg, played, seed, 1), left_out=len(left))
 
 

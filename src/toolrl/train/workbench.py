@@ -157,7 +157,9 @@ class Workbench:
         """One engine per purpose (train, eval), made on first use and kept for the run (it frees its cache
         between rollouts). An engine that loads the trainer's weights (vLLM) is one instance for every purpose."""
         if self.policy != MODEL:
-            return self.engines.setdefault(purpose, self.scripted(self.policy))
+            if purpose not in self.engines:  # made once: a scripted engine and its strategy are not free to build
+                self.engines[purpose] = self.scripted(self.policy)
+            return self.engines[purpose]
         name = self.engine_name
         if purpose not in self.engines and ENGINES.capability(name, "loads_weights") and self.engines:
             self.engines[purpose] = next(iter(self.engines.values()))
