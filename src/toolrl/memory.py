@@ -9,9 +9,11 @@ milliseconds and changes no result. Elsewhere than glibc it does nothing.
 Within a step, that fragmentation is the peak itself once sequences are long: a LoRA warm start on two
 6.5k-token conversations peaked at 8.2 GB with glibc's moving threshold and 2.5 GB with blocks above 1 MiB always
 mapped (bench/long_context.py), for ~20% more time in page faults. `bound_heap()` fixes the threshold; the update
-and the warm start call it when a micro-batch's sequences are LONG_SEQUENCE tokens or longer. The cost, measured on
-a 4.9k-token GRPO step: 5.8-8 million faults, 12-13% of its CPU time in the kernel; thresholds of 16 MiB and more
-cut the faults by 61-80% and put the rollout's peak above 4 GB (bench/heap.py, docs/benchmarks.md). So
+and the warm start call it when a micro-batch's sequences are LONG_SEQUENCE tokens or longer, or one trajectory's
+linked segments are together (a long horizon: the long-horizon recipe's update peaked 0.44 GB lower with it).
+The cost, measured on a 4.9k-token GRPO step: 5.8-8 million faults, 12-13% of its CPU time in the kernel;
+thresholds of 16 MiB and more cut the faults by 61-80% and put the rollout's peak above 4 GB (bench/heap.py,
+docs/benchmarks.md). So
 bound_heap() also installs a cache of freed large blocks, by size (models/native/block_cache.py), of at most
 `model.cpu_block_cache_mb` (keep_blocks); trim() empties it.
 
@@ -99,7 +101,8 @@ def bound_heap() -> bool:
 
 
 def for_sequences(longest: int) -> None:
-    """bound_heap() when a forward pass is about to run sequences of LONG_SEQUENCE tokens or more."""
+    """bound_heap() when a forward pass is about to run sequences (or one episode's linked segments) of
+    LONG_SEQUENCE tokens or more."""
     if longest >= LONG_SEQUENCE:
         bound_heap()
 

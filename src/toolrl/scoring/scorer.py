@@ -67,10 +67,12 @@ class Scorer:
         step's shared prompt is read from the plan (computed once for every micro-batch)."""
         return lambda rows: self.scores(model, rows, entropy, value_head, plan.prefix, plan.sharing)
 
-    def plan(self, model, rows: list[Row], sharing: Sharing) -> Plan:
-        """The rows' micro-batches and the step's shared prompt, computed now (or taken from the rollout's pass)."""
+    def plan(self, model, rows: list[Row], sharing: Sharing, longest_episode: int = 0) -> Plan:
+        """The rows' micro-batches and the step's shared prompt, computed now (or taken from the rollout's pass).
+        `longest_episode`: the tokens of the longest trajectory over all its segments (linked rows), which bounds
+        the heap as one sequence that long does (memory.py: a long horizon fragments it as a long sequence does)."""
         batches = self.micro_batches(rows, sharing)
-        for_sequences(max((len(row.token_ids) for row in rows), default=0))  # a long step's heap: memory.py
+        for_sequences(max(longest_episode, *(len(row.token_ids) for row in rows), 0))  # a long step's heap
         if self.dist.on or sharing == "naive":
             return Plan(batches, sharing)
         kept = self.kept

@@ -191,7 +191,8 @@ def fine_tune(
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
             with sparse_tied_embedding(model):  # the embedding's gradient: the rows the batch touched
-                plan = scorer.plan(model, rows, "tree" if len(rows) > len(batch) else "group")
+                longest = max(sum(len(s.token_ids) for s in t.sequences()) for t in batch)  # an episode's segments
+                plan = scorer.plan(model, rows, "tree" if len(rows) > len(batch) else "group", longest)
                 for micro in plan.batches:
                     scores = scorer.scores(model, [rows[i] for i in micro], prefix=plan.prefix, sharing=plan.sharing)
                     loss = -scores.logprobs.sum() / tokens

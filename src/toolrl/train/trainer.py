@@ -230,7 +230,8 @@ class Trainer:
         state.model.train()
         state.optimizer.zero_grad(set_to_none=True)
         with sparse_tied_embedding(state.model, not self.dist.on):  # the embedding's gradient: its touched rows
-            plan = self.scorer.plan(state.model, [w.row for w in chosen.work], sharing)  # the prompt once per step
+            longest = rows.longest_episode  # a long horizon's heap is bounded as a long sequence's (memory.py)
+            plan = self.scorer.plan(state.model, [w.row for w in chosen.work], sharing, longest)  # prompt once a step
             scores = self.live.counted(
                 self.scorer.policy(state.model, state.value_head, t.entropy_coef > 0 or "measure", plan),
                 len(plan.batches),

@@ -43,6 +43,11 @@ class StepRows:
         """Whether some trajectory has several segments (scored as a prefix tree: scoring/plan.py)."""
         return len(set(self.owners)) < len(self.rows)
 
+    @property
+    def longest_episode(self) -> int:
+        """The most tokens one trajectory's segments hold together (its prompt and carried context counted in each)."""
+        return episode_tokens(self.rows, self.owners)
+
     def per_trajectory(self, parts: list[torch.Tensor | None], n: int) -> list[torch.Tensor | None]:
         """Per-row tensors (None for a row with nothing scored) joined per trajectory, in row order."""
         joined: list[list[torch.Tensor]] = [[] for _ in range(n)]
@@ -50,6 +55,14 @@ class StepRows:
             if part is not None:
                 joined[owner].append(part)
         return [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in joined]
+
+
+def episode_tokens(rows: list[Segment], owners: list[int]) -> int:
+    """The most tokens the rows of one owner (a trajectory's segments) hold together; 0 without rows."""
+    totals: dict[int, int] = {}
+    for row, owner in zip(rows, owners, strict=True):
+        totals[owner] = totals.get(owner, 0) + len(row.token_ids)
+    return max(totals.values(), default=0)
 
 
 def turn_inputs(traj: Trajectory) -> list[TurnInput]:
