@@ -150,6 +150,7 @@ def test_toolrl_serve_serves_a_trained_run_to_an_unpatched_openai_client(tmp_pat
         base = next(line.split("=", 1)[1] for line in lines if line.startswith("OPENAI_BASE_URL="))
         assert base.startswith("http://127.0.0.1:") and base.endswith("/v1") and f"OPENAI_API_KEY={'k' * 32}" in lines
         assert any("serving" in line and "step" in line for line in lines), lines  # the checkpoint, by its folder
+        assert any("a reply has at most 12 tokens" in line and "MB a request" in line for line in lines), lines
         client = OpenAI(base_url=base, api_key="k" * 32)
         reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "2 + 2?"}],
                                                tools=[CALCULATOR], max_tokens=8)  # fmt: skip
@@ -165,6 +166,9 @@ def test_toolrl_serve_serves_a_trained_run_to_an_unpatched_openai_client(tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=30)
+    logged = server.stderr.read()  # a line per request, without the key or a body
+    assert "POST /v1/chat/completions chat 200 in " in logged and "GET /v1/models chat 200" in logged, logged[-2000:]
+    assert "k" * 32 not in logged and "2 + 2?" not in logged
 
 
 def test_an_agent_program_runs_with_the_gateway_in_its_environment(tmp_path, tiny_model_dir):
@@ -278,3 +282,14 @@ def test_the_docs_example_runs_as_written_from_a_fresh_folder(tmp_path, tiny_mod
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_an_agent_s_replies_are_capped_by_the_env_s_option_else_by_rollout_max_new_tokens(tmp_path, tiny_model_dir):
+    from toolrl.rollout.sampling import SamplingParams
+
+    for more, ceiling in (((), 24), (("env.options.max_new_tokens=300",), 300)):
+        bench = Workbench.load(agent_config(tmp_path, tiny_model_dir, "calculator_agent", *more))
+        try:
+            assert bench.gateway(bench.engine("eval", 0), SamplingParams()).max_new_tokens == ceiling
+        finally:
+            bench.close()

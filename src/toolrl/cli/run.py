@@ -354,17 +354,28 @@ def serve(
     set_: SetOption = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0: any free one).")] = 8000,
     max_new_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Most tokens per reply (default rollout.max_new_tokens).")
+        int | None,
+        typer.Option(min=1, help="Most tokens a reply may have (the ceiling on max_tokens; default: the context)."),
+    ] = None,
+    max_request_mb: Annotated[
+        int | None,
+        typer.Option(min=1, help="Most MB of keys and values one request may take (choices x tokens; default 1024)."),
+    ] = None,
+    max_kv_mb: Annotated[
+        int | None,
+        typer.Option(min=1, help="Most MB of keys and values the requests in flight take together (default 4096)."),
     ] = None,
 ) -> None:
     """Serve the policy (a trained checkpoint, or the configured model: the default model out of the box) as the
     gateway does during training: OpenAI's /v1/chat/completions and /v1/responses, Anthropic's /v1/messages, with
     tools, /v1/completions and /v1/models. Prints the base URLs and the key (TOOLRL_SERVE_KEY sets it)."""
+    import logging
     import os
 
     from toolrl.chat import ChatFormat
     from toolrl.config import resolve_config
     from toolrl.gateway import Gateway
+    from toolrl.gateway.budget import DEFAULT_REQUEST_MB, DEFAULT_TOTAL_MB, MB, KVBudget
     from toolrl.models import load_model, load_tokenizer, pick_device
     from toolrl.parsers import get_parser
     from toolrl.rollout import get_engine_factory
@@ -372,6 +383,7 @@ def serve(
     if run_dir is not None and run_dir.suffix in (".yaml", ".yml") and run_dir.is_file():
         run_dir, config = None, config_given(run_dir, config)  # a config as the argument, as every command takes it
     _quiet_libraries()
+    logging.getLogger("toolrl.gateway.requests").setLevel(logging.INFO)  # a line per request, -v or not
     with console.status("loading the model"):
         if run_dir is not None:
             from toolrl.runs.export import load_checkpoint
@@ -389,10 +401,14 @@ def serve(
         engine = get_engine_factory("hf")(model=model, chat=chat, device=device, seed=cfg.seed, config=cfg)
     syntax = get_parser(cfg.rollout.parser or "hermes")
     context = int(getattr(model.config, "max_position_embeddings", None) or 2**31)
+    ceiling = min(max_new_tokens or context, context)
+    max_request_mb, max_kv_mb = max_request_mb or DEFAULT_REQUEST_MB, max_kv_mb or DEFAULT_TOTAL_MB
+    budget = KVBudget(engine.kv_bytes_per_token, max_request_mb * MB, max_kv_mb * MB)
     gateway = Gateway(engine, chat, syntax, str(served), key=os.environ.get("TOOLRL_SERVE_KEY") or None,
-                      max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens, context_length=context,
-                      port=port).start()  # fmt: skip
+                      max_new_tokens=ceiling, context_length=context, port=port, budget=budget).start()  # fmt: skip
     console.print(f"serving {served} (calls parsed as {syntax.name})", highlight=False)
+    console.print(f"a reply has at most {ceiling:,} tokens (--max-new-tokens; max_tokens asks for fewer); keys and "
+                  f"values: {max_request_mb:,} MB a request, {max_kv_mb:,} MB in flight", highlight=False)  # fmt: skip
     console.print(f"OPENAI_BASE_URL={gateway.base_url()}", highlight=False, soft_wrap=True)
     console.print(f"OPENAI_API_KEY={gateway.key}", highlight=False, soft_wrap=True)
     console.print(f"ANTHROPIC_BASE_URL={gateway.anthropic_base_url()}", highlight=False, soft_wrap=True)

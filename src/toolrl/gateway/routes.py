@@ -11,16 +11,20 @@ import hmac
 import json
 import logging
 import re
+import time
 from typing import Any
 
 from pydantic import ValidationError
 
 from toolrl.gateway.completions import complete, completion_events
 from toolrl.gateway.protocols import PROTOCOLS, Protocol, validation_error
-from toolrl.gateway.turns import GatewayError, off_loop
+from toolrl.gateway.turns import GatewayError, TurnDone, off_loop
 from toolrl.text import clip, first_line
 
 log = logging.getLogger("toolrl.gateway.server")
+requests_log = logging.getLogger("toolrl.gateway.requests")
+"""One line per request (`toolrl serve` shows them): method, path, protocol, status, tokens in and out, ms; never
+the key, a body or the sample's id."""
 
 MAX_DEPTH = 64
 """The deepest nesting of a request body's JSON (a tool's schema nests a few levels)."""
@@ -60,6 +64,7 @@ def make_app(gateway):
         return hmac.compare_digest(given.encode(), gateway.key.encode())
 
     def failed(protocol: Protocol, error: GatewayError, request: Request, sample=None) -> JSONResponse:
+        told(request, protocol.name, error.status)
         gateway.stats["refused"] += 1
         if sample is not None:
             sample.refused(error.status, f"HTTP {error.status} {request.method} {_path(request)}: {error}")
@@ -73,6 +78,7 @@ def make_app(gateway):
 
     def check(request: Request):
         """The request's sample (None: plain paths) once its key and sample are good; else the GatewayError."""
+        request.state.started = time.perf_counter()
         sid = request.path_params.get("sample")
         with gateway.lock:
             sample = gateway.samples.get(sid) if sid else None
@@ -134,7 +140,7 @@ def make_app(gateway):
             headers = _ignored(gateway, req.ignored)
             if req.stream:
                 gateway.stats["streams"] += 1
-                events = protocol.stream(gateway, work, gateway.events(work))
+                events = protocol.stream(gateway, work, counted(request, protocol.name, work, gateway.events(work)))
                 return StreamingResponse(events, media_type="text/event-stream", headers=headers)
             try:
                 turns = await gateway.run(work)
@@ -142,6 +148,7 @@ def make_app(gateway):
                 return failed(protocol, exc, request, sample)
             except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
                 return failed(protocol, fault(exc), request, sample)
+            told(request, protocol.name, 200, work.prompt_tokens, sum(t.completion_tokens for t in turns))
             return JSONResponse(protocol.reply(gateway, work, turns), headers=headers)
 
         return handle
@@ -153,7 +160,9 @@ def make_app(gateway):
                 return failed(protocol, refusal, request, sample)
             try:
                 body = await body_of(request) if request.method == "POST" else None
-                return JSONResponse(await handler(gateway, body, sample, request.path_params))
+                answer = await handler(gateway, body, sample, request.path_params)
+                told(request, protocol.name, 200)
+                return JSONResponse(answer)
             except ValidationError as exc:
                 return failed(protocol, validation_error(exc), request, sample)
             except GatewayError as exc:
@@ -172,6 +181,7 @@ def make_app(gateway):
         except GatewayError as exc:
             return failed(chat, exc, request, sample)
         gateway.stats["requests"] += 1
+        told(request, "completions", 200, reply["usage"]["prompt_tokens"], reply["usage"]["completion_tokens"])
         if sample is not None:
             sample.protocols["completions"] += 1
         if req.stream:
@@ -212,7 +222,34 @@ def make_app(gateway):
     # (Claude Code's connectivity check, HEAD / without one, gets a 401 and goes on)
     for prefix in ("/s/{sample}", ""):
         routes.append(Route(f"{prefix}/{{rest:path}}", unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]))
-    return Starlette(routes=routes, lifespan=lifespan)
+
+    async def unmatched(request: Request, exc: Exception):  # a path no route's pattern reads (a line break in it)
+        return await unknown(request)
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: unmatched})
+
+
+def told(request, protocol: str, status: int, tokens_in: int = 0, tokens_out: int = 0) -> None:
+    """The request's line in the requests log (the time since its headers arrived: request.state.started)."""
+    if not requests_log.isEnabledFor(logging.INFO):
+        return
+    started = getattr(request.state, "started", None)
+    ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
+    path = re.sub(r"[\x00-\x1f\x7f]", "?", clip(_path(request), 80))  # a path may hold encoded line breaks
+    requests_log.info("%s %s %s %d in %d out %d %.0f ms", request.method, path, protocol, status, tokens_in,
+                      tokens_out, ms)  # fmt: skip
+
+
+async def counted(request, protocol: str, work, events):
+    """A stream's events, passed on; its line in the requests log once the stream ends (or its client left)."""
+    out = 0
+    try:
+        async for event in events:
+            if isinstance(event, TurnDone):
+                out += event.turn.completion_tokens
+            yield event
+    finally:
+        told(request, protocol, 200, work.prompt_tokens, out)
 
 
 def _path(request) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from toolrl.chat.format import ChatFormat
 from toolrl.context.base import ContextStrategy
 from toolrl.envs.base import Task
+from toolrl.gateway.budget import KVBudget
 from toolrl.gateway.capture import (
     UNBOUND,
     Sample,
@@ -102,6 +103,7 @@ class Gateway:
         port: int = 0,
         context: Callable[[], ContextStrategy] | None = None,
         max_context_tokens: int | None = None,
+        budget: KVBudget | None = None,
     ):
         self.engine, self.chat, self.syntax, self.model_name = engine, chat, syntax, model_name
         self.key = key or secrets.token_urlsafe(24)
@@ -120,8 +122,11 @@ class Gateway:
         """The bounds on its connections (guard.py)."""
         self.max_body_bytes, self.body_timeout_s = MAX_BODY_BYTES, BODY_TIMEOUT_S
         """The largest request body, and how long it may take to arrive once the headers have."""
+        self.budget = budget or KVBudget(engine.kv_bytes_per_token)
+        """The keys and values a request, and every request in flight, may take (budget.py)."""
         self.stats: Counter[str] = Counter()
         self.lock = threading.Lock()
+        self._after_tasks: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server = None
         self._thread: threading.Thread | None = None
@@ -164,6 +169,7 @@ class Gateway:
         CPU (compiling a grammar, rendering and tokenizing a large conversation) runs in a worker thread: the
         event loop, and every other client, is not held up by one large request."""
         chars = self._check_bounds(req)
+        rid = uuid.uuid4().hex[:24]
         schemas = req.shown_tools()
         grammar = None  # compiling one may take long: in a worker thread
         if req.constrained:
@@ -190,6 +196,7 @@ class Gateway:
                 prompt_len = len(segment.traj.token_ids) + len(ids)
                 response_len = prompt_len - segment.traj.prompt_length
             params = [self._params(req, i, prompt_len, response_len, grammar) for i in range(req.n)]
+            await self.budget.admit(rid, req.n, prompt_len + max(p.max_new_tokens for p in params))
         except BaseException:
             if segment is not None:
                 segment.busy = False
@@ -203,7 +210,7 @@ class Gateway:
         if sample is not None:
             sample.requests += 1
             sample.segments += segments[1:]
-        return TurnWork(req, sample, segments, params, schemas, uuid.uuid4().hex[:24], prompt_len)
+        return TurnWork(req, sample, segments, params, schemas, rid, prompt_len)
 
     def _check_bounds(self, req: TurnRequest) -> int:
         """What can be refused before any work: too many or too long stop strings, and a conversation with more
@@ -315,6 +322,11 @@ class Gateway:
             self.stats["format_errors"] += parsed.not_run
         segment.calls.update({c.id: c.call for c in presenter.calls if c.call is not None})
         finish = "stop_sequence" if cut else "length" if not ended else "tool_calls" if presenter.calls else "stop"
+        asked = req.max_tokens or self.context_length
+        if finish == "length" and len(ids) >= self.max_new_tokens and asked > self.max_new_tokens:
+            self.stats["cut_by_ceiling"] += 1  # the server's ceiling, not the client's max_tokens, ended it
+            log.warning("gateway: a reply was cut at the server's ceiling of %d tokens (max_tokens: %s; toolrl "
+                        "serve --max-new-tokens raises it)", self.max_new_tokens, req.max_tokens)  # fmt: skip
         turn = Turn(index, presenter.text, presenter.calls, finish, len(ids), cut.stop if cut else None)
         if turn.calls:
             segment.turn_calls[len(segment.messages)] = frozenset(c.id for c in turn.calls)
@@ -369,6 +381,23 @@ class Gateway:
             segment.busy = False
         if work.sample is None:
             self._release([s.seq for s in work.segments])
+        task = asyncio.get_running_loop().create_task(self._after(work.rid))
+        self._after_tasks.add(task)
+        task.add_done_callback(self._after_tasks.discard)
+
+    async def _after(self, rid: str, tries: int = 20) -> None:
+        """A request's room is freed; once nothing is in flight the engine gives back a cache grown past the
+        budget's `keep` (the engine finishes its last step first: asked again every 50 ms, up to a second)."""
+        if not await self.budget.release(rid):
+            return
+        for _ in range(tries):
+            given = await asyncio.to_thread(self.engine.trim_cache, self.budget.keep)
+            if given is not None:
+                self.stats["cache_given_back"] += bool(given)
+                return
+            if self.budget.held:
+                return
+            await asyncio.sleep(0.05)
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
 

@@ -87,6 +87,15 @@ class Engine(ABC):
         """A rollout ended and nothing runs: free what the engine keeps between rollouts (its KV cache); the
         next `generate` allocates again."""
 
+    def trim_cache(self, keep_bytes: int) -> bool | None:
+        """Between served requests (the gateway, nothing in flight): give back the KV cache where it holds more than
+        `keep_bytes`, the next request starting from a small one. True where memory was given back; None where
+        the engine is still busy (ask again shortly)."""
+        return False
+
+    kv_bytes_per_token: int | None = None
+    """Bytes of keys and values one token of a sequence holds in this process (None: not here, or not known)."""
+
     def close(self) -> None:  # noqa: B027
         """Free the engine's resources."""
 

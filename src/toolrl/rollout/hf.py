@@ -49,6 +49,8 @@ to a decode step of a batch (about 0.25 s for 64 sequences of the default model 
 PAD_POSITION = -1
 """The position given to a padding token of a forward pass."""
 SUBSET_DECODE = 0.5
+START_CACHE_SIZE = (8, 256)
+"""(slots, positions) of a first KV cache, and of the next one after a served request's cache was given back."""
 """Decode only the decoding slots (gathering their caches) when they are at most this share of the slots in
 use; above it, one pass over every slot in use is cheaper than the gather."""
 
@@ -105,7 +107,7 @@ class HFEngine(PrefixSharing, Engine):
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.cache: SlotCache | None = None
-        self._last_cache_size = (8, 256)
+        self._last_cache_size = START_CACHE_SIZE
         """(slots, capacity) of the cache when it was last freed, the size the next one starts at. Slots that read
         the shared prefix hold only what follows it: a few hundred columns for most tool-use turns."""
         self.cascade = cascade and supports_cascade(model.config)
@@ -169,15 +171,40 @@ class HFEngine(PrefixSharing, Engine):
         self._worker.submit(self._drop_cache).result()  # one thread at a time touches the cache: the steps' own
         trim()
 
-    def _drop_cache(self) -> None:
+    def trim_cache(self, keep_bytes: int) -> bool | None:
+        if self.requests or (self._driver is not None and not self._driver.done()):
+            return None
+        if self.cache is None or self.cache.nbytes() <= keep_bytes:
+            return False
+        dropped = self._worker.submit(self._drop_cache, False).result()
+        if dropped:
+            self._last_cache_size = START_CACHE_SIZE  # a long request's size is not the next one's
+            trim()
+        return dropped
+
+    @property
+    def kv_bytes_per_token(self) -> int:  # type: ignore[override]
+        cfg = self.model.config
+        cfg = getattr(cfg, "text_config", None) or cfg
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        size = next(self.model.parameters()).element_size()
+        return 2 * cfg.num_hidden_layers * heads * dim * size
+
+    def _drop_cache(self, packed: bool = True) -> bool:
+        """Free the KV cache (and the packed weights, with `packed`) where no sequence holds a slot; True where
+        the cache was freed."""
         self._free_released()
-        self.packed.clear()
-        self._lean = False
-        if not self.slots:
-            if self.cache is not None:
-                self._last_cache_size = (self.cache.num_slots, self.cache.capacity)
-                self.cache.clear()  # its layers point back at it: without this the cycle waits for the gc
-            self.cache, self.shared, self.free = None, None, []
+        if packed:
+            self.packed.clear()
+            self._lean = False
+        if self.slots:
+            return False
+        if self.cache is not None:
+            self._last_cache_size = (self.cache.num_slots, self.cache.capacity)
+            self.cache.clear()  # its layers point back at it: without this the cycle waits for the gc
+        self.cache, self.shared, self.free = None, None, []
+        return True
 
     def close(self) -> None:
         self._worker.shutdown(wait=False)
@@ -290,6 +317,10 @@ class HFEngine(PrefixSharing, Engine):
         self._ensure(max(self._columns(self.slots[s]) + len(p) for s, p in pending.items()) + 1)
         # Rows of similar length together, at most prefill_tokens per pass; those that read the shared prefix
         # apart from those that do not (a pass mixing them would have to write the prefix into the slots).
+        for seq in [s for s, ids in pending.items() if len(ids) > self.prefill_tokens]:
+            while len(pending[seq]) > self.prefill_tokens:  # a long prompt in passes of prefill_tokens: one pass's
+                head, pending[seq] = pending[seq][: self.prefill_tokens], pending[seq][self.prefill_tokens :]
+                self._prefill_rows([seq], {seq: head})  # activations, not the whole prompt's, at once
         order = sorted(pending, key=lambda s: (self.slots[s].shared, len(pending[s])))
         start = 0
         while start < len(order):
@@ -300,26 +331,29 @@ class HFEngine(PrefixSharing, Engine):
                 and self.slots[order[end]].shared == self.slots[order[start]].shared
             ):
                 end += 1
-            group = order[start:end]
-            shared = self._shared_by(group)
-            width = len(pending[group[-1]])
-            ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
-            positions = torch.full((len(group), width), PAD_POSITION, dtype=torch.long)
-            for row, seq in enumerate(group):
-                slot, new = self.slots[seq], pending[seq]
-                ids[row, width - len(new) :] = torch.tensor(new)  # left padding: the last column is real
-                positions[row, width - len(new) :] = torch.arange(len(slot.ids), len(slot.ids) + len(new))
-            slots = torch.tensor([self.slots[s].index for s in group])
-            logits = self._forward(ids, positions, slots, shared)
-            self.stats["prefill_tokens"] += sum(len(pending[s]) for s in group)
-            for row, seq in enumerate(group):
-                slot = self.slots[seq]
-                slot.ids += pending[seq]
-                slot.logits = logits[row]
+            self._prefill_rows(order[start:end], pending)
             start = end
         for seq, source in alike.items():
             self._copy_slot_prefix(self.slots[source], self.slots[seq], len(self.slots[source].ids))
             self.slots[seq].logits = self.slots[source].logits
+
+    def _prefill_rows(self, group: list[Hashable], pending: dict[Hashable, list[int]]) -> None:
+        """One prefill pass: each sequence of `group` fed its pending tokens (rows ordered by length)."""
+        shared = self._shared_by(group)
+        width = len(pending[group[-1]])
+        ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
+        positions = torch.full((len(group), width), PAD_POSITION, dtype=torch.long)
+        for row, seq in enumerate(group):
+            slot, new = self.slots[seq], pending[seq]
+            ids[row, width - len(new) :] = torch.tensor(new)  # left padding: the last column is real
+            positions[row, width - len(new) :] = torch.arange(len(slot.ids), len(slot.ids) + len(new))
+        slots = torch.tensor([self.slots[s].index for s in group])
+        logits = self._forward(ids, positions, slots, shared)
+        self.stats["prefill_tokens"] += sum(len(pending[s]) for s in group)
+        for row, seq in enumerate(group):
+            slot = self.slots[seq]
+            slot.ids += pending[seq]
+            slot.logits = logits[row]
 
     def _alike(self, pending: dict[Hashable, list[int]]) -> dict[Hashable, Hashable]:
         """The sequences whose context and new tokens are those of an earlier one in `pending`: each to that one."""

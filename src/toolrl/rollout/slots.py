@@ -83,7 +83,8 @@ class SlotLayer(CacheLayerMixin):
         for name in ("keys", "values"):
             old = getattr(self, name)
             new = old.new_zeros((num_slots, heads, capacity + 1, dim))
-            new[:old_slots, :, : old_len - 1] = old[:, :, : old_len - 1]
+            kept = min(old_slots, num_slots)  # fewer: the slots past those in use are left behind
+            new[:kept, :, : old_len - 1] = old[:kept, :, : old_len - 1]
             setattr(self, name, new)
 
     def copy_prefix(self, source: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor) -> None:
@@ -109,10 +110,14 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
     def ensure(self, num_slots: int, capacity: int) -> None:
+        """Room for slots 0..num_slots-1 (those in use) of `capacity` positions each."""
         if num_slots <= self.num_slots and capacity <= self.capacity:
             return
         if num_slots > self.num_slots:  # grow by at least doubling, so that growth copies are rare
             self.num_slots = max(num_slots, 2 * self.num_slots)
+        elif capacity > self.capacity:  # copied anyway: only the slots in use come along, so a long sequence costs
+            self.num_slots = num_slots  # its length in the slots that hold sequences, not in every slot ever made
+            # (a served 5k-token request beside 7 idle slots took 2.4 GB of keys and values, 8 x 6,400 positions)
         if capacity > self.capacity:  # by a quarter, in whole blocks: doubling left up to half of it unused (a
             # demo rollout's 24 slots x 1,024 positions were 1.1 GB for sequences of ~550 tokens); the engine
             # starts the next rollout at the size this one reached, so the copies are paid once
@@ -130,6 +135,14 @@ class SlotCache(Cache):
     @property
     def scratch(self) -> int:
         return self.capacity
+
+    def bytes_per_position(self) -> int:
+        """Bytes of keys and values one slot's position holds over every layer (0 before the first write)."""
+        return sum(2 * layer.keys[0, :, 0].numel() * layer.keys.element_size() for layer in self.layers
+                   if layer.is_initialized)  # fmt: skip
+
+    def nbytes(self) -> int:
+        return self.num_slots * (self.capacity + 1) * self.bytes_per_position()
 
 
 def attention_mask(positions: torch.Tensor, kv_len: int, scratch: int, dtype: torch.dtype) -> torch.Tensor:

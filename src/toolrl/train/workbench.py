@@ -213,14 +213,17 @@ class Workbench:
     def gateway(self, engine: Engine, sampling: SamplingParams):
         """The gateway serving `engine` (started on first use), sampling as this rollout asks by default."""
         from toolrl.gateway import Gateway
+        from toolrl.gateway.budget import KVBudget  # a run's rollout settings bound its agents' memory, measured
 
         if id(engine) not in self.gateways:
             r = self.config.rollout
+            ceiling = getattr(self.env.options, "max_new_tokens", None) or r.max_new_tokens
+            log.info("gateway: an agent's reply has at most %d tokens (env.options.max_new_tokens)", ceiling)
             self.gateways[id(engine)] = Gateway(
-                engine, self.chat, self.env.syntax, self.config.model.name, max_new_tokens=r.max_new_tokens,
+                engine, self.chat, self.env.syntax, self.config.model.name, max_new_tokens=ceiling,
                 max_response_tokens=r.max_response_tokens, context_length=self.context_length,
                 max_calls_per_turn=r.max_calls_per_turn, context=self.context(),
-                max_context_tokens=r.max_context_tokens,
+                max_context_tokens=r.max_context_tokens, budget=KVBudget(None),
             ).start()  # fmt: skip
         gateway = self.gateways[id(engine)]
         gateway.sampling = sampling

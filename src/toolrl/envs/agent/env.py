@@ -48,6 +48,9 @@ class AgentRunOptions(EnvOptions):
     """Agents running at once (their requests are batched by the engine)."""
     max_failed_steps: int = Field(3, ge=0)
     """Rollouts in a row in which every agent failed before the run stops with an error (0: never)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """The most tokens an agent's reply may have (its requests' max_tokens are honoured up to it; a reply it cuts
+    is logged); None: rollout.max_new_tokens."""
 
 
 class AgentOptions(AgentRunOptions):
