@@ -192,3 +192,48 @@ def test_a_10mb_prompt_is_refused_at_once_and_other_clients_are_not_held_up(gate
     assert done["reply"].status_code == 400 and error["code"] == "context_length_exceeded"
     assert "10,000,000 characters" in error["message"] and done["s"] < 1.0
     assert latencies and max(latencies) < max(100, 4 * max(before)), (latencies, before)
+
+
+@pytest.mark.parametrize("parameters", ["string", [], 5, {"type": "string"}, {"type": ["object", "null"]}])
+def test_a_tool_schema_that_is_not_an_object_is_one_line_400_in_every_protocol(gateway, parameters):
+    """Issue 72: a tool whose parameters are not an object's schema was a 500 (a traceback in the log) in chat,
+    Responses and Messages."""
+    headers = {"Authorization": f"Bearer {gateway.key}"}
+    user = [{"role": "user", "content": "hi"}]
+    asks = {
+        "/chat/completions": {"messages": user, "tools": [{"type": "function",
+                                                           "function": {"name": "f", "parameters": parameters}}]},
+        "/responses": {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": parameters}]},
+        "/messages": {"max_tokens": 8, "messages": user, "tools": [{"name": "f", "input_schema": parameters}]},
+    }  # fmt: skip
+    for path, body in asks.items():
+        reply = httpx.post(f"{gateway.base_url()}{path}", json=body, headers=headers, timeout=30)
+        if parameters == []:  # an empty list is no schema at all to Responses and Messages: their default
+            assert reply.status_code in ((400,) if path == "/chat/completions" else (200,)), (path, reply.text)
+            continue
+        assert reply.status_code == 400, (path, reply.text)
+        message = reply.json()["error"]["message"]
+        assert (
+            message.startswith("tools[0] (f): its parameters must be a JSON schema of an object")
+            and "\n" not in message
+        )
+    assert gateway.stats["errors"] == 0  # no fault of ours: each is the client's, told as such
+    nameless = {"messages": user, "tools": [{"type": "function", "function": "f"}]}
+    reply = httpx.post(f"{gateway.base_url()}/chat/completions", json=nameless, headers=headers)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "tools[0]"
+    empty = {"messages": user, "tools": [{"type": "function", "function": {"name": "f", "parameters": None}}]}
+    assert httpx.post(f"{gateway.base_url()}/chat/completions", json=empty, headers=headers).status_code == 200
+
+
+def test_count_tokens_refuses_what_messages_refuses_at_once_and_completions_bounds_stop_as_chat_does(gateway):
+    headers = {"x-api-key": gateway.key}
+    big = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "system": "x " * (6 << 20)}
+    for path in ("/messages", "/messages/count_tokens"):
+        started = time.perf_counter()
+        reply = httpx.post(f"{gateway.base_url()}{path}", json=big, headers=headers, timeout=60)
+        assert reply.status_code == 400 and "prompt is too long" in reply.json()["error"]["message"], path
+        assert time.perf_counter() - started < 5.0  # refused by its characters, before tokenizing 12 MB
+    for stop in (["a"] * 100, "a" * 1000):
+        reply = httpx.post(f"{gateway.base_url()}/completions", json={"prompt": "hi", "stop": stop},
+                           headers={"Authorization": f"Bearer {gateway.key}"})  # fmt: skip
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "stop"

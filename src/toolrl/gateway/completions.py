@@ -14,6 +14,7 @@ from pydantic import Field
 from toolrl.gateway.capture import UNBOUND, Sample, Segment
 from toolrl.gateway.chat import IGNORED, Sampling, usage
 from toolrl.gateway.protocols import sse, unsupported
+from toolrl.gateway.server import check_stop
 from toolrl.gateway.turns import GatewayError, TurnRequest, off_loop
 from toolrl.rollout.engine import Sampled
 from toolrl.rollout.guidance import cut_at_stop
@@ -50,11 +51,17 @@ async def complete(gateway, body: Any, sample: Sample | None) -> tuple[Completio
                            f"{sorted(chat.stop_ids)} end a turn here", param="stop_token_ids")  # fmt: skip
     turn = TurnRequest([], stop=req.stops(), max_tokens=req.max_tokens, temperature=req.temperature,
                        top_p=req.top_p, seed=req.seed)  # fmt: skip
+    check_stop(turn.stop)
     segments = [Segment(Trajectory.start(sample.task if sample else UNBOUND, ids), [], "raw") for _ in range(req.n)]
     params = [gateway._params(turn, i, len(ids), 0, None) for i in range(req.n)]
-    sampled = await asyncio.gather(
-        *(gateway.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(segments, params, strict=True))
-    )
+    rid = uuid.uuid4().hex[:24]
+    await gateway.budget.admit(rid, req.n, len(ids) + max(p.max_new_tokens for p in params))
+    try:
+        sampled = await asyncio.gather(
+            *(gateway.engine.generate(s.seq, s.traj.token_ids, p) for s, p in zip(segments, params, strict=True))
+        )
+    finally:
+        gateway.request_over(rid)
     choices = []
     for i, (segment, result) in enumerate(zip(segments, sampled, strict=True)):
         text = chat.tokenizer.decode(result.ids, skip_special_tokens=req.skip_special_tokens)

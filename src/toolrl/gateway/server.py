@@ -52,6 +52,7 @@ from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.guidance import cut_at_stop
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
+from toolrl.text import clip
 from toolrl.tools.call import ToolResult
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,29 @@ BODY_TIMEOUT_S = 30.0
 """How long a request's body may take to arrive once its headers have."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+
+
+def check_stop(stop: tuple[str, ...] | list[str]) -> None:
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise GatewayError(f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters",
+                           param="stop")  # fmt: skip
+
+
+def check_tools(tools: list[Any]) -> None:
+    """Function tools (in the chat shape every protocol's become) whose name is a string and whose parameters, when
+    given, are a JSON schema of an object: anything else is one line naming the tool, not a fault later."""
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise GatewayError(f"tools[{i}]: a function tool needs a name (a string)", param=f"tools[{i}]")
+        if function.get("parameters", 0) is None:
+            del function["parameters"]  # null: no parameters, as when left out
+        schema = function.get("parameters")
+        kind = schema.get("type", "object") if isinstance(schema, dict) else type(schema).__name__
+        if schema is not None and kind != "object":
+            name = clip(function["name"], 40)
+            raise GatewayError(f"tools[{i}] ({name}): its parameters must be a JSON schema of an object (type "
+                               f"object), not {clip(str(kind), 20)}", param=f"tools[{i}]")  # fmt: skip
 
 
 @dataclass
@@ -216,9 +240,8 @@ class Gateway:
         """What can be refused before any work: too many or too long stop strings, and a conversation with more
         characters than the model's context can hold as tokens (max_token_chars characters a token at most).
         Returns the conversation's characters."""
-        if len(req.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in req.stop):
-            raise GatewayError(f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} "
-                               "characters", param="stop")  # fmt: skip
+        check_stop(req.stop)
+        check_tools(req.tools)
         chars = sum(len(text_of(m)) for m in req.messages) + sum(len(json.dumps(t)) for t in req.tools)
         if chars > self.context_length * self.chat.max_token_chars:
             raise GatewayError(
@@ -249,7 +272,9 @@ class Gateway:
         self.compaction.round_ended(segment, self.chat)
 
     def prompt_tokens(self, req: TurnRequest) -> int:
-        """How many tokens the request's conversation is as a prompt (Anthropic's count_tokens)."""
+        """How many tokens the request's conversation is as a prompt (Anthropic's count_tokens): what a turn refuses
+        before its work (stop strings, tools, a conversation past the context) is refused here too."""
+        self._check_bounds(req)
         messages = template_messages(req.messages, self.syntax)
         return len(self.chat.prompt_ids(messages, req.shown_tools(), self.syntax.instructions))
 
@@ -381,7 +406,12 @@ class Gateway:
             segment.busy = False
         if work.sample is None:
             self._release([s.seq for s in work.segments])
-        task = asyncio.get_running_loop().create_task(self._after(work.rid))
+        self.request_over(work.rid)
+
+    def request_over(self, rid: str) -> None:
+        """A request's room in the budget is freed, and the cache given back if nothing else is in flight (on the
+        gateway's loop, after the reply)."""
+        task = asyncio.get_running_loop().create_task(self._after(rid))
         self._after_tasks.add(task)
         task.add_done_callback(self._after_tasks.discard)
 
