@@ -283,6 +283,75 @@ def test_responses_are_kept_per_sample_bounded_and_only_with_store(serve, chat):
     assert not gateway.responses.kept  # a closed sample's responses go with it
 
 
+def test_an_item_reference_is_the_item_the_gateway_issued_and_continues_its_segment(serve, chat):
+    """Issue 72: the Vercel AI SDK's default `openai(model)` sends its earlier turns back as item_reference (store
+    on) and failed on its third request with a 400. The ids the gateway issued resolve (same sample); others are a
+    one-line 404; the tool loop stays one captured segment."""
+    gateway = serve(RulePolicy(chat, policies.calculator))
+    tools = [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}]
+    one, two = gateway.open_sample(Task("a", "q", "", {})), gateway.open_sample(Task("b", "q", "", {}))
+    question = {"role": "user", "content": "2 + 2?"}
+    first = post(gateway, "/responses", {"input": [question], "tools": tools}, base=gateway.base_url(one)).json()
+    (call,) = first["output"]
+    assert call["type"] == "function_call" and call["id"].startswith("fc_")
+    answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "4"}
+    ask = {"input": [question, {"type": "item_reference", "id": call["id"]}, answer], "tools": tools}
+    second = post(gateway, "/responses", ask, base=gateway.base_url(one))
+    assert second.status_code == 200, second.text
+    assert "4" in second.json()["output"][0]["content"][0]["text"]
+    assert len(one.segments) == 1 and one.segments[0].traj.num_turns == 2  # the call, then the answer: one sequence
+    for base, ref in ((gateway.base_url(two), call["id"]), (gateway.base_url(one), "fc_never_issued")):
+        refused = post(gateway, "/responses", {**ask, "input": [question, {"type": "item_reference", "id": ref}]},
+                       base=base)  # fmt: skip
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "input[1]"
+        assert "was issued to this agent" in refused.json()["error"]["message"]
+
+
+def test_messages_are_served_at_the_anthropic_base_url_with_and_without_v1(serve, chat):
+    """Issue 72: ANTHROPIC_BASE_URL is printed without /v1; @ai-sdk/anthropic appends only /messages to it (and got
+    a 404, in serve and in training). Both forms are served, plain and per sample."""
+    gateway = serve(RulePolicy(chat, policies.calculator))
+    sample = gateway.open_sample(Task("a", "q", "", {}))
+    body = {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"x-api-key": gateway.key}
+    for base in (gateway.anthropic_base_url(), gateway.anthropic_base_url(sample)):
+        for path in ("/messages", "/v1/messages"):
+            reply = httpx.post(f"{base}{path}", json=body, headers=headers, timeout=30)
+            assert reply.status_code == 200 and reply.json()["type"] == "message", (base, path, reply.text)
+        counted = httpx.post(f"{base}/messages/count_tokens", json=body, headers=headers, timeout=30)
+        assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    assert sample.protocols["messages"] == 2
+    plain = httpx.post(f"{gateway.anthropic_base_url()}/chat/completions", json=body, headers=headers)
+    assert plain.status_code == 404  # only the Anthropic paths are served without /v1
+
+
+def test_the_response_store_is_bounded_in_bytes_and_metadata_by_the_api_s_limits(serve, chat):
+    """Issue 72: echoed metadata and hosted tools were kept whole (75 x 6 MiB held 474 MB)."""
+    gateway = serve(RulePolicy(chat, policies.calculator))
+    gateway.responses.max_bytes = 60_000
+    hosted = [{"type": "web_search", "filler": "x" * 20_000}]  # left out, but echoed in the response kept
+    for _ in range(5):
+        assert post(gateway, "/responses", {"input": "2 + 2?", "tools": hosted}).status_code == 200
+    store = gateway.responses
+    assert store.bytes <= 60_000 and len(store.kept) == 2 and store.dropped == 3
+    assert store.bytes == sum(store.sizes.values())
+    gateway.responses.max_bytes = 10_000
+    assert post(gateway, "/responses", {"input": "2 + 2?", "tools": hosted}).status_code == 200
+    assert store.dropped == 4 and len(store.kept) == 2  # one alone past the bound: answered, not kept
+    for metadata, said in (
+        ({f"k{i}": "v" for i in range(17)}, "at most 16"),
+        ({"k" * 65: "v"}, "keys of at most"),
+        ({"k": "v" * 513}, "values strings"),
+        ({"k": 5}, "values strings"),
+        ("x", "at most 16"),
+    ):
+        refused = post(gateway, "/responses", {"input": "hi", "metadata": metadata})
+        assert refused.status_code == 400 and said in refused.json()["error"]["message"], metadata
+        assert refused.json()["error"]["param"] == "metadata"
+    kept = post(gateway, "/responses", {"input": "hi", "metadata": {"run": "7"}}).json()
+    assert kept["metadata"] == {"run": "7"}
+
+
 def test_what_the_gateway_does_not_do_is_refused_in_one_line_or_left_out_and_told(serve, chat):
     gateway = serve(RulePolicy(chat, policies.calculator))
     image = {"type": "input_image", "image_url": "file:///etc/shadow"}
@@ -290,7 +359,7 @@ def test_what_the_gateway_does_not_do_is_refused_in_one_line_or_left_out_and_tol
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[0].content[0]"
     assert post(gateway, "/responses", {"input": "x", "background": True}).json()["error"]["param"] == "background"
     reference = post(gateway, "/responses", {"input": [{"type": "item_reference", "id": "msg_1"}]}).json()["error"]
-    assert "item_reference is not supported" in reference["message"]
+    assert "no item 'msg_1' was issued to this agent" in reference["message"]  # one it did not issue
     base = gateway.base_url()
     picture = {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}
     error = post(gateway, "/messages", {"messages": [picture], "max_tokens": 8}, base=base, anthropic=True).json()

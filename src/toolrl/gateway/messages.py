@@ -150,6 +150,7 @@ def content_blocks(turn: Turn) -> list[dict[str, Any]]:
 
 class Messages(Protocol):
     name, path = "messages", "/messages"
+    without_v1 = True  # ANTHROPIC_BASE_URL is printed without /v1: @ai-sdk/anthropic adds only /messages to it
 
     def request(self, body, reasoning: bool) -> tuple[MessagesRequest, TurnRequest]:
         req = MessagesRequest.model_validate(body)

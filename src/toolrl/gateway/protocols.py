@@ -25,6 +25,9 @@ class Protocol(ABC):
 
     name: str
     path: str
+    without_v1: bool = False
+    """Served at `path` without /v1 too: clients that add only the path to a base URL given without /v1 (the
+    Anthropic convention, which the Vercel AI SDK's provider does not follow)."""
 
     @abstractmethod
     def parse(self, body: Any, gateway: Gateway, sample: Sample | None) -> TurnRequest:

@@ -13,7 +13,7 @@ with `store` (the default) are kept in memory, per sample and bounded, for `prev
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,8 @@ IGNORED = ("metadata", "user", "include", "reasoning", "prompt_cache_key", "prom
            "safety_identifier", "service_tier", "stream_options", "truncation", "client_metadata", "top_logprobs",
            "max_tool_calls", "context_management")  # fmt: skip
 """Fields that change nothing here (reasoning effort and summaries: the policy writes no reasoning items)."""
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+"""The API's own limits on `metadata` (echoed in the response, and kept with it)."""
 READABLE = {"input_text": "text", "output_text": "text", "text": "text", "summary_text": "text", "refusal": "refusal"}
 """The content parts read as text, and the key of each one's text."""
 
@@ -72,16 +74,35 @@ class ResponsesTurn(TurnRequest):
     """A namespaced function's name as the model sees it -> (namespace, name)."""
 
 
+def check_metadata(metadata: Any) -> None:
+    """`metadata` as the API takes it: at most 16 pairs of strings, keys of at most 64 characters, values of 512."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict) or len(metadata) > METADATA_PAIRS:
+        raise GatewayError(f"metadata: at most {METADATA_PAIRS} key-value pairs (an object)", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS or not isinstance(value, str) or len(value) > METADATA_VALUE_CHARS:
+            raise GatewayError(f"metadata.{clip(key, 40)}: keys of at most {METADATA_KEY_CHARS} characters, values "
+                               f"strings of at most {METADATA_VALUE_CHARS}", param="metadata")  # fmt: skip
+
+
 def _text(parts: Any, where: str) -> str:
     return parts_text(parts, where, READABLE)
 
 
-def input_messages(items: str | list[dict[str, Any]], ignored: list[str], reasoning: bool) -> list[dict[str, Any]]:
+def input_messages(
+    items: str | list[dict[str, Any]],
+    ignored: list[str],
+    reasoning: bool,
+    issued: Callable[[str], dict[str, Any] | None] = lambda item_id: None,
+) -> list[dict[str, Any]]:
     """Input items as chat messages; the consecutive items of an assistant turn (its message, reasoning and calls)
     as one assistant message. Reasoning items become the turn's `reasoning_content` when the chat template shows
-    it (`reasoning`), else they are left out and told."""
+    it (`reasoning`), else they are left out and told. An `item_reference` is the item the gateway issued under
+    that id (`issued`: a kept response's output item, of the same key and sample), or a one-line 404."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
+    items = [_referenced(item, i, issued) for i, item in enumerate(items)]
     messages: list[dict[str, Any]] = []
 
     def assistant() -> dict[str, Any]:
@@ -128,6 +149,18 @@ def input_messages(items: str | list[dict[str, Any]], ignored: list[str], reason
             raise GatewayError(f"{where}.type: {clip(str(kind), 40)} is not supported by this gateway (messages, "
                                "function_call, function_call_output and reasoning are)", param=where)  # fmt: skip
     return messages
+
+
+def _referenced(item: Any, index: int, issued: Callable[[str], dict[str, Any] | None]) -> Any:
+    if not isinstance(item, dict) or item.get("type") != "item_reference":
+        return item
+    item_id = item.get("id")
+    found = issued(item_id) if isinstance(item_id, str) else None
+    if found is None:
+        raise GatewayError(f"input[{index}]: no item {clip(str(item_id), 60)!r} was issued to this agent (an "
+                           "item_reference names an output item of a response kept with store: true)", 404,
+                           param=f"input[{index}]", kind="not_found_error")  # fmt: skip
+    return found
 
 
 def chat_tools(tools: list[dict[str, Any]], ignored: list[str], namespaces: dict[str, tuple[str, str]]) -> list[dict]:
@@ -179,6 +212,7 @@ class Responses(Protocol):
     def parse(self, body, gateway, sample) -> ResponsesTurn:
         req = ResponsesRequest.model_validate(body)
         unsupported(req.model_extra, IGNORED)
+        check_metadata((req.model_extra or {}).get("metadata"))
         if req.background:
             raise GatewayError("background: not supported (each response is answered as it is sampled)",
                                param="background")  # fmt: skip
@@ -186,7 +220,9 @@ class Responses(Protocol):
         conversation = []
         if req.previous_response_id:
             conversation = list(gateway.responses.get(req.previous_response_id, sample and sample.id)[1])
-        conversation += input_messages(req.input, ignored, gateway.chat.template_shows_reasoning)
+        owner = sample.id if sample is not None else None
+        conversation += input_messages(req.input, ignored, gateway.chat.template_shows_reasoning,
+                                       lambda item_id: gateway.responses.item(item_id, owner))  # fmt: skip
         namespaces: dict[str, tuple[str, str]] = {}
         tools = chat_tools(req.tools or [], ignored, namespaces)
         instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []

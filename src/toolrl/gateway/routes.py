@@ -208,12 +208,12 @@ def make_app(gateway):
 
     routes = []
     for prefix in ("", "/s/{sample}"):
-        routes += [Route(f"{prefix}/v1{PROTOCOLS[name].path}", endpoint(PROTOCOLS[name]), methods=["POST"])
-                   for name in PROTOCOLS]  # fmt: skip
         for name in PROTOCOLS:
             protocol = PROTOCOLS[name]
-            routes += [Route(f"{prefix}/v1{path}", extra(protocol, handler), methods=[method])
-                       for method, path, handler in protocol.endpoints()]  # fmt: skip
+            for base in (f"{prefix}/v1", prefix) if protocol.without_v1 else (f"{prefix}/v1",):
+                routes.append(Route(f"{base}{protocol.path}", endpoint(protocol), methods=["POST"]))
+                routes += [Route(f"{base}{path}", extra(protocol, handler), methods=[method])
+                           for method, path, handler in protocol.endpoints()]  # fmt: skip
         routes += [
             Route(f"{prefix}/v1/completions", completions_route, methods=["POST"]),
             Route(f"{prefix}/v1/models", extra(chat, models), methods=["GET"]),
