@@ -7,6 +7,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -293,3 +294,51 @@ def test_an_agent_s_replies_are_capped_by_the_env_s_option_else_by_rollout_max_n
             assert bench.gateway(bench.engine("eval", 0), SamplingParams()).max_new_tokens == ceiling
         finally:
             bench.close()
+
+
+def test_success_is_the_env_s_0_or_1_apart_from_a_reward_on_its_own_scale(tmp_path, tiny_model_dir):
+    """Issue 72: `success` was the raw reward (1.1 seen). It is 1 where the agent ran to its end with a reward of
+    at least env.options.success_at (default 1), else 0; the reward is trained on as the user's function gave it."""
+    from toolrl.envs.agent.env import AgentOutcome
+
+    config = agent_config(
+        tmp_path, tiny_model_dir, "calculator_agent", "env.options.reward=tests.fixtures.agents:bonus_score"
+    )
+    bench = Workbench.load(config)
+    try:
+        trajs = bench.evaluation(num_tasks=4, temperature=0.0)
+        assert all(t.rewards["success"] in (0.0, 1.0) for t in trajs)
+        assert all(t.rewards["success"] == float(t.rewards["reward"] >= 1.0) for t in trajs)
+        assert all(t.reward == t.rewards["reward"] for t in trajs)  # success weighs nothing in the reward
+        task = bench.env.tasks("test")[0]
+        rubric, outcome = bench.env.rubric, AgentOutcome(result=f"it is {task.answer}", calls=[
+            {"name": "calculator", "arguments": {}, "result": "ok"}])  # fmt: skip
+        reward, parts = rubric.score(SimpleNamespace(episode=outcome), task)
+        assert parts == {"reward": 1.1, "success": 1.0} and reward == 1.1
+        failed = AgentOutcome(error="the agent exited with 3", cause="exit_3")
+        assert rubric.score(SimpleNamespace(episode=failed), task)[1] == {"reward": 0.0, "success": 0.0}
+    finally:
+        bench.close()
+    higher = Workbench.load(agent_config(tmp_path, tiny_model_dir, "calculator_agent", "env.options.success_at=2",
+                                         "env.options.reward=tests.fixtures.agents:bonus_score"))  # fmt: skip
+    try:
+        outcome = AgentOutcome(result=f"it is {task.answer}", calls=[{"name": "calculator", "result": "ok"}])
+        assert higher.env.rubric.score(SimpleNamespace(episode=outcome), task)[1] == {"reward": 1.1, "success": 0.0}
+    finally:
+        higher.close()
+
+
+def test_a_run_in_which_every_agent_failed_in_every_step_exits_2_without_a_final_model(tmp_path, tiny_model_dir):
+    """Issue 72: with fewer steps than max_failed_steps, such a run exited 0 and wrote `final` as if it had trained."""
+    program = str(ROOT / "tests" / "fixtures" / "agent_program.py")
+    agent = ["--set", f"env.options.command=[{sys.executable}, {program}, typo]", "--set", "train.steps=2"]
+    done = subprocess.run(train_command(tmp_path, tiny_model_dir, agent), cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: env agent: every agent failed in each of the run's 2 rollouts (the last: every "
+                           "agent failed (4 of 4: 4 HTTP 404)")  # fmt: skip
+    assert "no final model is written" in line
+    run = tmp_path / "runs" / "run"
+    assert not (run / "final").exists()
+    assert json.loads((run / "status.json").read_text())["state"] == "failed"

@@ -45,6 +45,14 @@ class AgentRollout:
         self.stats = env.counts.stats
         self.failed_in_a_row = 0
         """Rollouts in a row in which every agent failed."""
+        self.rollouts = 0
+        self.last_failure = ""
+
+    def nothing_trained(self) -> str | None:
+        if not self.rollouts or self.failed_in_a_row < self.rollouts:
+            return None
+        return (f"env agent: every agent failed in each of the run's {self.rollouts} rollouts (the last: "
+                f"{self.last_failure}); nothing was trained and no final model is written: fix the agent")  # fmt: skip
 
     def refuse_long_prompts(self, tasks: Sequence[Task], context: int) -> None:
         """The agent writes its own prompts: the gateway refuses one past the context, per request."""
@@ -85,6 +93,7 @@ class AgentRollout:
         """A warning when every agent failed (its most common cause, an example line), and the run stopped after
         env.options.max_failed_steps such rollouts in a row."""
         failed = [o for o in outcomes if o.error is not None]
+        self.rollouts += 1
         if not failed or len(failed) < len(outcomes):
             self.failed_in_a_row = 0
             if failed:
@@ -95,6 +104,7 @@ class AgentRollout:
         example = next(o.example for o in failed if o.cause == top)
         told = f"every agent failed ({len(failed)} of {len(outcomes)}: {_causes(failed)}); e.g. {clip(example, 300)}"
         log.warning("env agent: %s", told)
+        self.last_failure = told
         limit = self.env.options.max_failed_steps
         if limit and self.failed_in_a_row >= limit:
             raise ToolRLError(f"env.options.max_failed_steps: {told}, in {self.failed_in_a_row} rollouts in a row; "

@@ -126,6 +126,11 @@ class Rollout:
         instructions = getattr(self.parser, "instructions", None)  # the parser's own call syntax
         return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
 
+    def nothing_trained(self) -> str | None:
+        """Why the run's rollouts gave it nothing to learn from (a run stops with it before writing a final model),
+        or None. Every rollout of this loop is its model's own turns."""
+        return None
+
     def refuse_long_prompts(self, tasks: Sequence[Task], context: int) -> None:
         """Before anything runs: a task whose prompt (its messages, the tool schemas it offers, the call syntax)
         leaves no room in the model's context for one generated token is a DataError naming it. Each task counts

@@ -27,7 +27,7 @@ from toolrl import distributed, seeds
 from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from toolrl.algos.mismatch import Mismatch
 from toolrl.config.resolve import plugin_options
-from toolrl.errors import ConfigError
+from toolrl.errors import ConfigError, ToolRLError
 from toolrl.memory import meter, trim
 from toolrl.models.policy import (
     PolicyState,
@@ -308,6 +308,8 @@ class Trainer:
                 if t.save_every and step % t.save_every == 0 and step < t.steps:
                     self.save_checkpoint()
             else:
+                if why := self.rollout.nothing_trained():
+                    raise ToolRLError(why)
                 self._finish(summary)
         except BaseException as exc:
             stopped = isinstance(exc, KeyboardInterrupt)

@@ -61,6 +61,9 @@ class AgentOptions(AgentRunOptions):
     TOOLRL_TASK (JSON) and TOOLRL_QUESTION set; its result is the last line of its output (JSON when it parses)."""
     reward: str
     """`package.module:function`: f(task, result, calls) -> float, calls as [{"name", "arguments", "result"}]."""
+    success_at: float = 1.0
+    """A sample succeeds (`success`: 1, else 0) when the agent ran to its end and its reward is at least this; the
+    reward itself, whatever its scale, is what is trained on."""
 
     @model_validator(mode="after")
     def one_agent(self) -> AgentOptions:
@@ -106,6 +109,8 @@ class AgentOutcome:
     seconds: float = 0.0
     cause: str = ""
     example: str = ""
+    score: float | None = None
+    """The user's reward on it, once scored (the success criterion reads it: the reward function runs once)."""
 
     @classmethod
     def failed(cls, exc: BaseException, timeout_s: float) -> AgentOutcome:
@@ -132,7 +137,22 @@ class AgentReward:
         outcome = trajectory.episode
         if not isinstance(outcome, AgentOutcome) or outcome.error is not None:
             return 0.0
-        return float(self.score(task, outcome.result, outcome.calls))
+        if outcome.score is None:
+            outcome.score = float(self.score(task, outcome.result, outcome.calls))
+        return outcome.score
+
+
+class AgentSuccess:
+    """1 where the agent ran to its end and its reward is at least `at` (env.options.success_at), else 0."""
+
+    def __init__(self, reward: AgentReward, at: float):
+        self.reward, self.at = reward, at
+
+    def __call__(self, trajectory, task: Task) -> float:
+        outcome = trajectory.episode
+        if not isinstance(outcome, AgentOutcome) or outcome.error is not None:
+            return 0.0
+        return float(self.reward(trajectory, task) >= self.at)
 
 
 @register_env("agent")
@@ -149,7 +169,8 @@ class AgentEnv(Environment):
         self.agent = import_target("env.options.agent", options.agent) if options.agent else None
         score = import_target("env.options.reward", options.reward)
         self.counts = AgentReward(score)
-        self.rubric = Rubric([Criterion("reward", self.counts, 1.0)], success="reward")
+        success = Criterion("success", AgentSuccess(self.counts, options.success_at), 0.0)  # 0/1, apart from the reward
+        self.rubric = Rubric([Criterion("reward", self.counts, 1.0), success], success="success")
         self.splits = TaskSplits(config)
 
     def tasks(self, split: str) -> list[Task]:
