@@ -6,8 +6,10 @@ the engine's prefill_tokens, with the tokens one pass gives."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -167,3 +169,55 @@ def test_the_ceiling_on_max_tokens_is_honoured_logged_when_it_cuts_and_every_req
     assert lines[3].startswith("GET /v1/models chat 401 in 0 out 0")
     assert lines[4].startswith("GET /v1/x") and "injected chat 404 in 0" in lines[4] and "\n" not in lines[4]
     assert not any(gateway.key in line or "secret" in line or "wrong" in line for line in lines)
+
+
+class Cut(RulePolicy):
+    """One whole call, then a second one the token cap cut (ended False)."""
+
+    TEXT = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 2"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "calculator", "argu')  # fmt: skip
+
+    def __init__(self, chat):
+        super().__init__(chat, lambda context, params: "")
+
+    async def generate(self, seq, tokens, params):
+        ids = self.chat.encode(self.TEXT)
+        return Sampled(ids, [-0.5] * len(ids), False)
+
+
+def test_a_call_the_cap_cut_is_dropped_and_counted_and_parsed_markup_never_reaches_content(chat):
+    """Issue 72: a forced call with parallel calls allowed let the grammar start a second call that the cap cut; the
+    reply carried the raw <tool_call> markup as content beside the parsed tool_calls. Whole and streamed."""
+    gateway = Gateway(Cut(chat), chat, get_parser("hermes"), "tiny", max_new_tokens=64).start()
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    body = {"messages": [{"role": "user", "content": "2 + 2?"}], "tools": tools}
+    try:
+        message = post(gateway, body).json()["choices"][0]["message"]
+        assert not message["content"] and [c["function"]["name"] for c in message["tool_calls"]] == ["calculator"]
+        assert gateway.stats["calls_cut"] == 1
+        streamed = httpx.post(f"{gateway.base_url()}/chat/completions", json={"model": "m", **body, "stream": True},
+                              headers={"Authorization": f"Bearer {gateway.key}"}, timeout=60)  # fmt: skip
+        chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        named = [t["function"].get("name") for c in chunks if c["choices"]
+                 for t in c["choices"][0]["delta"].get("tool_calls") or []]  # fmt: skip
+        assert "<tool_call>" not in text and [n for n in named if n] == ["calculator"]
+        assert gateway.stats["calls_cut"] == 2
+    finally:
+        gateway.stop()
+
+
+def test_a_forced_call_s_grammar_ends_after_one_call_unless_several_are_asked_for():
+    from toolrl.gateway.constraints import turn_grammar
+    from toolrl.gateway.turns import ToolChoice, TurnRequest
+
+    syntax = get_parser("hermes")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    engine = SimpleNamespace(follows_grammars=True)
+    one, several = syntax.grammar([("f", {"type": "object"})], False), syntax.grammar([("f", {"type": "object"})], True)
+    assert one != several
+    for asked, forced, expected in ((False, True, one), (True, True, several), (False, False, several)):
+        req = TurnRequest([{"role": "user", "content": "x"}], tools=tools, parallel_asked=asked,
+                          tool_choice=ToolChoice("required" if forced else "auto"),
+                          json_schema=None if forced else {"type": "object"})  # fmt: skip
+        assert expected in turn_grammar(req, tools, syntax, engine), (asked, forced)

@@ -111,6 +111,7 @@ class ChatCompletions(Protocol):
             tools=list(req.tools or []),
             tool_choice=tool_choice(req.tool_choice),
             parallel_tool_calls=req.parallel_tool_calls is not False,
+            parallel_asked=req.parallel_tool_calls is True,
             json_schema=json_format(req.response_format, "response_format"),
             stop=req.stops(),
             max_tokens=req.max_completion_tokens or req.max_tokens,

@@ -37,7 +37,8 @@ def turn_grammar(req: TurnRequest, schemas: list[dict[str, Any]], syntax: CallSy
                                "call cannot be forced; use hermes, llama3-json or search-r1",
                                param=param)  # fmt: skip
         try:
-            rules.append(syntax.grammar(tools, req.parallel_tool_calls))
+            several = req.parallel_tool_calls and (req.parallel_asked or not choice.forced)  # a forced call: one,
+            rules.append(syntax.grammar(tools, several))  # unless several are asked for (a second one cut at the cap)
         except ValueError as exc:
             raise GatewayError(f"tool_choice: {exc}", param="tool_choice") from None
         alternatives.append("calls")

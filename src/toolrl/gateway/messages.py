@@ -169,6 +169,7 @@ class Messages(Protocol):
             tools=chat_tools(req.tools or [], ignored),
             tool_choice=choice,
             parallel_tool_calls=several,
+            parallel_asked=(req.tool_choice or {}).get("disable_parallel_tool_use") is False,
             json_schema=json_format((req.output_config or {}).get("format"), "output_config.format"),
             format_param="output_config.format",
             stop=tuple(req.stop_sequences or ()),

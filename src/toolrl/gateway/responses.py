@@ -235,6 +235,7 @@ class Responses(Protocol):
             tools=tools,
             tool_choice=tool_choice(choice),
             parallel_tool_calls=req.parallel_tool_calls is not False,
+            parallel_asked=req.parallel_tool_calls is True,
             json_schema=json_format((req.text or {}).get("format"), "text.format"),
             format_param="text.format",
             max_tokens=req.max_output_tokens,

@@ -345,6 +345,8 @@ class Gateway:
             traj.num_format_errors += parsed.not_run
             traj.num_tool_calls += len(parsed.calls)
             self.stats["format_errors"] += parsed.not_run
+        self.stats["calls_cut"] += presenter.cut_calls  # dropped from the reply: counted, as format errors are
+        self.stats["calls_past_limit"] += presenter.calls_past_limit
         segment.calls.update({c.id: c.call for c in presenter.calls if c.call is not None})
         finish = "stop_sequence" if cut else "length" if not ended else "tool_calls" if presenter.calls else "stop"
         asked = req.max_tokens or self.context_length

@@ -109,6 +109,10 @@ class TurnText:
         self._arguments: list[str] = []
         self.format_breaks = 0
         """Streamed calls that broke after their arguments began."""
+        self.cut_calls = 0
+        """Calls the end of the turn cut before their closing (the token cap): dropped, never shown as text."""
+        self.calls_past_limit = 0
+        """Whole calls past max_calls: dropped, never shown as text."""
         self._state, self._pos, self._head = "text", 0, 0
         self._scanner: _ArgumentsScanner | None = None
 
@@ -177,10 +181,17 @@ class TurnText:
             call.call = ToolCall(call.name, value) if isinstance(value, dict) else None
 
     def _judge(self, block: str) -> list[Event]:
-        """A framed span that did not stream as a call: its calls when it parses whole, else its text."""
+        """A framed span that did not stream as a call: its calls when it parses whole; dropped (and counted) when
+        the turn's end cut it or its calls are past max_calls; else (a malformed call) its text."""
+        assert self.framing is not None
+        if self.framing.closing not in block:
+            self.cut_calls += 1
+            return []
         parsed = self.syntax(block, self.tools)
-        if parsed.calls and not parsed.errors and len(self.calls) + len(parsed.calls) <= self.max_calls:
-            return [event for call in parsed.calls for event in self._whole_call(call)]
+        if parsed.calls and not parsed.errors:
+            room = max(self.max_calls - len(self.calls), 0)
+            self.calls_past_limit += max(len(parsed.calls) - room, 0)
+            return [event for call in parsed.calls[:room] for event in self._whole_call(call)]
         return self._say(block)
 
     def _advance(self, visible: str) -> list[Event]:
@@ -236,14 +247,21 @@ class TurnText:
     def _whole(self, text: str) -> list[Event]:
         """The turn judged at once: its calls when it has any (the text outside them beside, where the syntax
         frames them; all of it when a call is malformed), else its text."""
-        parsed = self.syntax(text, self.tools).within(self.max_calls) if self.tools else None
+        framing = self.framing
+        if framing is not None and (at := text.rfind(framing.opening)) >= 0 and framing.closing not in text[at:]:
+            self.cut_calls += 1  # the turn's end cut its last call: dropped, not shown as text
+            text = text[:at].rstrip()
+        parsed = self.syntax(text, self.tools) if self.tools else None
+        if parsed is not None:
+            self.calls_past_limit += max(len(parsed.calls) - self.max_calls, 0)
+            parsed = parsed.within(self.max_calls)
         if parsed is None or not parsed.calls:
             events = self._say(text)
         else:
-            if parsed.errors:
+            if framing is not None:  # the parsed calls' markup never reaches the text
+                events = self._say(_outside(text, framing).strip())
+            elif parsed.errors:
                 events = self._say(text)
-            elif self.framing is not None:
-                events = self._say(_outside(text, self.framing).strip())
             else:
                 events = []
             for call in parsed.calls:

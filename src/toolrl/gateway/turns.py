@@ -54,6 +54,9 @@ class TurnRequest:
     parameters}})."""
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
+    parallel_asked: bool = False
+    """The client asked for several calls in so many words (parallel_tool_calls: true; Anthropic's
+    disable_parallel_tool_use: false): only then may a forced call's grammar go on past its first call."""
     json_schema: dict[str, Any] | None = None
     """The reply must be JSON under this schema (response_format / text.format / output_config.format)."""
     format_param: str = "response_format"
