@@ -221,3 +221,38 @@ def test_a_forced_call_s_grammar_ends_after_one_call_unless_several_are_asked_fo
                           tool_choice=ToolChoice("required" if forced else "auto"),
                           json_schema=None if forced else {"type": "object"})  # fmt: skip
         assert expected in turn_grammar(req, tools, syntax, engine), (asked, forced)
+
+
+def test_a_served_client_that_hangs_up_stops_its_sampling_within_a_second(tiny_model, tokenizer, chat):
+    """Issue 72: generation ran to its end for a client that was gone (one dropped 512-token stream kept a core busy
+    ~5 minutes). A served request whose client hangs up, whole or streamed, is cancelled: the engine drops it after
+    the step under way, and decodes nothing more."""
+    hf = HFEngine(tiny_model, [], tokenizer.pad_token_id, torch.device("cpu"), tokenizer=tokenizer)  # no end: runs
+    gateway = Gateway(hf, chat, get_parser("hermes"), "tiny", max_new_tokens=100_000, context_length=100_000).start()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50_000}
+    headers = {"Authorization": f"Bearer {gateway.key}"}
+    try:
+        for stream in (False, True):
+            url, timed_out = f"{gateway.base_url()}/chat/completions", False
+            try:
+                with httpx.stream("POST", url, json={**body, "stream": stream}, headers=headers,
+                                  timeout=httpx.Timeout(60, read=1.0)) as reply:  # fmt: skip
+                    for _ in reply.iter_bytes():
+                        break  # streamed: its first events, then the client hangs up
+            except httpx.TimeoutException:
+                timed_out = True  # whole: nothing for a second, then the client hangs up
+            assert timed_out is not stream
+            gone = False
+            for _ in range(30):  # within a second or so of the hang-up (POLL_S, then the step under way)
+                threading.Event().wait(0.1)
+                if not hf.requests:
+                    gone = True
+                    break
+            assert gone, "the engine still samples for a client that is gone"
+            decoded = hf.stats["decoded_tokens"]
+            threading.Event().wait(0.5)
+            assert hf.stats["decoded_tokens"] == decoded and hf.stats["cancelled"] == 1 + stream
+        assert gateway.stats["client_gone"] == 2
+    finally:
+        gateway.stop()
+        hf.close()

@@ -53,7 +53,7 @@ def parse_body(raw: bytes) -> Any:
 def make_app(gateway):
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     chat = PROTOCOLS["chat"]
@@ -143,7 +143,11 @@ def make_app(gateway):
                 events = protocol.stream(gateway, work, counted(request, protocol.name, work, gateway.events(work)))
                 return StreamingResponse(events, media_type="text/event-stream", headers=headers)
             try:
-                turns = await gateway.run(work)
+                turns = await (gateway.run(work) if sample is not None else unless_gone(request, gateway.run(work)))
+            except ClientGone:
+                gateway.stats["client_gone"] += 1
+                told(request, protocol.name, 499, work.prompt_tokens)
+                return Response(status_code=499)  # no one reads it: its sampling stopped within POLL_S
             except GatewayError as exc:
                 return failed(protocol, exc, request, sample)
             except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
@@ -175,7 +179,12 @@ def make_app(gateway):
         if refusal is not None:
             return failed(chat, refusal, request, sample)
         try:
-            req, reply = await complete(gateway, await body_of(request), sample)
+            completing = complete(gateway, await body_of(request), sample)
+            req, reply = await (completing if sample is not None else unless_gone(request, completing))
+        except ClientGone:
+            gateway.stats["client_gone"] += 1
+            told(request, "completions", 499)
+            return Response(status_code=499)
         except ValidationError as exc:
             return failed(chat, validation_error(exc), request, sample)
         except GatewayError as exc:
@@ -227,6 +236,29 @@ def make_app(gateway):
         return await unknown(request)
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: unmatched})
+
+
+POLL_S = 0.2
+"""How often a served request that is being sampled checks that its client is still there."""
+
+
+class ClientGone(Exception):
+    """The client of a request being sampled hung up."""
+
+
+async def unless_gone(request, coro):
+    """`coro`'s result, or ClientGone (its work cancelled: the engine drops the sequence after its step under way)
+    once the client of `request` has hung up (checked every POLL_S)."""
+    task = asyncio.ensure_future(coro)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise ClientGone
 
 
 def told(request, protocol: str, status: int, tokens_in: int = 0, tokens_out: int = 0) -> None:

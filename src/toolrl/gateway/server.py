@@ -375,8 +375,9 @@ class Gateway:
 
     async def events(self, work: TurnWork) -> AsyncIterator[Event]:
         """Sample every choice, yielding its events as its tokens come (text deltas, calls as they begin and their
-        arguments), then each choice's TurnDone. The turns are recorded whether or not the stream is read to
-        its end (a client that hangs up loses nothing from the capture)."""
+        arguments), then each choice's TurnDone. Under a capture the turns are recorded whether or not the stream is
+        read to its end (an agent that hangs up loses nothing from its sample); a served request whose client hung
+        up is cancelled (the engine drops it after the step under way)."""
         queue: asyncio.Queue = asyncio.Queue()
 
         async def one(index: int) -> None:
@@ -397,9 +398,16 @@ class Gateway:
         job = asyncio.ensure_future(every())
         job.add_done_callback(lambda _: queue.put_nowait(None))
         job.add_done_callback(lambda j: j.cancelled() or j.exception())  # seen, if the client left before the end
-        while (batch := await queue.get()) is not None:
-            for event in batch:
-                yield event
+        finished = False
+        try:
+            while (batch := await queue.get()) is not None:
+                for event in batch:
+                    yield event
+            finished = True
+        finally:
+            if not finished and not job.done() and work.sample is None:  # a served client hung up: its sampling
+                job.cancel()  # stops (a captured sample's goes on: the agent's trajectory needs its turn)
+                self.stats["client_gone"] += 1
         job.result()  # a failure: raised here, for the protocol to write as its stream's error
 
     def _done(self, work: TurnWork) -> None:

@@ -67,6 +67,8 @@ class _Request:
     told: int = 0  # how many of out.ids on_tokens has heard
     guide: TurnGuide | None = None
     """Its stop strings and grammar (rollout/guidance.py), when it has any."""
+    cancelled: bool = False
+    """Its caller stopped waiting: dropped after the step under way."""
 
     def tell(self) -> None:
         if self.on_tokens is not None and len(self.out.ids) > self.told:
@@ -150,10 +152,16 @@ class HFEngine(PrefixSharing, Engine):
             if self.vocabulary is None:
                 raise RuntimeError("this HFEngine has no tokenizer: stop strings and grammars need one")
             guide = TurnGuide(self.vocabulary, params.stop, params.grammar)
-        self.requests[seq] = _Request(seq, list(tokens), params, future, on_tokens=on_tokens, guide=guide)
+        request = _Request(seq, list(tokens), params, future, on_tokens=on_tokens, guide=guide)
+        self.requests[seq] = request
         if self._driver is None or self._driver.done():
             self._driver = loop.create_task(self._drive())
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:  # its caller is gone (a client that hung up): out of the batch after this
+            request.cancelled = True  # step, its slot freed, no more steps for it
+            self.stats["cancelled"] += 1
+            raise
 
     def run(self, coro):
         return self._worker.run(coro)
@@ -243,6 +251,10 @@ class HFEngine(PrefixSharing, Engine):
                         request.future.set_exception(exc)
                 raise
             for request in batch:
+                if request.cancelled:
+                    del self.requests[request.seq]
+                    self.release(request.seq)
+                    continue
                 request.tell()  # a streaming request hears this step's tokens now, on the event loop
                 if request.done:
                     del self.requests[request.seq]
