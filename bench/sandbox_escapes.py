@@ -385,6 +385,14 @@ def _attempts(host: _Host, limits: SandboxLimits, follow_up: Callable[[], str]) 
             f"print(open('/proc/{host.victim.pid}/cmdline').read())",
             printed(f"3601.{token}"),
         ),
+        (
+            "read the host's cgroup paths (/proc/self/cgroup)",
+            "print(open('/proc/self/cgroup').read())",
+            lambda output: (
+                any(not line.endswith(":/") for line in output.split() if line) or "::/" not in output,
+                " ".join(output.split())[-200:],
+            ),  # its own cgroup is its root: every path "/"
+        ),
     ]
 
 
@@ -467,6 +475,7 @@ ATTEMPTS = (
     "connect to a host abstract unix socket",
     "trace a host process (ptrace)",
     "read the host's processes through /proc",
+    "read the host's cgroup paths (/proc/self/cgroup)",
 )
 """The attempts' names, in the order they run (the tests make one test of each)."""
 

@@ -35,13 +35,14 @@ def bad_configs(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["train.kl.teacher=/no/such/teacher", "train.kl.coef=0.1"], "train.kl.teacher: model folder"),
         (["train.warm_start=true", "sft.source=file"], "sft.file: sft.source is file"),
         (["train.warm_start=true", "sft.source=file", "sft.file=/no/such.jsonl"], "sft.file: /no/such.jsonl"),
+        (["model.name=" + "m" * 5000], "is not a folder that can be looked up (File name too long)"),  # was an OSError
     ]
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_a_bad_config_fails_in_one_line_before_loading_and_leaves_no_run_folder(case, tmp_path, monkeypatch, capsys):
     overrides, expected = bad_configs(tmp_path)[case]
-    out = tmp_path / "runs"
+    out = tmp_path / "runs" / "nested"
     if not any(o.startswith("output_dir=") for o in overrides):
         overrides = [f"output_dir={out}", *overrides]
     monkeypatch.setattr(sys, "argv", ["toolrl", "train", *[a for o in overrides for a in ("--set", o)]])
@@ -50,7 +51,7 @@ def test_a_bad_config_fails_in_one_line_before_loading_and_leaves_no_run_folder(
     err = capsys.readouterr().err
     (line,) = err.strip().splitlines()
     assert exited.value.code == 2 and line.startswith("error: ") and expected in line, line
-    assert not out.exists() or not any(out.iterdir())  # no run folder left behind
+    assert not (tmp_path / "runs").exists()  # no folder left behind, not even an empty one (issue 72)
 
 
 def test_the_checks_come_before_torch_is_imported(tmp_path):
@@ -132,3 +133,14 @@ def test_a_run_name_that_is_not_one_folder_name_is_refused_and_nothing_is_writte
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2 and line.startswith(f"error: {config}: run_name: ") and "one folder name" in line
     assert sorted(tmp_path.rglob("*")) == before  # no run folder, inside output_dir or out of it
+
+
+@pytest.mark.parametrize("command", [["env", "check"], ["train"], ["eval"]])
+def test_a_config_name_the_system_cannot_look_up_is_one_line(command, monkeypatch, capsys):
+    """Issue 72: `toolrl env check` with a 10,000-character name printed an OSError traceback."""
+    monkeypatch.setattr(sys, "argv", ["toolrl", *command, "a" * 10_000])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and line.startswith("error: config file aaaa") and "File name too long" in line
+    assert len(line) < 300

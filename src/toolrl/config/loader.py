@@ -12,6 +12,7 @@ import yaml
 from toolrl.config.schema import RunConfig
 from toolrl.errors import ConfigError
 from toolrl.files import YAMLSyntaxError, load_yaml, read_text
+from toolrl.text import clip
 
 DEFAULT_CONFIG = "default.yaml"
 
@@ -24,8 +25,15 @@ def read_config_data(path: Path | None) -> dict[str, Any]:
     if path is None:
         text, where = default_config_text(), "the default config"
     else:
-        if not path.exists():
-            raise ConfigError(f"config file {path} does not exist; pass a YAML file or omit it for the default")
+        try:
+            found = path.is_file()
+        except OSError as exc:  # a name the system cannot look up (too long, ...)
+            raise ConfigError(f"config file {clip(str(path), 80)}: {exc.strerror or exc}; pass a YAML file or omit "
+                              "it for the default") from None  # fmt: skip
+        if not found:
+            what = "is not a file" if path.exists() else "does not exist"
+            raise ConfigError(f"config file {clip(str(path), 80)} {what}; pass a YAML file or omit it for the "
+                              "default")  # fmt: skip
         text, where = read_text(path, "config file"), str(path)
     return config_data(text, where)
 

@@ -64,11 +64,17 @@ def _files(cfg: RunConfig) -> None:
 
 @register_preflight("output_dir")
 def _output_dir(cfg: RunConfig) -> None:
-    """The run directory can be made: output_dir is (or can become) a writable folder."""
+    """The run directory can be made: output_dir is (or can become) a writable folder. Nothing is made here: a run
+    refused by a later check leaves no folder behind (the folder, or its nearest existing parent, is written to
+    with a temporary file that is gone at once)."""
     out = Path(cfg.output_dir).expanduser()
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
+        there = out
+        while not there.exists() and there != there.parent:
+            there = there.parent
+        if there.exists() and not there.is_dir():
+            raise NotADirectoryError(20, "a file is in the way", str(there))
+        with tempfile.TemporaryFile(dir=there):
             pass
     except OSError as exc:
         raise ConfigError(

@@ -123,7 +123,13 @@ def resolve_model(name: str, key: str = "model.name") -> Path:
     if name in EMBEDDED:
         return convert_embedded(name, toolrl_home() / "models" / name)
     path = Path(name).expanduser()
-    if path.exists():
+    try:
+        there = path.exists()
+    except OSError as exc:  # a name the system cannot look up (too long, ...): no folder, and no hub id either
+        why = exc.strerror or str(exc)
+        raise ModelNotFoundError(f"{key}: {clip(name, 80)!r} is not a folder that can be looked up ({why}) nor an "
+                                 f"embedded model ({', '.join(EMBEDDED)})") from None  # fmt: skip
+    if there:
         if _is_model_dir(path):
             return check_weights(path)
         raise ModelNotFoundError(

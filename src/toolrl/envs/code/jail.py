@@ -2,7 +2,7 @@
 network, IPC and UTS namespaces (made by util-linux `unshare`), build a root of read-only binds on a tmpfs,
 pivot into it, detach the old root, then run the command as the child of an init that stays (see `supervise`).
 
-    unshare [--user --map-root-user] --mount --pid --fork --net --ipc --uts --kill-child -- \
+    unshare [--user --map-root-user] --mount --pid --fork --net --ipc --uts --cgroup --kill-child -- \
         python -I jail.py SPEC_JSON -- COMMAND...
 
 SPEC_JSON: {"root": mount point, "ro": [paths bound read-only], "tmpfs": {"path": "/sandbox", "size": bytes}

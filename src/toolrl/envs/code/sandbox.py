@@ -177,7 +177,7 @@ def _unshare(env: dict[str, str], root: bool, disk_bytes: int, mount_point: str)
         "env": env,
     }
     user = [] if root else ["--user", "--map-root-user"]
-    namespaces = ["--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "--kill-child"]
+    namespaces = ["--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "--cgroup", "--kill-child"]
     return ["unshare", *user, *namespaces, "--", PYTHON, "-I", str(JAIL), json.dumps(spec), "--"]
 
 
