@@ -127,7 +127,8 @@ def test_a_hung_call_returns_at_its_deadline_and_the_server_keeps_serving(server
     ex = ToolExecutor(server.tools(), policies={"srv.slow": ToolPolicy(timeout_s=1.0, retries=3)})
     started = time.monotonic()
     hung, added = run(ex.invoke_all([ToolCall("srv.slow", {"seconds": 60}), ToolCall("srv.add", {"a": 1, "b": 2})]))
-    assert hung.outcome == "timeout" and hung.content == "Error: srv.slow timed out after 1 s"
+    assert hung.outcome == "unknown"  # sent to a server that goes on: it may still run there, not a plain timeout
+    assert hung.content == "Error: srv.slow gave no answer within 1 s; it may still run there (outcome unknown)"
     assert time.monotonic() - started < 6 and 1.0 <= hung.latency_s < 4  # the deadline, not the 60 s call
     assert added.content == "3" and ex.metrics["retries"] == 0
 
@@ -246,7 +247,7 @@ def test_a_spare_server_takes_over_a_crash_at_once(tmp_path, spares):
         crash(0)
         after = run(ex.invoke(ToolCall("slow.pid", {})))
         if not spares:
-            assert after.outcome == "timeout"
+            assert after.outcome == "unknown"
             return
         assert after.outcome == "ok" and after.content != first and after.latency_s < 0.5
         if spares == 2:  # at once again: the second spare, while the first one's replacement starts

@@ -13,8 +13,8 @@ from toolrl.tools import ToolCall
 from toolrl.tools.toolset import run_executor
 
 
-def executor_for(tmp_path, processes: int, *extra_args: str, hedge: float | None = 0.3):
-    entry = mcp_server_entry("add", "freeze", "crash", "note", processes=processes, hedge_after_s=hedge)
+def executor_for(tmp_path, processes: int, *extra_args: str, hedge: float | None = 0.3, **more):
+    entry = mcp_server_entry("add", "freeze", "crash", "note", processes=processes, hedge_after_s=hedge, **more)
     entry["args"] += list(extra_args)
     config = write_tool_config(tmp_path / f"tools-{processes}.json", {"srv": entry})
     return run_executor([], ToolsConfig(file=str(config), timeout_s=2.0, max_concurrency=32), tmp_path)
@@ -47,7 +47,7 @@ def test_a_frozen_sibling_fails_the_healthy_calls_of_one_process_and_none_of_a_p
         wait_until_up(toolset)
         outcomes = healthy_beside(executor, ToolCall("srv.freeze", {"seconds": 4}))
         if processes == 1:
-            assert outcomes.count("timeout") == len(outcomes)  # why the pool is the default
+            assert outcomes.count("unknown") == len(outcomes)  # why the pool is the default (sent: may yet run)
         else:
             assert outcomes == ["ok"] * len(outcomes), outcomes
     finally:
@@ -83,5 +83,26 @@ def test_a_call_not_safe_to_repeat_is_never_sent_twice(tmp_path):
         assert all(r.outcome == "ok" for r in asyncio.run(notes()))
         assert sorted(marker.read_text().split()) == sorted(f"n{i}" for i in range(20))  # each ran once
         assert toolset.servers["srv"].hedged == 0
+    finally:
+        toolset.close()
+
+
+@pytest.mark.parametrize("where", ["tool", "server", "hints"])
+def test_the_user_s_retry_false_wins_over_the_server_s_hints_for_copies_too(tmp_path, where):
+    """Issue 72: `retry: false` in the config (on a tool or on its server) was ignored by the pool in favour of the
+    server's readOnlyHint/idempotentHint (58 of 72 appends ran twice). `add` claims readOnlyHint here; a frozen
+    sibling makes its calls wait: copied to the other process only where the config leaves it to the hints."""
+    more = {"tool": {"policies": {"add": {"retry": False}}}, "server": {"policy": {"retry": False}}, "hints": {}}
+    executor, toolset = executor_for(tmp_path, 2, hedge=0.05, **more[where])
+    try:
+        wait_until_up(toolset)
+        pool = toolset.servers["srv"]
+        assert pool._safe["add"] is (where == "hints")
+        outcomes = healthy_beside(executor, ToolCall("srv.freeze", {"seconds": 3}))
+        if where == "hints":
+            assert pool.hedged > 0 and outcomes == ["ok"] * len(outcomes)
+        else:
+            assert pool.hedged == 0  # never sent twice: the calls behind the frozen one wait, then are unknown
+            assert set(outcomes) <= {"ok", "unknown"}
     finally:
         toolset.close()

@@ -13,18 +13,22 @@ from typing import Any, Literal
 
 from toolrl.text import clip
 
-Outcome = Literal["ok", "tool_error", "invalid_arguments", "unknown_tool", "timeout", "server_crashed", "transport"]
+Outcome = Literal[
+    "ok", "tool_error", "invalid_arguments", "unknown_tool", "timeout", "unknown", "server_crashed", "transport"
+]
 OUTCOMES: tuple[Outcome, ...] = (
     "ok",
     "tool_error",
     "invalid_arguments",
     "unknown_tool",
     "timeout",
+    "unknown",
     "server_crashed",
     "transport",
 )
-INFRA_FAULTS: frozenset[str] = frozenset({"timeout", "server_crashed", "transport"})
-"""The tool, its server or the way to it failed: not the model's doing."""
+INFRA_FAULTS: frozenset[str] = frozenset({"timeout", "unknown", "server_crashed", "transport"})
+"""The tool, its server or the way to it failed: not the model's doing. `unknown`: a call sent to a process toolrl
+does not stop (an MCP server, an HTTP service) had no answer by its deadline: it may still run there."""
 MODEL_ERRORS: frozenset[str] = frozenset({"unknown_tool", "invalid_arguments"})
 """The model called a tool that does not exist, or with arguments off the tool's schema (format errors, which
 never reach a tool, are counted by the rollout). A tool that raises, ValueError and TypeError included, is a

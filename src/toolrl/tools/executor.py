@@ -169,6 +169,10 @@ class ToolExecutor:
                     value = await self._attempt(tool, arguments, deadline - time.monotonic())
                     return self._result(call, "ok", value, started)
                 except DeadlineExceeded:
+                    if tool.runs_elsewhere:  # sent to a process that goes on: it may yet run there
+                        text = (f"Error: {call.name} gave no answer within {policy.timeout_s:g} s; it may still run "
+                                "there (outcome unknown)")  # fmt: skip
+                        return self._result(call, "unknown", text, started)
                     return self._result(
                         call, "timeout", f"Error: {call.name} timed out after {policy.timeout_s:g} s", started
                     )

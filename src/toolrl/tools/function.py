@@ -121,6 +121,9 @@ class Tool:
     text_only: bool = False
     """Its value arrives as text (an MCP server's result): ToolResult.value is what the text decodes to as
     JSON, as for a tool run in a worker process."""
+    runs_elsewhere: bool = False
+    """Its calls run in a process toolrl does not stop (an MCP server, an HTTP service): one without an answer by its
+    deadline was sent and may still run there, so its outcome is `unknown`, not a plain `timeout`."""
 
     def to_openai(self) -> dict[str, Any]:
         return {

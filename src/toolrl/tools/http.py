@@ -56,4 +56,5 @@ def http_tool(
         check=check,
         idempotent=method in IDEMPOTENT_METHODS,
         isolation="thread",  # bounded by the client's timeouts; the client lives in this process
+        runs_elsewhere=True,
     )

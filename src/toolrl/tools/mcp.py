@@ -371,7 +371,16 @@ class MCPServerConnection:
             log.warning("%s; arguments are not checked before sending", exc)
             check = None
         repeat = safe_to_repeat(spec)
-        return Tool(name, spec.description or spec.name, schema, call, check=check, idempotent=repeat, text_only=True)
+        return Tool(
+            name,
+            spec.description or spec.name,
+            schema,
+            call,
+            check=check,
+            idempotent=repeat,
+            text_only=True,
+            runs_elsewhere=True,
+        )
 
     def close(self) -> None:
         """End the session and the server (stdin closed, then SIGTERM, then SIGKILL, each after a short grace)."""

@@ -4,12 +4,12 @@ spins or crashes in the same process.
 One server process shares its CPU time among every call when the machine is busy, stops answering anything while
 a tool blocks its event loop (an async tool that calls a blocking function), and takes all its calls down when it
 dies. The pool (`processes` of a command server entry, 2 by default) gives each call to the member with the
-fewest calls in flight among those that are up. A call that is safe to repeat (readOnlyHint or
-idempotentHint), has no answer after `hedge_after_s`, and waits behind an older call of its member while that
-member has answered nothing since it was sent (a frozen or starved process) is sent to another member as well:
-the first answer is the call's, the other copy is cancelled. A call that is slow by itself is not copied (a
-call that hangs or spins its server would take a second one down with it), and a call not safe to repeat is
-never sent twice. A member that crashes restarts (or promotes its spare) while the others take the calls; the
+fewest calls in flight among those that are up. A call that is safe to repeat (the tool's `retry` in the config,
+else readOnlyHint or idempotentHint), has no answer after `hedge_after_s`, and waits behind an older call of its
+member while that member has answered nothing since it was sent (a frozen or starved process) is sent to another
+member as well: the first answer is the call's, the other copy is cancelled. A call that is slow by itself is not
+copied (a call that hangs or spins its server would take a second one down with it), and a call not safe to
+repeat is never sent twice. A member that crashes restarts (or promotes its spare) while the others take the calls; the
 executor's deadline bounds every call, copies included.
 """
 
@@ -34,8 +34,17 @@ ANSWERED = (ToolFailed, InvalidArguments)
 class MCPServerPool:
     """`size` connections to processes of one server, made by `make(index)`; lists and calls like one."""
 
-    def __init__(self, name: str, make: Callable[[int], MCPServerConnection], size: int, hedge_after_s: float | None):
+    def __init__(
+        self,
+        name: str,
+        make: Callable[[int], MCPServerConnection],
+        size: int,
+        hedge_after_s: float | None,
+        retry: Callable[[str], bool | None] = lambda tool: None,
+    ):
         self.name = name
+        self.retry = retry
+        """A tool's `retry` in the user's config (None: unset): it wins over the server's hints for copies too."""
         self.members = [make(i) for i in range(size)]
         self.hedge_after_s = hedge_after_s
         self.sent: list[dict[int, float]] = [{} for _ in range(size)]
@@ -59,7 +68,8 @@ class MCPServerPool:
         listed = self.members[0].tools()
         for member in self.members[1:]:
             member.warm()
-        self._safe = {t.name.split(".", 1)[1]: t.idempotent for t in listed}
+        hints = {t.name.split(".", 1)[1]: t.idempotent for t in listed}
+        self._safe = {short: hint if (said := self.retry(short)) is None else said for short, hint in hints.items()}
         return [dataclasses.replace(t, fn=self._caller(t.name.split(".", 1)[1])) for t in listed]
 
     def _caller(self, short: str):

@@ -125,6 +125,13 @@ class ServerEntry(Entry):
     policy: PolicyEntry | None = None
     policies: dict[str, PolicyEntry] = Field(default_factory=dict)
 
+    def retry_of(self, short: str) -> bool | None:
+        """The `retry` the config gives tool `short` (its own policy, else the server's); None where it is unset."""
+        own = self.policies.get(short)
+        if own is not None and own.retry is not None:
+            return own.retry
+        return self.policy.retry if self.policy is not None else None
+
     @model_validator(mode="after")
     def one_kind(self) -> ServerEntry:
         kinds = [k for k in ENTRY_KINDS if getattr(self, k)]
@@ -180,7 +187,10 @@ def _stdio(name: str, entry: ServerEntry, toolset: Toolset) -> list[Tool]:
         return MCPStdioServer(name, entry.command, entry.args, entry.env, entry.cwd, entry.connect_timeout_s,
                               log_path, spare=int(entry.spare))  # fmt: skip
 
-    server = MCPServerPool(name, member, entry.processes, entry.hedge_after_s) if entry.processes > 1 else member(0)
+    if entry.processes > 1:
+        server = MCPServerPool(name, member, entry.processes, entry.hedge_after_s, entry.retry_of)
+    else:
+        server = member(0)
     toolset.servers[name] = server
     return server.tools()
 
