@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -220,7 +221,7 @@ def test_a_forced_call_s_grammar_ends_after_one_call_unless_several_are_asked_fo
         req = TurnRequest([{"role": "user", "content": "x"}], tools=tools, parallel_asked=asked,
                           tool_choice=ToolChoice("required" if forced else "auto"),
                           json_schema=None if forced else {"type": "object"})  # fmt: skip
-        assert expected in turn_grammar(req, tools, syntax, engine), (asked, forced)
+        assert expected in turn_grammar(req, tools, syntax, engine)[0], (asked, forced)
 
 
 def test_a_served_client_that_hangs_up_stops_its_sampling_within_a_second(tiny_model, tokenizer, chat):
@@ -256,3 +257,40 @@ def test_a_served_client_that_hangs_up_stops_its_sampling_within_a_second(tiny_m
     finally:
         gateway.stop()
         hf.close()
+
+
+def test_a_grammar_past_its_compile_budget_is_one_line_400_and_other_clients_are_not_held_up(served):
+    """Issue 72: a json_schema of 500 patternProperties took 22 s and 20-30 s of server CPU for 8 tokens while a
+    client beside it waited 10.3 s (0.13 s alone). The grammar compiles in a worker process killed at the budget."""
+    served.grammar_budget_s = 1.0
+    patterns = {f"^p{i}[a-z]*x{i}$": {"type": "string"} for i in range(500)}
+    schema = {"type": "object", "patternProperties": patterns}
+    costly = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+              "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}  # fmt: skip
+    plain = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    def timed(body) -> tuple[float, httpx.Response]:
+        started = time.perf_counter()
+        reply = post(served, body)
+        return time.perf_counter() - started, reply
+
+    alone = min(timed(plain)[0] for _ in range(3))
+    done = {}
+    thread = threading.Thread(target=lambda: done.update(costly=timed(costly)))
+    thread.start()
+    beside = []
+    while thread.is_alive():
+        beside.append(timed(plain)[0])
+    thread.join()
+    seconds, reply = done["costly"]
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "response_format" and "more than 1 s to compile" in error["message"]
+    assert seconds < 5.0 and served.stats["grammar_over_budget"] == 1
+    assert served._grammar_worker.killed == 1  # its compile stopped, not left burning a core
+    assert beside and max(beside) <= max(1.5, 5 * alone), (beside, alone)
+    small = {**costly, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": dict(list(patterns.items())[:5])}}}}  # fmt: skip
+    served.grammar_budget_s = 5.0  # the default: a new worker's start (the killed one's replacement) fits in it
+    followed = post(served, small)
+    assert followed.status_code == 200, followed.text  # within its budget: compiled and followed

@@ -54,6 +54,7 @@ from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.text import clip
 from toolrl.tools.call import ToolResult
+from toolrl.tools.runners import DeadlineExceeded, ProcessRunner
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,10 @@ MAX_BODY_BYTES = 16 << 20
 holds is a few hundred KB; Claude Code's first request is 85 KB."""
 BODY_TIMEOUT_S = 30.0
 """How long a request's body may take to arrive once its headers have."""
+GRAMMAR_BUDGET_S = 5.0
+"""The longest a request's grammar may take to compile (a JSON schema of 200 patternProperties: 0.5 s; of 500: 35 s
+before this budget); per token, llguidance's own step limits bound the work."""
+GRAMMAR_CHECK = "toolrl.rollout.guidance:grammar_check"
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -151,6 +156,8 @@ class Gateway:
         self.stats: Counter[str] = Counter()
         self.lock = threading.Lock()
         self._after_tasks: set[asyncio.Task] = set()
+        self.grammar_budget_s = GRAMMAR_BUDGET_S
+        self._grammar_worker: ProcessRunner | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server = None
         self._thread: threading.Thread | None = None
@@ -195,9 +202,9 @@ class Gateway:
         chars = self._check_bounds(req)
         rid = uuid.uuid4().hex[:24]
         schemas = req.shown_tools()
-        grammar = None  # compiling one may take long: in a worker thread
-        if req.constrained:
-            grammar = await asyncio.to_thread(turn_grammar, req, schemas, self.syntax, self.engine)
+        grammar = None  # compiling one may take long: checked in a worker process, within grammar_budget_s
+        if req.constrained and (built := turn_grammar(req, schemas, self.syntax, self.engine)) is not None:
+            grammar = await self._checked(*built)
         key = tools_key(schemas)
         segment = find_segment(sample, req.messages, key) if sample is not None else None
         extended = False
@@ -235,6 +242,22 @@ class Gateway:
             sample.requests += 1
             sample.segments += segments[1:]
         return TurnWork(req, sample, segments, params, schemas, rid, prompt_len)
+
+    async def _checked(self, grammar: str, param: str) -> str:
+        """`grammar` once llguidance compiles it in a worker process within grammar_budget_s (killed past it: the
+        compile's time is bounded, and no other client waits on it); else a one-line 400 naming `param`."""
+        if self._grammar_worker is None:
+            self._grammar_worker = ProcessRunner()
+        try:
+            problem = await self._grammar_worker.run(GRAMMAR_CHECK, {"grammar": grammar}, self.grammar_budget_s)
+        except DeadlineExceeded:
+            self.stats["grammar_over_budget"] += 1
+            raise GatewayError(f"{param}: the schema takes more than {self.grammar_budget_s:g} s to compile (the "
+                               "server's budget for a grammar); give a simpler one (fewer patternProperties or "
+                               "alternatives, shorter patterns)", param=param) from None  # fmt: skip
+        if problem:
+            raise GatewayError(f"{param}: the schema cannot be followed: {problem}", param=param)
+        return grammar
 
     def _check_bounds(self, req: TurnRequest) -> int:
         """What can be refused before any work: too many or too long stop strings, and a conversation with more
@@ -475,6 +498,8 @@ class Gateway:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._grammar_worker is not None:
+            self._grammar_worker.close()
 
     def run_coroutine(self, coro, timeout: float | None = None):
         """Run `coro` on the gateway's loop (where the engine lives) from another thread."""

@@ -123,6 +123,11 @@ def grammar_problem(grammar: str) -> str | None:
     return messages[0].splitlines()[0] if is_error and messages else None
 
 
+def grammar_check(grammar: str) -> str:
+    """grammar_problem's line, or "" (what a worker process answers: the gateway's compile budget kills it)."""
+    return grammar_problem(grammar) or ""
+
+
 class TurnGuide:
     """One request's stop strings and grammar: `allowed()` before each draw, `accept(token)` after it."""
 

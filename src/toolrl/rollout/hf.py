@@ -151,7 +151,10 @@ class HFEngine(PrefixSharing, Engine):
         if params.stop or params.grammar is not None:
             if self.vocabulary is None:
                 raise RuntimeError("this HFEngine has no tokenizer: stop strings and grammars need one")
-            guide = TurnGuide(self.vocabulary, params.stop, params.grammar)
+            if params.grammar is None:
+                guide = TurnGuide(self.vocabulary, params.stop)
+            else:  # compiling a grammar takes long and frees the GIL: off the loop, other sequences go on
+                guide = await asyncio.to_thread(TurnGuide, self.vocabulary, params.stop, params.grammar)
         request = _Request(seq, list(tokens), params, future, on_tokens=on_tokens, guide=guide)
         self.requests[seq] = request
         if self._driver is None or self._driver.done():
