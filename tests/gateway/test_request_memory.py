@@ -262,7 +262,7 @@ def test_a_served_client_that_hangs_up_stops_its_sampling_within_a_second(tiny_m
 def test_a_grammar_past_its_compile_budget_is_one_line_400_and_other_clients_are_not_held_up(served):
     """Issue 72: a json_schema of 500 patternProperties took 22 s and 20-30 s of server CPU for 8 tokens while a
     client beside it waited 10.3 s (0.13 s alone). The grammar compiles in a worker process killed at the budget."""
-    served.grammar_budget_s = 1.0
+    served.grammars.budget_s = 1.0
     patterns = {f"^p{i}[a-z]*x{i}$": {"type": "string"} for i in range(500)}
     schema = {"type": "object", "patternProperties": patterns}
     costly = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
@@ -286,11 +286,11 @@ def test_a_grammar_past_its_compile_budget_is_one_line_400_and_other_clients_are
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == "response_format" and "more than 1 s to compile" in error["message"]
-    assert seconds < 5.0 and served.stats["grammar_over_budget"] == 1
-    assert served._grammar_worker.killed == 1  # its compile stopped, not left burning a core
+    assert seconds < 5.0 and served.grammars.over_budget == 1
+    assert served.grammars.worker.killed == 1  # its compile stopped, not left burning a core
     assert beside and max(beside) <= max(1.5, 5 * alone), (beside, alone)
     small = {**costly, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "patternProperties": dict(list(patterns.items())[:5])}}}}  # fmt: skip
-    served.grammar_budget_s = 5.0  # the default: a new worker's start (the killed one's replacement) fits in it
+    served.grammars.budget_s = 5.0  # the default: a new worker's start (the killed one's replacement) fits in it
     followed = post(served, small)
     assert followed.status_code == 200, followed.text  # within its budget: compiled and followed

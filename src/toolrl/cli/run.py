@@ -357,14 +357,8 @@ def serve(
         int | None,
         typer.Option(min=1, help="Most tokens a reply may have (the ceiling on max_tokens; default: the context)."),
     ] = None,
-    max_request_mb: Annotated[
-        int | None,
-        typer.Option(min=1, help="Most MB of keys and values one request may take (choices x tokens; default 1024)."),
-    ] = None,
-    max_kv_mb: Annotated[
-        int | None,
-        typer.Option(min=1, help="Most MB of keys and values the requests in flight take together (default 4096)."),
-    ] = None,
+    max_request_mb: Annotated[int | None, typer.Option(min=1, help="MB of keys and values a request (1024).")] = None,
+    max_kv_mb: Annotated[int | None, typer.Option(min=1, help="MB of keys and values in flight (4096).")] = None,
 ) -> None:
     """Serve the policy (a trained checkpoint, or the configured model: the default model out of the box) as the
     gateway does during training: OpenAI's /v1/chat/completions and /v1/responses, Anthropic's /v1/messages, with

@@ -26,14 +26,13 @@ def read_config_data(path: Path | None) -> dict[str, Any]:
         text, where = default_config_text(), "the default config"
     else:
         try:
-            found = path.is_file()
+            found = path.exists()
         except OSError as exc:  # a name the system cannot look up (too long, ...)
             raise ConfigError(f"config file {clip(str(path), 80)}: {exc.strerror or exc}; pass a YAML file or omit "
                               "it for the default") from None  # fmt: skip
         if not found:
-            what = "is not a file" if path.exists() else "does not exist"
-            raise ConfigError(f"config file {clip(str(path), 80)} {what}; pass a YAML file or omit it for the "
-                              "default")  # fmt: skip
+            raise ConfigError(f"config file {clip(str(path), 80)} does not exist; pass a YAML file or omit it for "
+                              "the default")  # fmt: skip
         text, where = read_text(path, "config file"), str(path)
     return config_data(text, where)
 

@@ -13,6 +13,7 @@ endpoint) have no bytes per token: nothing is counted for them.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
 
 from toolrl.gateway.turns import GatewayError
@@ -90,3 +91,15 @@ class KVBudget:
             async with self._changed:
                 self._changed.notify_all()
         return not self.held
+
+    async def finished(self, rid: str, engine, stats: Counter[str], tries: int = 20) -> None:
+        """The request's room is freed; once nothing is in flight the engine gives back a cache grown past `keep`
+        (it finishes its last step first: asked again every 50 ms, up to a second), counted in `stats`."""
+        if not await self.release(rid):
+            return
+        for _ in range(tries):
+            given = await asyncio.to_thread(engine.trim_cache, self.keep)
+            if given is not None or self.held:
+                stats["cache_given_back"] += bool(given)
+                return
+            await asyncio.sleep(0.05)

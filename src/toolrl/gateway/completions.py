@@ -13,8 +13,8 @@ from pydantic import Field
 
 from toolrl.gateway.capture import UNBOUND, Sample, Segment
 from toolrl.gateway.chat import IGNORED, Sampling, usage
+from toolrl.gateway.limits import check_stop
 from toolrl.gateway.protocols import sse, unsupported
-from toolrl.gateway.server import check_stop
 from toolrl.gateway.turns import GatewayError, TurnRequest, off_loop
 from toolrl.rollout.engine import Sampled
 from toolrl.rollout.guidance import cut_at_stop

@@ -14,7 +14,6 @@ recording (`toolrl serve`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import threading
@@ -38,12 +37,12 @@ from toolrl.gateway.capture import (
     find_segment,
     normal,
     template_messages,
-    text_of,
     tools_key,
 )
 from toolrl.gateway.compaction import Compaction
 from toolrl.gateway.constraints import turn_grammar
 from toolrl.gateway.guard import ConnectionGuard, guarded_protocol
+from toolrl.gateway.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, GrammarCheck, check_request
 from toolrl.gateway.store import ResponseStore
 from toolrl.gateway.streaming import TurnText, reply_text
 from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest, off_loop
@@ -52,46 +51,9 @@ from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.guidance import cut_at_stop
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.text import clip
 from toolrl.tools.call import ToolResult
-from toolrl.tools.runners import DeadlineExceeded, ProcessRunner
 
 log = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 16 << 20
-"""The largest request body (counted as it arrives, chunked or not): a conversation the default model's context
-holds is a few hundred KB; Claude Code's first request is 85 KB."""
-BODY_TIMEOUT_S = 30.0
-"""How long a request's body may take to arrive once its headers have."""
-GRAMMAR_BUDGET_S = 5.0
-"""The longest a request's grammar may take to compile (a JSON schema of 200 patternProperties: 0.5 s; of 500: 35 s
-before this budget); per token, llguidance's own step limits bound the work."""
-GRAMMAR_CHECK = "toolrl.rollout.guidance:grammar_check"
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
-
-
-def check_stop(stop: tuple[str, ...] | list[str]) -> None:
-    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
-        raise GatewayError(f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters",
-                           param="stop")  # fmt: skip
-
-
-def check_tools(tools: list[Any]) -> None:
-    """Function tools (in the chat shape every protocol's become) whose name is a string and whose parameters, when
-    given, are a JSON schema of an object: anything else is one line naming the tool, not a fault later."""
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise GatewayError(f"tools[{i}]: a function tool needs a name (a string)", param=f"tools[{i}]")
-        if function.get("parameters", 0) is None:
-            del function["parameters"]  # null: no parameters, as when left out
-        schema = function.get("parameters")
-        kind = schema.get("type", "object") if isinstance(schema, dict) else type(schema).__name__
-        if schema is not None and kind != "object":
-            name = clip(function["name"], 40)
-            raise GatewayError(f"tools[{i}] ({name}): its parameters must be a JSON schema of an object (type "
-                               f"object), not {clip(str(kind), 20)}", param=f"tools[{i}]")  # fmt: skip
 
 
 @dataclass
@@ -156,8 +118,8 @@ class Gateway:
         self.stats: Counter[str] = Counter()
         self.lock = threading.Lock()
         self._after_tasks: set[asyncio.Task] = set()
-        self.grammar_budget_s = GRAMMAR_BUDGET_S
-        self._grammar_worker: ProcessRunner | None = None
+        self.grammars = GrammarCheck()
+        """Each request's grammar compiled in a worker process within its budget (limits.py)."""
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server = None
         self._thread: threading.Thread | None = None
@@ -199,12 +161,12 @@ class Gateway:
         reply is sent and before the sample changes (a refused request leaves no trace in the capture). What costs
         CPU (compiling a grammar, rendering and tokenizing a large conversation) runs in a worker thread: the
         event loop, and every other client, is not held up by one large request."""
-        chars = self._check_bounds(req)
+        chars = check_request(req, self.context_length, self.chat.max_token_chars)
         rid = uuid.uuid4().hex[:24]
         schemas = req.shown_tools()
-        grammar = None  # compiling one may take long: checked in a worker process, within grammar_budget_s
+        grammar = None  # compiling one may take long: checked in a worker process, within its budget (limits.py)
         if req.constrained and (built := turn_grammar(req, schemas, self.syntax, self.engine)) is not None:
-            grammar = await self._checked(*built)
+            grammar = await self.grammars(*built)
         key = tools_key(schemas)
         segment = find_segment(sample, req.messages, key) if sample is not None else None
         extended = False
@@ -243,39 +205,6 @@ class Gateway:
             sample.segments += segments[1:]
         return TurnWork(req, sample, segments, params, schemas, rid, prompt_len)
 
-    async def _checked(self, grammar: str, param: str) -> str:
-        """`grammar` once llguidance compiles it in a worker process within grammar_budget_s (killed past it: the
-        compile's time is bounded, and no other client waits on it); else a one-line 400 naming `param`."""
-        if self._grammar_worker is None:
-            self._grammar_worker = ProcessRunner()
-        try:
-            problem = await self._grammar_worker.run(GRAMMAR_CHECK, {"grammar": grammar}, self.grammar_budget_s)
-        except DeadlineExceeded:
-            self.stats["grammar_over_budget"] += 1
-            raise GatewayError(f"{param}: the schema takes more than {self.grammar_budget_s:g} s to compile (the "
-                               "server's budget for a grammar); give a simpler one (fewer patternProperties or "
-                               "alternatives, shorter patterns)", param=param) from None  # fmt: skip
-        if problem:
-            raise GatewayError(f"{param}: the schema cannot be followed: {problem}", param=param)
-        return grammar
-
-    def _check_bounds(self, req: TurnRequest) -> int:
-        """What can be refused before any work: too many or too long stop strings, and a conversation with more
-        characters than the model's context can hold as tokens (max_token_chars characters a token at most).
-        Returns the conversation's characters."""
-        check_stop(req.stop)
-        check_tools(req.tools)
-        chars = sum(len(text_of(m)) for m in req.messages) + sum(len(json.dumps(t)) for t in req.tools)
-        if chars > self.context_length * self.chat.max_token_chars:
-            raise GatewayError(
-                f"the prompt is {chars:,} characters, more than the model's context of {self.context_length:,} "
-                f"tokens can hold (a token is at most {self.chat.max_token_chars} characters); send a shorter "
-                "conversation or serve a model with a longer context (docs/agents.md)",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        return chars
-
     def _ids(self, req: TurnRequest, schemas: list[dict[str, Any]], segment: Segment | None) -> list[int]:
         """The tokens a request adds: its new messages after `segment`'s, or the whole conversation as a prompt."""
         if segment is not None:
@@ -297,7 +226,7 @@ class Gateway:
     def prompt_tokens(self, req: TurnRequest) -> int:
         """How many tokens the request's conversation is as a prompt (Anthropic's count_tokens): what a turn refuses
         before its work (stop strings, tools, a conversation past the context) is refused here too."""
-        self._check_bounds(req)
+        check_request(req, self.context_length, self.chat.max_token_chars)
         messages = template_messages(req.messages, self.syntax)
         return len(self.chat.prompt_ids(messages, req.shown_tools(), self.syntax.instructions))
 
@@ -372,8 +301,7 @@ class Gateway:
         self.stats["calls_past_limit"] += presenter.calls_past_limit
         segment.calls.update({c.id: c.call for c in presenter.calls if c.call is not None})
         finish = "stop_sequence" if cut else "length" if not ended else "tool_calls" if presenter.calls else "stop"
-        asked = req.max_tokens or self.context_length
-        if finish == "length" and len(ids) >= self.max_new_tokens and asked > self.max_new_tokens:
+        if finish == "length" and len(ids) >= self.max_new_tokens < (req.max_tokens or self.context_length):
             self.stats["cut_by_ceiling"] += 1  # the server's ceiling, not the client's max_tokens, ended it
             log.warning("gateway: a reply was cut at the server's ceiling of %d tokens (max_tokens: %s; toolrl "
                         "serve --max-new-tokens raises it)", self.max_new_tokens, req.max_tokens)  # fmt: skip
@@ -442,25 +370,10 @@ class Gateway:
         self.request_over(work.rid)
 
     def request_over(self, rid: str) -> None:
-        """A request's room in the budget is freed, and the cache given back if nothing else is in flight (on the
-        gateway's loop, after the reply)."""
-        task = asyncio.get_running_loop().create_task(self._after(rid))
+        """Its room in the budget freed, the cache given back if nothing else is in flight (after the reply)."""
+        task = asyncio.get_running_loop().create_task(self.budget.finished(rid, self.engine, self.stats))
         self._after_tasks.add(task)
         task.add_done_callback(self._after_tasks.discard)
-
-    async def _after(self, rid: str, tries: int = 20) -> None:
-        """A request's room is freed; once nothing is in flight the engine gives back a cache grown past the
-        budget's `keep` (the engine finishes its last step first: asked again every 50 ms, up to a second)."""
-        if not await self.budget.release(rid):
-            return
-        for _ in range(tries):
-            given = await asyncio.to_thread(self.engine.trim_cache, self.budget.keep)
-            if given is not None:
-                self.stats["cache_given_back"] += bool(given)
-                return
-            if self.budget.held:
-                return
-            await asyncio.sleep(0.05)
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
 
@@ -498,8 +411,7 @@ class Gateway:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._grammar_worker is not None:
-            self._grammar_worker.close()
+        self.grammars.close()
 
     def run_coroutine(self, coro, timeout: float | None = None):
         """Run `coro` on the gateway's loop (where the engine lives) from another thread."""

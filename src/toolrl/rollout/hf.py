@@ -36,7 +36,7 @@ from toolrl.rollout.cascade import SharedPrefix, attention_implementation, suppo
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.guidance import TurnGuide, Vocabulary, allowed_tokens
 from toolrl.rollout.lean import LeanForward
-from toolrl.rollout.prefixes import PrefixSharing, Slot
+from toolrl.rollout.prefixes import PAD_POSITION, PrefixSharing, Slot
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
 
@@ -46,8 +46,6 @@ SETTLE_QUIET_S = 0.002
 SETTLE_MAX_S = 0.05
 """Between steps, wait for requests on their way in until 2 ms pass without one (at most 50 ms): small next
 to a decode step of a batch (about 0.25 s for 64 sequences of the default model on 2 cores)."""
-PAD_POSITION = -1
-"""The position given to a padding token of a forward pass."""
 SUBSET_DECODE = 0.5
 START_CACHE_SIZE = (8, 256)
 """(slots, positions) of a first KV cache, and of the next one after a served request's cache was given back."""
@@ -322,64 +320,6 @@ class HFEngine(PrefixSharing, Engine):
             self.cache = SlotCache(layers, max(used, slots), max(longest, capacity))
         self.cache.ensure(used, longest)
         return self.cache
-
-    def _prefill(self, pending: dict[Hashable, list[int]]) -> None:
-        self._share_prefixes(pending)
-        pending = {seq: ids for seq, ids in pending.items() if ids}
-        alike = self._alike(pending)  # a group's samples of one task: its tokens computed once, then copied
-        self.stats["reused_prefix_tokens"] += sum(len(pending[seq]) for seq in alike)
-        pending = {seq: ids for seq, ids in pending.items() if seq not in alike}
-        self._ensure(max(self._columns(self.slots[s]) + len(p) for s, p in pending.items()) + 1)
-        # Rows of similar length together, at most prefill_tokens per pass; those that read the shared prefix
-        # apart from those that do not (a pass mixing them would have to write the prefix into the slots).
-        for seq in [s for s, ids in pending.items() if len(ids) > self.prefill_tokens]:
-            while len(pending[seq]) > self.prefill_tokens:  # a long prompt in passes of prefill_tokens: one pass's
-                head, pending[seq] = pending[seq][: self.prefill_tokens], pending[seq][self.prefill_tokens :]
-                self._prefill_rows([seq], {seq: head})  # activations, not the whole prompt's, at once
-        order = sorted(pending, key=lambda s: (self.slots[s].shared, len(pending[s])))
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while (
-                end < len(order)
-                and (end + 1 - start) * len(pending[order[end]]) <= self.prefill_tokens
-                and self.slots[order[end]].shared == self.slots[order[start]].shared
-            ):
-                end += 1
-            self._prefill_rows(order[start:end], pending)
-            start = end
-        for seq, source in alike.items():
-            self._copy_slot_prefix(self.slots[source], self.slots[seq], len(self.slots[source].ids))
-            self.slots[seq].logits = self.slots[source].logits
-
-    def _prefill_rows(self, group: list[Hashable], pending: dict[Hashable, list[int]]) -> None:
-        """One prefill pass: each sequence of `group` fed its pending tokens (rows ordered by length)."""
-        shared = self._shared_by(group)
-        width = len(pending[group[-1]])
-        ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
-        positions = torch.full((len(group), width), PAD_POSITION, dtype=torch.long)
-        for row, seq in enumerate(group):
-            slot, new = self.slots[seq], pending[seq]
-            ids[row, width - len(new) :] = torch.tensor(new)  # left padding: the last column is real
-            positions[row, width - len(new) :] = torch.arange(len(slot.ids), len(slot.ids) + len(new))
-        slots = torch.tensor([self.slots[s].index for s in group])
-        logits = self._forward(ids, positions, slots, shared)
-        self.stats["prefill_tokens"] += sum(len(pending[s]) for s in group)
-        for row, seq in enumerate(group):
-            slot = self.slots[seq]
-            slot.ids += pending[seq]
-            slot.logits = logits[row]
-
-    def _alike(self, pending: dict[Hashable, list[int]]) -> dict[Hashable, Hashable]:
-        """The sequences whose context and new tokens are those of an earlier one in `pending`: each to that one."""
-        first: dict[tuple, Hashable] = {}
-        alike = {}
-        for seq, ids in pending.items():
-            slot = self.slots[seq]
-            source = first.setdefault((slot.shared, tuple(slot.ids), tuple(ids)), seq)
-            if source != seq:
-                alike[seq] = source
-        return alike
 
     def _decode(self, batch: list[_Request]) -> None:
         ready = [r for r in batch if self.slots[r.seq].logits is not None]

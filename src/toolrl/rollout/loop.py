@@ -127,8 +127,7 @@ class Rollout:
         return self.chat.prompt_ids(messages or self.env.messages(task), schemas, instructions)
 
     def nothing_trained(self) -> str | None:
-        """Why the run's rollouts gave it nothing to learn from (a run stops with it before writing a final model),
-        or None. Every rollout of this loop is its model's own turns."""
+        """Why the rollouts gave the run nothing to learn from (it then writes no final model); here: None."""
         return None
 
     def refuse_long_prompts(self, tasks: Sequence[Task], context: int) -> None:
@@ -172,8 +171,7 @@ class Rollout:
             raise DataError(f"env {self.env.name}, task {task.id}: {exc}") from None
 
     def run(self, tasks: Sequence[Task], seed: int | None = None, first: int = 0) -> list[Trajectory]:
-        """`arun` on an event loop of its own (the engine's `run`: its steps on this thread); then the engine frees
-        what it keeps between rollouts."""
+        """`arun` on an event loop of its own (the engine's `run`), then the engine frees what it keeps."""
         try:
             return self.engine.run(self.arun(tasks, seed, first))
         finally:

@@ -7,8 +7,8 @@ holds only what follows it: a slot's column c holds position len(prefix) + c. Th
 (`_materialize`) only when the slot must be read without it: beside a sequence that does not share it, or when
 a newer prefix takes its place.
 
-`PrefixSharing` is the part of `HFEngine` (hf.py) that keeps this bookkeeping; the engine owns the slots, the
-cache and the model.
+`PrefixSharing` is the part of `HFEngine` (hf.py) that keeps this bookkeeping and prefills a step's new tokens
+(a long prompt in passes of `prefill_tokens`); the engine owns the slots, the cache and the model.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from toolrl.rollout.slots import SlotCache
 
 MIN_SHARED_PREFIX = 16
 """Shorter common prefixes are simply prefilled per sequence."""
+PAD_POSITION = -1
+"""The position given to a padding token of a forward pass."""
 
 
 @dataclass
@@ -56,6 +58,10 @@ class PrefixSharing:
     stats: Counter[str]
     _ensure: Callable[[int], SlotCache]
     """The engine's cache, grown to at least this many columns per slot."""
+    _forward: Callable[..., torch.Tensor]
+    """One pass of the model over ids at positions of slots (HFEngine._forward): the logits of each row's last."""
+    prefill_tokens: int
+    pad_id: int
     prefix_pass: Callable[[list[int]], tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
     """Computes the shared prefix's keys and values (per layer, [1, kv_heads, n, dim]) from its ids in place of the
     engine's own forward pass, or returns None (the engine computes them): a trainer's (scoring/rollout_prefix.py),
@@ -231,3 +237,63 @@ class PrefixSharing:
             if self.slots[seq].shared:
                 self._materialize(self.slots[seq])
         return None
+
+    # ---- prefill: the new tokens of the sequences of a step, prefixes shared ------------------------------
+
+    def _prefill(self, pending: dict[Hashable, list[int]]) -> None:
+        self._share_prefixes(pending)
+        pending = {seq: ids for seq, ids in pending.items() if ids}
+        alike = self._alike(pending)  # a group's samples of one task: its tokens computed once, then copied
+        self.stats["reused_prefix_tokens"] += sum(len(pending[seq]) for seq in alike)
+        pending = {seq: ids for seq, ids in pending.items() if seq not in alike}
+        self._ensure(max(self._columns(self.slots[s]) + len(p) for s, p in pending.items()) + 1)
+        # Rows of similar length together, at most prefill_tokens per pass; those that read the shared prefix
+        # apart from those that do not (a pass mixing them would have to write the prefix into the slots).
+        for seq in [s for s, ids in pending.items() if len(ids) > self.prefill_tokens]:
+            while len(pending[seq]) > self.prefill_tokens:  # a long prompt in passes of prefill_tokens: one pass's
+                head, pending[seq] = pending[seq][: self.prefill_tokens], pending[seq][self.prefill_tokens :]
+                self._prefill_rows([seq], {seq: head})  # activations, not the whole prompt's, at once
+        order = sorted(pending, key=lambda s: (self.slots[s].shared, len(pending[s])))
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while (
+                end < len(order)
+                and (end + 1 - start) * len(pending[order[end]]) <= self.prefill_tokens
+                and self.slots[order[end]].shared == self.slots[order[start]].shared
+            ):
+                end += 1
+            self._prefill_rows(order[start:end], pending)
+            start = end
+        for seq, source in alike.items():
+            self._copy_slot_prefix(self.slots[source], self.slots[seq], len(self.slots[source].ids))
+            self.slots[seq].logits = self.slots[source].logits
+
+    def _prefill_rows(self, group: list[Hashable], pending: dict[Hashable, list[int]]) -> None:
+        """One prefill pass: each sequence of `group` fed its pending tokens (rows ordered by length)."""
+        shared = self._shared_by(group)
+        width = len(pending[group[-1]])
+        ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
+        positions = torch.full((len(group), width), PAD_POSITION, dtype=torch.long)
+        for row, seq in enumerate(group):
+            slot, new = self.slots[seq], pending[seq]
+            ids[row, width - len(new) :] = torch.tensor(new)  # left padding: the last column is real
+            positions[row, width - len(new) :] = torch.arange(len(slot.ids), len(slot.ids) + len(new))
+        slots = torch.tensor([self.slots[s].index for s in group])
+        logits = self._forward(ids, positions, slots, shared)
+        self.stats["prefill_tokens"] += sum(len(pending[s]) for s in group)
+        for row, seq in enumerate(group):
+            slot = self.slots[seq]
+            slot.ids += pending[seq]
+            slot.logits = logits[row]
+
+    def _alike(self, pending: dict[Hashable, list[int]]) -> dict[Hashable, Hashable]:
+        """The sequences whose context and new tokens are those of an earlier one in `pending`: each to that one."""
+        first: dict[tuple, Hashable] = {}
+        alike = {}
+        for seq, ids in pending.items():
+            slot = self.slots[seq]
+            source = first.setdefault((slot.shared, tuple(slot.ids), tuple(ids)), seq)
+            if source != seq:
+                alike[seq] = source
+        return alike

@@ -370,17 +370,8 @@ class MCPServerConnection:
         except ValueError as exc:  # the server's own schema is broken: let the server judge the arguments
             log.warning("%s; arguments are not checked before sending", exc)
             check = None
-        repeat = safe_to_repeat(spec)
-        return Tool(
-            name,
-            spec.description or spec.name,
-            schema,
-            call,
-            check=check,
-            idempotent=repeat,
-            text_only=True,
-            runs_elsewhere=True,
-        )
+        repeat, about = safe_to_repeat(spec), spec.description or spec.name
+        return Tool(name, about, schema, call, check=check, idempotent=repeat, text_only=True, runs_elsewhere=True)
 
     def close(self) -> None:
         """End the session and the server (stdin closed, then SIGTERM, then SIGKILL, each after a short grace)."""
