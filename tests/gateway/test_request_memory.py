@@ -294,3 +294,15 @@ def test_a_grammar_past_its_compile_budget_is_one_line_400_and_other_clients_are
     served.grammars.budget_s = 5.0  # the default: a new worker's start (the killed one's replacement) fits in it
     followed = post(served, small)
     assert followed.status_code == 200, followed.text  # within its budget: compiled and followed
+
+
+def test_a_fresh_cache_for_a_long_first_sequence_holds_its_rows_only(tiny_model, tokenizer):
+    """A first request longer than the start size (after a cache was given back) made 8 slots of its length."""
+    hf = engine(tiny_model, tokenizer)
+    prompt = tokenizer.encode("hello world " * 200)
+    assert len(prompt) > hf._last_cache_size[1]
+    hf.run(hf.generate("a", prompt, SamplingParams(temperature=0.0, max_new_tokens=2)))
+    assert hf.cache.num_slots == 1 and hf.cache.capacity >= len(prompt)
+    short = engine(tiny_model, tokenizer)
+    short.run(short.generate("a", prompt[:50], SamplingParams(temperature=0.0, max_new_tokens=2)))
+    assert short.cache.num_slots == 8  # within the start size: the slots a rollout's next sequences take

@@ -317,7 +317,8 @@ class HFEngine(PrefixSharing, Engine):
         if self.cache is None:  # at the size the last rollout grew it to: no growth copies at every rollout
             layers = self.model.config.num_hidden_layers
             slots, capacity = self._last_cache_size
-            self.cache = SlotCache(layers, max(used, slots), max(longest, capacity))
+            slots = used if longest > capacity else max(used, slots)  # a longer first step: its own rows only
+            self.cache = SlotCache(layers, slots, max(longest, capacity))
         self.cache.ensure(used, longest)
         return self.cache
 
