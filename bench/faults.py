@@ -7,8 +7,9 @@ tools/mcp_pool.py). Deadline 3 s per call. The load average at the start and end
 `make test` (TOOLRL_BENCH_BESIDE says what ran beside it), as the committed result was.
 
 Keys (goal): calls, hung (calls past their deadline + 0.5 s: 0), uncounted (calls whose outcome the metrics
-miss: 0), healthy_failed (calls to healthy tools that did not succeed: 0), leaked_processes (left after close:
-0), crash_executions_per_call (how often a call that crashes its server ran, over those that ran: 1.0; with
+miss: 0), healthy_failed (calls to healthy tools that did not succeed: 0; apart from healthy_starved, those that
+failed while some task waited for a CPU half their time or more, each with that share), leaked_processes (left
+after close: 0), crash_executions_per_call (how often a call that crashes its server ran, over those that ran: 1.0; with
 crash_max_executions and crash_calls_never_run beside it), exit_s (from the end of the work to the process's
 exit, hung tools and all: <= 5), mcp_5mb_alone_max_s (a 5 MB result over MCP stdio, alone: < 1 s).
 Then beside_a_crash: rounds of 200 calls to a tool with a side effect (not safe to repeat) with one call
@@ -38,6 +39,28 @@ MCP_SERVER = ROOT / "tests" / "fixtures" / "mcp_server.py"
 TIMEOUT_S = float(os.environ.get("TOOLRL_FAULTS_TIMEOUT_S", "3"))
 """Every call's deadline (--timeout; the child process reads it from the environment the parent sets)."""
 TRAJECTORIES = 64
+STARVED_SHARE = 0.5
+"""A healthy call that failed while some task waited for a CPU at least this share of its time (Linux's pressure
+stall information, /proc/pressure/cpu) was late because the machine was starved: counted apart, with the share."""
+
+
+def cpu_stall_us() -> int | None:
+    """Microseconds in which some task waited for a CPU, since boot (None where the kernel does not say)."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return int(line.rsplit("total=", 1)[1])
+
+
+def starved_reason(stall_us: int | None, latency_s: float) -> str | None:
+    """Why a failed healthy call counts as starved (the CPU pressure over its own time), or None."""
+    if stall_us is None or latency_s <= 0:
+        return None
+    share = stall_us / 1e6 / latency_s
+    return f"CPU pressure {min(share, 1.0):.0%} of its {latency_s:.1f} s" if share >= STARVED_SHARE else None
+
+
 MCP_PROCESSES = int(os.environ.get("TOOLRL_FAULTS_MCP_PROCESSES", "2"))
 """The MCP server's pool size (--mcp-processes; 2 is the default of a command server)."""
 
@@ -114,15 +137,19 @@ def run_child(calls: int, seed: int, folder: Path) -> None:
                 arguments = {"marker": str(folder / f"crash-{i}")}
             elif tool.startswith("py"):
                 arguments = {"key": i}
+            before = cpu_stall_us()
             result = await executor.invoke(ToolCall(full_name(tool), arguments))
-            done.append((plan[i], result.latency_s, result.outcome, result.content[:120]))
+            after = cpu_stall_us()
+            stall = after - before if before is not None and after is not None else None
+            done.append((plan[i], result.latency_s, result.outcome, result.content[:120], stall))
         return done
 
     async def everything():
         return [r for part in await asyncio.gather(*(trajectory(t) for t in range(TRAJECTORIES))) for r in part]
 
     started = time.monotonic()
-    results = asyncio.run(everything())
+    timed = asyncio.run(everything())  # each call with the CPU stall over its own time
+    results, stalls = [r[:4] for r in timed], [r[4] for r in timed]
     wall = time.monotonic() - started
     metrics = collections.Counter(executor.metrics)  # the mix's, before the phases below add theirs
     crash_rounds = asyncio.run(beside_a_crash(executor, folder))
@@ -132,12 +159,16 @@ def run_child(calls: int, seed: int, folder: Path) -> None:
     metric_outcomes = {k.removeprefix("errors_"): v for k, v in metrics.items() if k.startswith("errors_")}
     mismatched = sum(abs(outcomes[k] - metric_outcomes.get(k, 0)) for k in outcomes if k != "ok")
     by_kind = collections.defaultdict(collections.Counter)
-    failures = collections.Counter()
-    for kind, _, outcome, content in results:
+    failures, starved = collections.Counter(), collections.Counter()
+    for (kind, latency, outcome, content), stall in zip(results, stalls, strict=True):
         tool, arguments, _, _ = MIX[kind]
         by_kind[f"{tool}{'(hang)' if arguments.get('seconds') == 3600 else ''}"][outcome] += 1
         if tool in HEALTHY and outcome != "ok":
-            failures[content] += 1
+            reason = starved_reason(stall, latency)
+            if reason is None:
+                failures[content] += 1
+            else:  # late only because the machine was starved: apart from failures, with why
+                starved[f"{content[:60]} ({reason})"] += 1
     crash_calls = [i for i, kind in enumerate(plan) if MIX[kind][0] == "mcp.crash"]
     runs = [
         len((folder / f"crash-{i}").read_text().splitlines()) if (folder / f"crash-{i}").is_file() else 0
@@ -154,6 +185,9 @@ def run_child(calls: int, seed: int, folder: Path) -> None:
         "uncounted": abs(counted - len(results)) + mismatched,
         "healthy_failed": sum(failures.values()),
         "healthy_failures": dict(failures.most_common(5)),
+        "healthy_starved": sum(starved.values()),
+        "healthy_starved_reasons": dict(starved.most_common(5)),
+        "cpu_pressure_known": all(s is not None for s in stalls),
         "unexpected": sum(
             1 for kind, _, outcome, _ in results if outcome != MIX[kind][3] and MIX[kind][0] not in HEALTHY
         ),
