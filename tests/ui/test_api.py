@@ -188,7 +188,7 @@ def test_tools_go_through_the_runs_executor_and_policies(client, tmp_path):
     result = client.post("/api/tools/call", json={"name": "add", "arguments": {"a": 2, "b": 40}}, headers=POST).json()
     assert result["outcome"] == "ok" and result["result"] == "42" and result["latency_s"] > 0
     slow = client.post("/api/tools/call", json={"name": "srv.slow", "arguments": {"seconds": 5}}, headers=POST)
-    assert slow.json()["outcome"] == "timeout"  # the file's policy, as in training
+    assert slow.json()["outcome"] == "unknown"  # the file's policy, as in training (an MCP call that may still run)
     off_schema = client.post("/api/tools/call", json={"name": "add", "arguments": {"a": "two"}}, headers=POST)
     assert off_schema.json()["outcome"] == "invalid_arguments"
     square = client.post("/api/tools/call", json={"name": "square", "arguments": {"size": 5}}, headers=POST).json()
