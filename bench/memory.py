@@ -228,10 +228,7 @@ def breakdown(overrides: list[str], tmp: Path) -> dict:
 
     def cache_gb(eng) -> float:
         slots, capacity = eng._last_cache_size
-        cfg = bench.model.config
-        heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return 2 * cfg.num_hidden_layers * slots * (capacity + 1) * heads * dim * 4 / gb
+        return slots * (capacity + 1) * eng.kv_bytes_per_token / gb
 
     with meter.phase("rollout"):
         part = trainer.collector.roll_out(1)

@@ -145,9 +145,7 @@ def make_app(gateway):
             try:
                 turns = await (gateway.run(work) if sample is not None else unless_gone(request, gateway.run(work)))
             except ClientGone:
-                gateway.stats["client_gone"] += 1
-                told(request, protocol.name, 499, work.prompt_tokens)
-                return Response(status_code=499)  # no one reads it: its sampling stopped within POLL_S
+                return gone(request, protocol.name, work.prompt_tokens)
             except GatewayError as exc:
                 return failed(protocol, exc, request, sample)
             except Exception as exc:  # a fault of ours: the agent is told in one line, the gateway goes on
@@ -182,9 +180,7 @@ def make_app(gateway):
             completing = complete(gateway, await body_of(request), sample)
             req, reply = await (completing if sample is not None else unless_gone(request, completing))
         except ClientGone:
-            gateway.stats["client_gone"] += 1
-            told(request, "completions", 499)
-            return Response(status_code=499)
+            return gone(request, "completions")
         except ValidationError as exc:
             return failed(chat, validation_error(exc), request, sample)
         except GatewayError as exc:
@@ -196,6 +192,13 @@ def make_app(gateway):
         if req.stream:
             return StreamingResponse(iter(completion_events(reply)), media_type="text/event-stream")
         return JSONResponse(reply)
+
+    def gone(request: Request, protocol: str, tokens_in: int = 0) -> Response:
+        """A served client hung up while its turn was sampled (stopped within POLL_S): counted, logged, and an
+        answer no one reads."""
+        gateway.stats["client_gone"] += 1
+        told(request, protocol, 499, tokens_in)
+        return Response(status_code=499)
 
     async def models(gateway_, body, sample, params):
         card = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "toolrl"}

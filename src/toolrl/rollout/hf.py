@@ -171,17 +171,22 @@ class HFEngine(PrefixSharing, Engine):
         # Freed at the start of the next step, in the worker thread: a step may be running right now.
         self._released.append(seq)
 
+    @property
+    def _busy(self) -> bool:
+        """A request in flight, or the driver still stepping: the cache is not for dropping now."""
+        return bool(self.requests) or (self._driver is not None and not self._driver.done())
+
     def free_memory(self) -> None:
         """Drop the KV cache and the packed weights between rollouts (two engines' caches, training's and
         evaluation's, kept for the whole run were most of a demo run's resident memory); making them again
         costs far less than a rollout."""
-        if self.requests or (self._driver is not None and not self._driver.done()):
+        if self._busy:
             return
         self._worker.submit(self._drop_cache).result()  # one thread at a time touches the cache: the steps' own
         trim()
 
     def trim_cache(self, keep_bytes: int) -> bool | None:
-        if self.requests or (self._driver is not None and not self._driver.done()):
+        if self._busy:
             return None
         if self.cache is None or self.cache.nbytes() <= keep_bytes:
             return False
