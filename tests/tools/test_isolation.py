@@ -53,7 +53,8 @@ def test_a_hung_blocking_tool_is_killed_at_its_deadline_and_healthy_calls_keep_t
         tools("hang", "pid"), timeout_s=30, max_concurrency=2, policies={"hang": ToolPolicy(timeout_s=0.5)}
     )
     try:
-        started = time.monotonic()
+        assert [r.outcome for r in run(ex.invoke_all([ToolCall("hang", {"seconds": 0})] * 2))] == ["ok"] * 2
+        started = time.monotonic()  # two workers have hang imported: its calls' latency is the deadline's
         calls = [ToolCall("hang", {})] * 2 + [ToolCall("pid", {})] * 6
         results = run(ex.invoke_all(calls))
         assert [r.outcome for r in results] == ["timeout"] * 2 + ["ok"] * 6
@@ -214,3 +215,65 @@ def test_a_worker_importing_a_builtin_tool_imports_only_its_module():
     code = "from toolrl.envs import ENVIRONMENTS; print('calculator' in ENVIRONMENTS, len(ENVIRONMENTS) >= 7)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["True", "True"]
+
+
+SLOW_MODULE = """
+import sys, time
+from pathlib import Path
+
+if Path(sys.argv[0]).name == "worker.py":  # slow (or hung) only where a worker process imports it
+    time.sleep({seconds})
+
+
+def ping() -> str:
+    \"\"\"Answer at once.\"\"\"
+    return "pong"
+"""
+
+
+def slow_tool(tmp_path, monkeypatch, seconds: float, name: str):
+    (tmp_path / f"{name}.py").write_text(SLOW_MODULE.replace("{seconds}", str(seconds)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = __import__(name)
+    return tool_from_function(module.ping)
+
+
+def test_a_module_slow_to_import_is_not_a_tool_that_overran(tmp_path, monkeypatch):
+    # torch, a model, a test module: the worker's first call imports it; the call's deadline starts after
+    ex = ToolExecutor([slow_tool(tmp_path, monkeypatch, 1.5, "slow_import_tool")], timeout_s=0.5)
+    try:
+        first = run(ex.invoke(ToolCall("ping", {})))
+        assert first.outcome == "ok" and first.content == "pong" and first.latency_s >= 1.5
+        again = run(ex.invoke(ToolCall("ping", {})))  # the same worker, imported: no wait
+        assert again.outcome == "ok" and again.latency_s < 1.0 and ex.processes.started == 1
+    finally:
+        ex.close()
+
+
+def test_an_import_that_hangs_is_the_tools_error_within_its_own_budget(tmp_path, monkeypatch):
+    ex = ToolExecutor([slow_tool(tmp_path, monkeypatch, 3600, "hung_import_tool")], timeout_s=30)
+    ex.processes.import_timeout_s = 0.5
+    try:
+        started = time.monotonic()
+        result = run(ex.invoke(ToolCall("ping", {})))
+        assert result.outcome == "tool_error" and result.content == (
+            "Error: ping failed: importing hung_import_tool took over 0.5 s (tools.import_timeout_s)"
+        )
+        assert time.monotonic() - started < 15 and ex.processes.killed == 1  # its worker killed, not kept
+    finally:
+        ex.close()
+
+
+def test_an_import_that_fails_in_the_worker_is_the_tools_error(tmp_path, monkeypatch):
+    (tmp_path / "broken_import_tool.py").write_text(
+        "import sys\nfrom pathlib import Path\n\nif Path(sys.argv[0]).name == 'worker.py':\n"
+        "    raise ImportError('no such library here')\n\n\ndef ping() -> str:\n    return 'pong'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ex = ToolExecutor([tool_from_function(__import__("broken_import_tool").ping)])
+    try:
+        result = run(ex.invoke(ToolCall("ping", {})))
+        assert result.outcome == "tool_error"
+        assert result.content == "Error: ping failed: ImportError: no such library here"
+    finally:
+        ex.close()

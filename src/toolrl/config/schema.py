@@ -102,6 +102,8 @@ class ToolsConfig(Section):
     """A tool config file (mcpServers style, YAML or JSON); its tools are offered besides the environment's."""
     timeout_s: float = Field(10.0, gt=0)
     """Default deadline of a call, its retries included; a tool's policy in the file may override it."""
+    import_timeout_s: float = Field(120.0, gt=0)
+    """How long a worker process may take to import a Python tool's module; the call's deadline starts after."""
     max_concurrency: int = Field(64, ge=1)
     """Tool calls in flight at once, over all trajectories."""
     cache_file: str | None = None

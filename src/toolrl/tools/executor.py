@@ -37,7 +37,7 @@ from toolrl.tools.limits import (
     ToolPolicy,
     exception_text,
 )
-from toolrl.tools.runners import AsyncRunner, DeadlineExceeded, ProcessRunner, ThreadRunner
+from toolrl.tools.runners import IMPORT_TIMEOUT_S, AsyncRunner, DeadlineExceeded, ProcessRunner, ThreadRunner
 
 TOOL_ERROR_CHARS = 1500
 """The longest failure a tool's observation tells (the end of a traceback: the type and message of what failed
@@ -63,6 +63,7 @@ class ToolExecutor:
         cache_path: str | Path | None = None,
         log_dir: str | Path | None = None,
         image_limits: ImageLimits | None = None,
+        import_timeout_s: float = IMPORT_TIMEOUT_S,
     ):
         self.tools = {tool.name: tool for tool in tools}
         self.default_policy = ToolPolicy(timeout_s=timeout_s)
@@ -71,7 +72,7 @@ class ToolExecutor:
         self.image_limits = image_limits or ImageLimits()
         self.threads = ThreadRunner()
         self.coroutines = AsyncRunner()
-        self.processes = ProcessRunner(Path(log_dir) / "workers.log" if log_dir else None)
+        self.processes = ProcessRunner(Path(log_dir) / "workers.log" if log_dir else None, import_timeout_s)
         self.cache = ResultCache(path=cache_path)
         self.metrics: Counter[str] = Counter()
         self._limits: dict[tuple[int, str], tuple[asyncio.Semaphore | None, RateLimiter | None]] = {}

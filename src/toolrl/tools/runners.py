@@ -2,7 +2,9 @@
 
 `ProcessRunner`: worker processes (tools/worker.py), one call each at a time, started as needed and reused;
 a call that overruns its deadline gets its worker's whole process group killed, and a new worker serves the
-next call. A worker that dies during a call (a crash, `os._exit`) is reported as `ServerCrashed`.
+next call. A worker's first call of a function imports its module under a budget of its own (`import_timeout_s`);
+the call's deadline counts from the import's end, so a tool in a slow-to-import module is not a timeout. A worker
+that dies during a call (a crash, `os._exit`) is reported as `ServerCrashed`.
 
 `ThreadRunner`: daemon threads, one per call in flight, started as needed and reused. A thread cannot be
 stopped, so a call that overruns is abandoned: its slot is free at once and the next call gets another thread,
@@ -46,6 +48,8 @@ from toolrl.tools.worker import read_frame, write_frame
 log = logging.getLogger(__name__)
 
 WORKER = Path(__file__).with_name("worker.py")
+IMPORT_TIMEOUT_S = 120.0
+"""How long a worker may take to import a tool's module, before (and besides) the call's own deadline."""
 ABANDONED_WARNING = 16
 """Hung threads past which each new one is logged as a warning (their tool should run in a process)."""
 
@@ -172,6 +176,9 @@ class _Worker:
             start_new_session=True,  # its own process group: a kill reaches whatever it started
         )
         self.pending: concurrent.futures.Future | None = None
+        self.ready: concurrent.futures.Future | None = None
+        self.loaded: set[str] = set()
+        """Functions this worker has imported (their calls send no ready frame)."""
         self._send(pickle.dumps(sys.path))
         threading.Thread(target=self._read, name=f"toolrl-worker-{self.process.pid}", daemon=True).start()
 
@@ -191,20 +198,29 @@ class _Worker:
 
     def _read(self) -> None:
         for frame in self._frames():
-            if self.pending is not None and not self.pending.done():
-                self.pending.set_result(json.loads(frame.decode("utf-8", "surrogatepass")))
+            reply = json.loads(frame.decode("utf-8", "surrogatepass"))
+            if self.ready is not None and not self.ready.done():
+                self.ready.set_result(None)  # imported (or an answer without it: an import that failed)
+            if reply != {"ready": True} and self.pending is not None and not self.pending.done():
+                self.pending.set_result(reply)
         code = self.process.wait()
-        if self.pending is not None and not self.pending.done():
-            self.pending.set_exception(ServerCrashed(f"the tool's worker process died during the call (exit {code})"))
+        crashed = ServerCrashed(f"the tool's worker process died during the call (exit {code})")
+        for future in (self.ready, self.pending):
+            if future is not None and not future.done():
+                future.set_exception(crashed)
 
-    def call(self, target: str, kwargs: dict[str, Any]) -> concurrent.futures.Future:
-        self.pending = concurrent.futures.Future()
+    def call(self, target: str, kwargs: dict[str, Any]) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
+        """Send one call: (ready, reply), ready once `target` is imported (at once if it was before)."""
+        self.pending, self.ready = concurrent.futures.Future(), concurrent.futures.Future()
+        if target in self.loaded:
+            self.ready.set_result(None)
+        self.loaded.add(target)
         try:
             self._send(pickle.dumps((target, kwargs)))
         except (BrokenPipeError, OSError) as exc:
             self.kill()
             raise ServerUnavailable(f"the tool's worker process is gone ({exc})") from None
-        return self.pending
+        return self.ready, self.pending
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -224,8 +240,9 @@ _ERRORS: dict[str, type[Exception]] = {
 
 
 class ProcessRunner:
-    def __init__(self, log_path: Path | None = None):
+    def __init__(self, log_path: Path | None = None, import_timeout_s: float = IMPORT_TIMEOUT_S):
         self.log_path = log_path
+        self.import_timeout_s = import_timeout_s
         self._log_file: BinaryIO | None = None
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
@@ -268,7 +285,15 @@ class ProcessRunner:
         worker = self._take()
         healthy = False
         try:
-            reply = await _wait(worker.call(target, kwargs), timeout)
+            ready, answer = worker.call(target, kwargs)
+            try:
+                await _wait(ready, self.import_timeout_s)
+            except DeadlineExceeded:
+                module = target.partition(":")[0]
+                raise ToolFailed(
+                    f"importing {module} took over {self.import_timeout_s:g} s (tools.import_timeout_s)"
+                ) from None
+            reply = await _wait(answer, timeout)
             healthy = True
         finally:
             self._put_back(worker, healthy)

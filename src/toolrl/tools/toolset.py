@@ -408,6 +408,7 @@ def run_executor(
             cache_path=config.cache_file,
             log_dir=log_dir,
             image_limits=ImageLimits(max_pixels=config.image_max_pixels, max_per_result=config.images_per_result),
+            import_timeout_s=config.import_timeout_s,
         )
     except ToolError as exc:
         if toolset:

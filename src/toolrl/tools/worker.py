@@ -2,7 +2,9 @@
 
 Started by `ProcessRunner` as `python worker.py` (a file path, so that starting one imports only the standard
 library). Requests arrive on stdin as length-prefixed pickles from the parent; replies leave as length-prefixed
-JSON on the original stdout, so the parent never unpickles what a tool produced. What tools print goes to
+JSON on the original stdout, so the parent never unpickles what a tool produced. The first call of a function
+imports it and, once imported, sends `{"ready": true}` before its reply: the call's deadline starts there, so a
+module that is slow to import (torch, a model) is not a tool that overran. What tools print goes to
 stderr, which the parent points at a log file. The worker is killed, never asked, when a call overruns.
 """
 
@@ -87,7 +89,10 @@ def main() -> None:
     while (frame := read_frame(requests)) is not None:
         target, arguments = pickle.loads(frame)
         try:
-            reply = _reply(_resolve(target, functions)(**arguments))
+            if target not in functions:
+                _resolve(target, functions)
+                write_frame(replies, b'{"ready": true}')
+            reply = _reply(functions[target](**arguments))
         except BaseException as exc:  # a tool's failure, even SystemExit, is an answer, not the worker's end
             reply = {"error": _kind(exc), "message": str(exc), "type": type(exc).__name__}
         write_frame(replies, json.dumps(reply, ensure_ascii=False).encode("utf-8", "surrogatepass"))
