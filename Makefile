@@ -71,10 +71,12 @@ $(CLIENT_VENVS)/%/.installed: tests/clients/requirements/%.txt
 	touch $@
 
 # Agent harness programs from npm (Codex CLI, Claude Code, opencode) in a folder of their own, at the exact versions
-# of tests/clients/harnesses/package.json (npm install: npm ci refuses the lock npm writes for opencode's optional
-# platform binaries); skipped with a note where node is missing (their tests say so).
+# of tests/clients/harnesses/package.json, and the JavaScript agent SDKs (the Vercel AI SDK) in tests/clients/js
+# (npm install: npm ci refuses the lock npm writes for opencode's optional platform binaries); skipped with a note
+# where node is missing (their tests say so).
 harnesses:
-	@if command -v npm >/dev/null; then npm install --prefix tests/clients/harnesses --no-audit --no-fund --silent; \
+	@if command -v npm >/dev/null; then npm install --prefix tests/clients/harnesses --no-audit --no-fund --silent && \
+		npm install --prefix tests/clients/js --no-audit --no-fund --silent; \
 	else echo "note: npm is not installed; the harness tests will skip (install Node.js 20 or later)"; fi
 
 test-harnesses: install-test clients harnesses

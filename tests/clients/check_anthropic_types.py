@@ -28,15 +28,16 @@ def post(path: str, body: dict) -> httpx.Response:
 
 
 question = {"role": "user", "content": "What is 2 + 2?"}
-first = post("/messages", {"model": "m", "max_tokens": 64, "messages": [question], "tools": TOOLS}).json()
+first = post("/messages", {"model": "m", "max_tokens": 256, "messages": [question], "tools": TOOLS}).json()
 Message.model_validate(first)
 use = next(block for block in first["content"] if block["type"] == "tool_use")
 result = {"type": "tool_result", "tool_use_id": use["id"], "content": "4"}
 messages = [question, {"role": "assistant", "content": first["content"]}, {"role": "user", "content": [result]}]
-Message.model_validate(post("/messages", {"model": "m", "max_tokens": 64, "messages": messages, "tools": TOOLS}).json())
+answer = post("/messages", {"model": "m", "max_tokens": 256, "messages": messages, "tools": TOOLS})
+Message.model_validate(answer.json())
 checked["message"] += 2
 for history in ([question], messages):
-    body = {"model": "m", "max_tokens": 64, "messages": history, "tools": TOOLS, "stream": True}
+    body = {"model": "m", "max_tokens": 256, "messages": history, "tools": TOOLS, "stream": True}
     with httpx.stream("POST", f"{BASE}/v1/messages", json=body, headers=HEADERS, timeout=60) as response:
         lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     kinds = []

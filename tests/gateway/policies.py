@@ -34,9 +34,34 @@ def calculator(context: str, params: SamplingParams) -> str:
     return "The answer is 4." if answered(context) else call("calculator", expression="2 + 2")
 
 
+def calculator_said(context: str, params: SamplingParams) -> str:
+    """Say what it will do and call the calculator (a turn of text and a call: a Responses client that stores its
+    replies sends the text back as an `item_reference`), then answer."""
+    if answered(context):
+        return "The answer is 4."
+    return "I will add them with the calculator.\n" + call("calculator", expression="2 + 2")
+
+
 def smolagents(context: str, params: SamplingParams) -> str:
     """Call the calculator, then smolagents' final_answer tool (how its agents end)."""
     return call("final_answer", answer="4") if answered(context) else call("calculator", expression="2 + 2")
+
+
+def dspy_fields(**fields: str) -> str:
+    """Output fields as DSPy's chat adapter asks for them (`[[ ## name ## ]]` headers, then `completed`)."""
+    return "".join(f"[[ ## {name} ## ]]\n{value}\n\n" for name, value in fields.items()) + "[[ ## completed ## ]]"
+
+
+def dspy_react(context: str, params: SamplingParams) -> str:
+    """DSPy's ReAct: each step is a prompt of its own (the trajectory so far in the user message; the step's output
+    fields named in the system message): call the calculator, then `finish`, then the extract step's answer."""
+    system = context.split("<|im_start|>")[1] if "<|im_start|>" in context else ""
+    if "`next_tool_name`" not in system:  # ReAct's extract step: reasoning, answer
+        return dspy_fields(reasoning="The calculator gave 4.", answer="4")
+    if "observation_0" not in last_message(context)[1]:
+        return dspy_fields(next_thought="I will add them with the calculator.", next_tool_name="calculator",
+                           next_tool_args=json.dumps({"expression": "2 + 2"}))  # fmt: skip
+    return dspy_fields(next_thought="The calculator gave 4.", next_tool_name="finish", next_tool_args="{}")
 
 
 def bash(name: str, key: str, done: str | None = None) -> Callable[[str, SamplingParams], str]:
@@ -67,6 +92,8 @@ class RulePolicy(Engine):
         self.seen.append((seq, list(tokens), params))
         text = self.rule(self.chat.tokenizer.decode(tokens), params)
         ids = [i for ch in text for i in self.chat.encode(ch)] + [self.chat.end_of_turn_id]
+        if len(ids) > params.max_new_tokens:  # as an engine does: cut at the turn's budget, not ended
+            return Sampled(ids[: params.max_new_tokens], [-0.5] * params.max_new_tokens, False)
         return Sampled(ids, [-0.5] * len(ids), True)
 
 

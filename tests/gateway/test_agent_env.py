@@ -97,21 +97,23 @@ def test_an_agent_function_trains_two_steps_from_the_command_line(tmp_path, tiny
     assert all(s.get("reward/requests", 0) >= 4 and s.get("reward/requests/chat", 0) >= 4 for s in steps), steps[-1]
 
 
-@pytest.mark.parametrize(("client", "protocol"), [("pydantic-ai-openai", "responses"), ("smolagents", "chat")])
+@pytest.mark.parametrize(
+    ("client", "protocol"),
+    [("pydantic-ai-openai", "responses"), ("smolagents", "chat"), ("vercel-ai-anthropic", "messages")],
+)
 def test_an_agent_library_in_a_venv_of_its_own_trains_two_steps_from_the_command_line(
     tmp_path, tiny_model_dir, client, protocol
 ):
-    """pydantic-ai (its default openai: model speaks the Responses API) and smolagents (stop strings and a forced
-    call at every step, which the tiny model samples under the call grammar), unchanged, as programs run per
-    sample (env.options.command) in their own venvs."""
-    from tests.gateway.clients import PROGRAMS, client_python
+    """pydantic-ai (its default openai: model speaks the Responses API), smolagents (stop strings and a forced
+    call at every step, which the tiny model samples under the call grammar) and the Vercel AI SDK's anthropic
+    provider (ANTHROPIC_BASE_URL as printed, without /v1), unchanged, as programs run per sample
+    (env.options.command) in their own venvs or node folder."""
+    from tests.gateway.clients import PROGRAMS, client_python, node_client
     from tests.gateway.test_clients import CLIENTS
 
     venv, program, _, _ = CLIENTS[client]
-    agent = [
-        "--set",
-        f"env.options.command=[{', '.join([client_python(venv), str(PROGRAMS / program[0]), *program[1:]])}]",
-    ]
+    command = [client_python(venv), str(PROGRAMS / program[0])] if venv else node_client(program[0])
+    agent = ["--set", f"env.options.command=[{', '.join([*command, *program[1:]])}]"]
     more = ["--set", "rollout.max_new_tokens=48", "--set", "rollout.max_response_tokens=4096",
             "--set", "env.options.timeout_s=300"]  # fmt: skip
     steps = trained_steps(tmp_path, train_command(tmp_path, tiny_model_dir, agent, *more))
