@@ -69,10 +69,10 @@ def test_a_hung_blocking_tool_is_killed_at_its_deadline_and_healthy_calls_keep_t
 def test_a_spinning_tool_is_stopped_not_left_burning_cpu():
     ex = ToolExecutor(tools("spin"), timeout_s=0.3)
     try:
-        assert run(ex.invoke(ToolCall("spin", {}))).outcome == "timeout"
-        worker = next(iter(ex.processes._idle), None)
-        assert worker is None  # the worker that ran it was killed, not put back
-        assert ex.processes.killed == 1
+        spun = run(ex.invoke(ToolCall("spin", {})))
+        assert spun.outcome == "timeout"
+        [spare] = ex.processes._idle  # the worker that ran it was killed, not put back: a spare took its place
+        assert ex.processes.killed == 1 and ex.processes.started == 2 and spare.process.poll() is None
     finally:
         ex.close()
 
@@ -228,14 +228,20 @@ if Path(sys.argv[0]).name == "worker.py":  # slow (or hung) only where a worker 
 def ping() -> str:
     \"\"\"Answer at once.\"\"\"
     return "pong"
+
+
+def hang() -> str:
+    \"\"\"Never answer.\"\"\"
+    time.sleep(3600)
+    return "woke"
 """
 
 
-def slow_tool(tmp_path, monkeypatch, seconds: float, name: str):
+def slow_tool(tmp_path, monkeypatch, seconds: float, name: str, function: str = "ping"):
     (tmp_path / f"{name}.py").write_text(SLOW_MODULE.replace("{seconds}", str(seconds)))
     monkeypatch.syspath_prepend(str(tmp_path))
     module = __import__(name)
-    return tool_from_function(module.ping)
+    return tool_from_function(getattr(module, function))
 
 
 def test_a_module_slow_to_import_is_not_a_tool_that_overran(tmp_path, monkeypatch):
@@ -243,9 +249,26 @@ def test_a_module_slow_to_import_is_not_a_tool_that_overran(tmp_path, monkeypatc
     ex = ToolExecutor([slow_tool(tmp_path, monkeypatch, 1.5, "slow_import_tool")], timeout_s=0.5)
     try:
         first = run(ex.invoke(ToolCall("ping", {})))
-        assert first.outcome == "ok" and first.content == "pong" and first.latency_s >= 1.5
+        assert first.outcome == "ok" and first.content == "pong" and first.latency_s >= first.setup_s >= 1.5
         again = run(ex.invoke(ToolCall("ping", {})))  # the same worker, imported: no wait
         assert again.outcome == "ok" and again.latency_s < 1.0 and ex.processes.started == 1
+    finally:
+        ex.close()
+
+
+def test_the_call_after_a_hung_one_finds_a_spare_worker_with_its_module_imported(tmp_path, monkeypatch):
+    ping = slow_tool(tmp_path, monkeypatch, 1.5, "spare_tool")
+    hang = tool_from_function(sys.modules["spare_tool"].hang)
+    ex = ToolExecutor([ping, hang], timeout_s=0.5)
+    try:
+        assert run(ex.invoke(ToolCall("hang", {}))).outcome == "timeout" and ex.processes.killed == 1
+        [spare] = ex.processes._idle  # started as the hung worker was killed, importing while nothing waits
+        deadline = time.monotonic() + 60
+        while spare.preloaded != {"spare_tool:hang"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert spare.preloaded == {"spare_tool:hang"}
+        assert run(ex.invoke(ToolCall("hang", {}))).latency_s < 0.5 + 0.9  # the deadline alone: no import in it
+        assert ex.processes.started == 3  # the first worker, its spare, the spare's spare
     finally:
         ex.close()
 

@@ -50,6 +50,9 @@ class ToolResult:
     outcome: Outcome = "ok"
     latency_s: float = 0.0
     """From the call's start (its concurrency slot taken) to its result, retries included."""
+    setup_s: float = 0.0
+    """Of `latency_s`, the time a worker process took to start and import the tool's function before the tool ran
+    (outside the call's deadline, which counts the tool's own time)."""
     images: tuple[Any, ...] = ()
     """Images the tool returned with its text (toolrl.tools.images.ToolImage), checked and within limits."""
     value: Any = None

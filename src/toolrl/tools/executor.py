@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,19 @@ def failure(exc: Exception) -> str:
     message as Python shows them; multi-line (a traceback's tail), at most TOOL_ERROR_CHARS."""
     text = str(exc) if isinstance(exc, ToolFailed) else exception_text(type(exc).__name__, str(exc))
     return clip_head(well_formed_text(text.strip()), TOOL_ERROR_CHARS)
+
+
+@dataclass
+class _Clock:
+    """One call's deadline. A worker process's start and import before the tool runs (`setup_s`) move it on: the
+    deadline counts the tool's own time, and a slow import has a budget of its own (tools.import_timeout_s)."""
+
+    deadline: float
+    setup_s: float = 0.0
+
+    def worker_ready(self, waited: float) -> None:
+        self.deadline += waited
+        self.setup_s += waited
 
 
 class ToolExecutor:
@@ -116,7 +130,12 @@ class ToolExecutor:
         return (self._global[loop], *self._limits[(loop, name)])
 
     def _result(
-        self, call: ToolCall, outcome: Outcome, content: str | ToolOutput, started: float | None = None
+        self,
+        call: ToolCall,
+        outcome: Outcome,
+        content: str | ToolOutput,
+        started: float | None = None,
+        clock: _Clock | None = None,
     ) -> ToolResult:
         if outcome != "ok":
             self.metrics[f"errors_{outcome}"] += 1
@@ -125,9 +144,10 @@ class ToolExecutor:
             elif outcome in MODEL_ERRORS:
                 self.metrics["model_errors"] += 1
         latency = time.monotonic() - started if started is not None else 0.0
+        setup = clock.setup_s if clock is not None else 0.0
         if isinstance(content, ToolOutput):
-            return ToolResult(call, content.text, outcome, latency, tuple(content.images), content.value)
-        return ToolResult(call, content, outcome, latency)
+            return ToolResult(call, content.text, outcome, latency, setup, tuple(content.images), content.value)
+        return ToolResult(call, content, outcome, latency, setup)
 
     async def invoke(self, call: ToolCall, offered: Mapping[str, Tool] | None = None) -> ToolResult:
         """Run one call. `offered` is the whole set of tools the caller may use, by name (an episode's: its own,
@@ -158,7 +178,7 @@ class ToolExecutor:
         # The tool's own slot first: a call waiting for it must not hold a global slot other tools could use.
         async with tool_gate or nullcontext(), global_gate:
             started = time.monotonic()
-            deadline = started + policy.timeout_s
+            clock = _Clock(started + policy.timeout_s)
             try:
                 arguments = tool.validate(call.arguments)
             except InvalidArguments as exc:
@@ -167,19 +187,18 @@ class ToolExecutor:
             attempt, unsent = 0, False
             while True:
                 try:
-                    value = await self._attempt(tool, arguments, deadline - time.monotonic())
-                    return self._result(call, "ok", value, started)
+                    value = await self._attempt(tool, arguments, clock)
+                    return self._result(call, "ok", value, started, clock)
                 except DeadlineExceeded:
                     if tool.runs_elsewhere:  # sent to a process that goes on: it may yet run there
                         text = (f"Error: {call.name} gave no answer within {policy.timeout_s:g} s; it may still run "
                                 "there (outcome unknown)")  # fmt: skip
-                        return self._result(call, "unknown", text, started)
-                    return self._result(
-                        call, "timeout", f"Error: {call.name} timed out after {policy.timeout_s:g} s", started
-                    )
+                        return self._result(call, "unknown", text, started, clock)
+                    text = f"Error: {call.name} timed out after {policy.timeout_s:g} s"
+                    return self._result(call, "timeout", text, started, clock)
                 except InvalidArguments as exc:  # the tool (or its server) judged the arguments wrong: final
                     text = f"Error: invalid arguments: {clip(str(exc))}"
-                    return self._result(call, "invalid_arguments", text, started)
+                    return self._result(call, "invalid_arguments", text, started, clock)
                 except NotDelivered as exc:  # its server ended before reading it: to the restarted one, at once
                     outcome, message, repeatable, unsent = "transport", one_line(str(exc)), True, True
                 except ServerUnavailable as exc:  # never reached the tool: safe to send again
@@ -189,26 +208,27 @@ class ToolExecutor:
                 except TRANSIENT as exc:
                     outcome, message, repeatable = "transport", first_line(exc), safe_to_repeat
                 except Exception as exc:  # a tool's own failure (ValueError too) must never end the rollout
-                    return self._result(call, "tool_error", f"Error: {call.name} failed: {failure(exc)}", started)
+                    text = f"Error: {call.name} failed: {failure(exc)}"
+                    return self._result(call, "tool_error", text, started, clock)
                 # After a crash the restart is the wait (the next attempt waits for it within the deadline). A call
                 # the crash kept from the server is sent again whatever `retries` says: only the deadline bounds it.
                 backoff = 0.0 if outcome == "server_crashed" or unsent else policy.backoff_s * 2**attempt
                 spent = attempt >= policy.retries and not unsent
-                if not repeatable or spent or time.monotonic() + backoff >= deadline:
-                    return self._result(call, outcome, f"Error: {call.name} failed: {message}", started)
+                if not repeatable or spent or time.monotonic() + backoff >= clock.deadline:
+                    return self._result(call, outcome, f"Error: {call.name} failed: {message}", started, clock)
                 attempt, unsent = attempt + 1, False
                 self.metrics["retries"] += 1
                 await asyncio.sleep(backoff)
 
-    async def _attempt(self, tool: Tool, arguments: dict[str, Any], timeout: float) -> ToolOutput:
+    async def _attempt(self, tool: Tool, arguments: dict[str, Any], clock: _Clock) -> ToolOutput:
         """The tool's value as text and checked images (an unreadable image is the tool's error)."""
-        where = self.isolation(tool)
+        where, timeout = self.isolation(tool), clock.deadline - time.monotonic()
         if where == "loop":
             value = await self.coroutines.run(tool.fn, arguments, timeout)
         elif where == "inline":
             value = await self._run_async(tool.fn(**arguments), timeout)
         elif where == "process":
-            value = await self.processes.run(tool.target, arguments, timeout)
+            value = await self.processes.run(tool.target, arguments, timeout, clock.worker_ready)
         else:
             value = await self.threads.run(tool.fn, arguments, timeout)
         output = to_output(value, self.image_limits)

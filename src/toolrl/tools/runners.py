@@ -3,8 +3,10 @@
 `ProcessRunner`: worker processes (tools/worker.py), one call each at a time, started as needed and reused;
 a call that overruns its deadline gets its worker's whole process group killed, and a new worker serves the
 next call. A worker's first call of a function imports its module under a budget of its own (`import_timeout_s`);
-the call's deadline counts from the import's end, so a tool in a slow-to-import module is not a timeout. A worker
-that dies during a call (a crash, `os._exit`) is reported as `ServerCrashed`.
+the call's deadline counts from the import's end, so a tool in a slow-to-import module is not a timeout. A killed
+worker is replaced at once by a spare that imports the same functions while nothing waits for it, so the call
+after a hung one does not pay for a start. A worker that dies during a call (a crash, `os._exit`) is reported as
+`ServerCrashed`.
 
 `ThreadRunner`: daemon threads, one per call in flight, started as needed and reused. A thread cannot be
 stopped, so a call that overruns is abandoned: its slot is free at once and the next call gets another thread,
@@ -31,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -177,8 +180,10 @@ class _Worker:
         )
         self.pending: concurrent.futures.Future | None = None
         self.ready: concurrent.futures.Future | None = None
-        self.loaded: set[str] = set()
-        """Functions this worker has imported (their calls send no ready frame)."""
+        self.targets: set[str] = set()
+        """Functions this worker was asked to import (for a spare that replaces it)."""
+        self.preloaded: set[str] = set()
+        """Functions it imported before any call asked for them."""
         self._send(pickle.dumps(sys.path))
         threading.Thread(target=self._read, name=f"toolrl-worker-{self.process.pid}", daemon=True).start()
 
@@ -199,6 +204,9 @@ class _Worker:
     def _read(self) -> None:
         for frame in self._frames():
             reply = json.loads(frame.decode("utf-8", "surrogatepass"))
+            if "preloaded" in reply:
+                self.preloaded.add(reply["preloaded"])
+                continue
             if self.ready is not None and not self.ready.done():
                 self.ready.set_result(None)  # imported (or an answer without it: an import that failed)
             if reply != {"ready": True} and self.pending is not None and not self.pending.done():
@@ -209,12 +217,16 @@ class _Worker:
             if future is not None and not future.done():
                 future.set_exception(crashed)
 
+    def preload(self, targets: set[str]) -> None:
+        """Import `targets` before any call asks (a call sent meanwhile waits behind it, its deadline not begun)."""
+        for target in sorted(targets):
+            self.targets.add(target)
+            self._send(pickle.dumps((target, None)))
+
     def call(self, target: str, kwargs: dict[str, Any]) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
-        """Send one call: (ready, reply), ready once `target` is imported (at once if it was before)."""
+        """Send one call: (ready, reply), ready once `target` is imported and the call begins."""
         self.pending, self.ready = concurrent.futures.Future(), concurrent.futures.Future()
-        if target in self.loaded:
-            self.ready.set_result(None)
-        self.loaded.add(target)
+        self.targets.add(target)
         try:
             self._send(pickle.dumps((target, kwargs)))
         except (BrokenPipeError, OSError) as exc:
@@ -247,6 +259,7 @@ class ProcessRunner:
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._lock = threading.Lock()
+        self._closed = False
         self.started = 0
         self.killed = 0
 
@@ -279,15 +292,40 @@ class ProcessRunner:
                 self._idle.append(worker)
                 return
             self.killed += 1
+            closed = self._closed
         worker.kill()
+        if not closed:
+            self._start_spare(worker.targets)
 
-    async def run(self, target: str, kwargs: dict[str, Any], timeout: float) -> str | list[Any]:
+    def _start_spare(self, targets: set[str]) -> None:
+        """A worker in place of a killed one, importing what it had, idle until a call takes it."""
+        try:
+            spare = _Worker(self._log())
+            spare.preload(targets)
+        except OSError as exc:  # no process to spare now: the next call starts one as usual
+            log.warning("could not start a spare tool worker: %s", exc)
+            return
+        with self._lock:
+            self.started += 1
+            if self._closed:
+                spare.kill()
+                return
+            self._idle.append(spare)
+
+    async def run(
+        self, target: str, kwargs: dict[str, Any], timeout: float, on_ready: Callable[[float], None] | None = None
+    ) -> str | list[Any]:
+        """Run one call; `timeout` counts from when the worker is ready (started, the function imported), and
+        `on_ready` is told how long that took."""
         worker = self._take()
         healthy = False
         try:
+            sent = time.monotonic()
             ready, answer = worker.call(target, kwargs)
             try:
                 await _wait(ready, self.import_timeout_s)
+                if on_ready is not None:
+                    on_ready(time.monotonic() - sent)
             except DeadlineExceeded:
                 module = target.partition(":")[0]
                 raise ToolFailed(
@@ -308,6 +346,7 @@ class ProcessRunner:
     def close(self) -> None:
         """Kill every worker, busy or idle."""
         with self._lock:
+            self._closed = True
             workers = [*self._idle, *self._busy]
             self._idle, self._busy = [], set()
         for worker in workers:

@@ -2,14 +2,17 @@
 
 Started by `ProcessRunner` as `python worker.py` (a file path, so that starting one imports only the standard
 library). Requests arrive on stdin as length-prefixed pickles from the parent; replies leave as length-prefixed
-JSON on the original stdout, so the parent never unpickles what a tool produced. The first call of a function
-imports it and, once imported, sends `{"ready": true}` before its reply: the call's deadline starts there, so a
-module that is slow to import (torch, a model) is not a tool that overran. What tools print goes to
+JSON on the original stdout, so the parent never unpickles what a tool produced. Each call sends
+`{"ready": true}` once its function is imported (the first call of a function imports it), then its reply: the
+call's deadline starts at ready, so a module that is slow to import (torch, a model) is not a tool that overran.
+A request without arguments only imports its function (a spare worker made ready before it is needed) and
+answers `{"preloaded": ...}`. What tools print goes to
 stderr, which the parent points at a log file. The worker is killed, never asked, when a call overruns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -88,10 +91,14 @@ def main() -> None:
     functions: dict[str, Any] = {}
     while (frame := read_frame(requests)) is not None:
         target, arguments = pickle.loads(frame)
-        try:
-            if target not in functions:
+        if arguments is None:  # preload: import only (a failure shows again at the call)
+            with contextlib.suppress(BaseException):
                 _resolve(target, functions)
-                write_frame(replies, b'{"ready": true}')
+            write_frame(replies, json.dumps({"preloaded": target}).encode())
+            continue
+        try:
+            _resolve(target, functions)
+            write_frame(replies, b'{"ready": true}')
             reply = _reply(functions[target](**arguments))
         except BaseException as exc:  # a tool's failure, even SystemExit, is an answer, not the worker's end
             reply = {"error": _kind(exc), "message": str(exc), "type": type(exc).__name__}
