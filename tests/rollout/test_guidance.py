@@ -100,3 +100,20 @@ def test_a_json_schema_reply_validates(tiny_model, tokenizer):
         engine.generate("j", context, SamplingParams(temperature=0.7, max_new_tokens=64, grammar=grammar))
     )
     jsonschema.validate(json.loads(tokenizer.decode(out.ids, skip_special_tokens=True)), schema)
+
+
+def test_two_requests_of_one_sequence_are_refused_even_while_the_first_compiles_its_grammar(tiny_model, tokenizer):
+    """A sequence has one request in flight: a second one that arrives while the first compiles its grammar (off
+    the loop) is refused, not let in to overwrite the first (which then was never answered)."""
+    grammar = f"start: %json {json.dumps({'type': 'object', 'properties': {'a': {'type': 'integer'}}})}"
+    engine = guided_engine(tiny_model, tokenizer)
+    context = tokenizer.encode("<|im_start|>user\nJSON?<|im_end|>\n<|im_start|>assistant\n")
+    params = SamplingParams(temperature=0.7, max_new_tokens=8, grammar=grammar)
+
+    async def both():  # before the fix the first request was overwritten and never answered: a hang, cut at 120 s
+        requests = asyncio.gather(*(engine.generate("s", context, params) for _ in range(2)), return_exceptions=True)
+        return await asyncio.wait_for(requests, 120)
+
+    first, second = asyncio.run(both())
+    assert len(first.ids) >= 1 and isinstance(second, RuntimeError)
+    assert str(second) == "sequence 's' already has a request in flight"

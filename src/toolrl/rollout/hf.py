@@ -153,6 +153,8 @@ class HFEngine(PrefixSharing, Engine):
                 guide = TurnGuide(self.vocabulary, params.stop)
             else:  # compiling a grammar takes long and frees the GIL: off the loop, other sequences go on
                 guide = await asyncio.to_thread(TurnGuide, self.vocabulary, params.stop, params.grammar)
+                if seq in self.requests:  # another request of the sequence came in while this one compiled
+                    raise RuntimeError(f"sequence {seq!r} already has a request in flight")
         request = _Request(seq, list(tokens), params, future, on_tokens=on_tokens, guide=guide)
         self.requests[seq] = request
         if self._driver is None or self._driver.done():
