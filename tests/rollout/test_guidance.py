@@ -114,6 +114,7 @@ def test_two_requests_of_one_sequence_are_refused_even_while_the_first_compiles_
         requests = asyncio.gather(*(engine.generate("s", context, params) for _ in range(2)), return_exceptions=True)
         return await asyncio.wait_for(requests, 120)
 
-    first, second = asyncio.run(both())
-    assert len(first.ids) >= 1 and isinstance(second, RuntimeError)
-    assert str(second) == "sequence 's' already has a request in flight"
+    results = asyncio.run(both())  # whichever compiled first is served
+    [refused] = [r for r in results if isinstance(r, Exception)]
+    [served] = [r for r in results if not isinstance(r, Exception)]
+    assert str(refused) == "sequence 's' already has a request in flight" and len(served.ids) >= 1
