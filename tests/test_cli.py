@@ -27,6 +27,18 @@ def test_config_error_is_one_line_and_exit_code_2(tmp_path):
     assert out.stderr.startswith("error: config: unknown key 'train.lrr'")
     missing = toolrl("train", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "nope.yaml does not exist" in missing.stderr
+    deep = tmp_path / ("d" * 150) / ("e" * 150) / "nope.yaml"  # a long path: cut in the middle, its name kept
+    far = toolrl("train", str(deep))
+    assert far.returncode == 2 and len(far.stderr.strip().splitlines()) == 1, far.stderr
+    assert f"{str(deep)[:60]}" in far.stderr and " ... " in far.stderr and "/nope.yaml does not exist" in far.stderr
+
+
+def test_a_path_in_a_message_is_cut_in_the_middle_keeping_its_name():
+    from toolrl.text import clip_path
+
+    assert clip_path("/short/path.yaml") == "/short/path.yaml"
+    cut = clip_path("/" + "a" * 300 + "/config.yaml", 80)
+    assert len(cut) == 80 and cut.startswith("/aaa") and cut.endswith("a/config.yaml") and " ... " in cut
 
 
 def test_a_run_that_cannot_start_says_failed_in_its_status(tmp_path, tiny_model_dir):

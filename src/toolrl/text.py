@@ -38,6 +38,16 @@ def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 14] + " ...[cut]"
 
 
+def clip_path(path: object, limit: int = 200) -> str:
+    """A path for a one-line message: cut in the middle when longer than `limit`, so that both where it starts
+    and the name it ends with are shown."""
+    text = str(path)
+    if len(text) <= limit:
+        return text
+    keep = limit - 5
+    return text[: keep // 2] + " ... " + text[len(text) - (keep - keep // 2) :]
+
+
 def clip_head(text: str, limit: int) -> str:
     """`text` cut to its last `limit` characters from a line's start (a traceback's end is what says what went
     wrong), with a marker when it was cut."""

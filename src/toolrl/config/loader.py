@@ -12,7 +12,7 @@ import yaml
 from toolrl.config.schema import RunConfig
 from toolrl.errors import ConfigError
 from toolrl.files import YAMLSyntaxError, load_yaml, read_text
-from toolrl.text import clip
+from toolrl.text import clip_path
 
 DEFAULT_CONFIG = "default.yaml"
 
@@ -28,10 +28,10 @@ def read_config_data(path: Path | None) -> dict[str, Any]:
         try:
             found = path.exists()
         except OSError as exc:  # a name the system cannot look up (too long, ...)
-            raise ConfigError(f"config file {clip(str(path), 80)}: {exc.strerror or exc}; pass a YAML file or omit "
+            raise ConfigError(f"config file {clip_path(path, 200)}: {exc.strerror or exc}; pass a YAML file or omit "
                               "it for the default") from None  # fmt: skip
         if not found:
-            raise ConfigError(f"config file {clip(str(path), 80)} does not exist; pass a YAML file or omit it for "
+            raise ConfigError(f"config file {clip_path(path, 200)} does not exist; pass a YAML file or omit it for "
                               "the default")  # fmt: skip
         text, where = read_text(path, "config file"), str(path)
     return config_data(text, where)

@@ -12,7 +12,7 @@ from pathlib import Path
 from toolrl.config.schema import RunConfig
 from toolrl.errors import ConfigError, ToolRLError
 from toolrl.registry import Registry
-from toolrl.text import clip
+from toolrl.text import clip, clip_path
 
 CHECKS: Registry[Callable[[RunConfig], None]] = Registry("preflight check", "preflight")
 """Checks run before a model loads; a plug-in may register one of its own (register_preflight)."""
@@ -37,9 +37,9 @@ def _file(key: str, value: str | None, what: str) -> None:
         return
     path = Path(value).expanduser()
     if not path.exists():
-        raise ConfigError(f"{key}: {clip(str(path), 200)} does not exist; give the path of {what}")
+        raise ConfigError(f"{key}: {clip_path(path, 200)} does not exist; give the path of {what}")
     if path.is_dir() and what.endswith("file"):
-        raise ConfigError(f"{key}: {clip(str(path), 200)} is a folder; give the path of {what}")
+        raise ConfigError(f"{key}: {clip_path(path, 200)} is a folder; give the path of {what}")
 
 
 @register_preflight("files")
@@ -103,10 +103,10 @@ def check_model_folder(key: str, folder: Path) -> None:
     """A model folder holds weights and a tokenizer (loading would otherwise fail after the run folder exists)."""
     names = {p.name for p in folder.iterdir()}
     if not any(n.endswith((".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json")) for n in names):
-        raise ConfigError(f"{key}: {clip(str(folder), 200)} holds no weights (*.safetensors); save the model there "
+        raise ConfigError(f"{key}: {clip_path(folder, 200)} holds no weights (*.safetensors); save the model there "
                           "with save_pretrained")  # fmt: skip
     if not names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json"}:
-        raise ConfigError(f"{key}: {clip(str(folder), 200)} holds no tokenizer (tokenizer.json); save the "
+        raise ConfigError(f"{key}: {clip_path(folder, 200)} holds no tokenizer (tokenizer.json); save the "
                           "tokenizer there with tokenizer.save_pretrained")  # fmt: skip
 
 

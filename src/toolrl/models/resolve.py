@@ -15,7 +15,7 @@ from filelock import FileLock
 
 from toolrl.errors import ModelNotFoundError
 from toolrl.home import toolrl_home
-from toolrl.text import clip
+from toolrl.text import clip, clip_path
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def check_weights(path: Path) -> Path:
     pickles = sorted(f.name for f in path.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
         raise ModelNotFoundError(
-            f"model folder {clip(str(path), 200)} holds its weights as a pickle ({clip(', '.join(pickles), 80)}), "
+            f"model folder {clip_path(path, 200)} holds its weights as a pickle ({clip(', '.join(pickles), 80)}), "
             "which can run code when loaded; save them as safetensors (model.save_pretrained(folder)) and pass "
             "that folder"
         )
@@ -74,7 +74,7 @@ def check_weights(path: Path) -> Path:
 def _no_room(name: str, folder: Path, need: int) -> ModelNotFoundError:
     free = shutil.disk_usage(folder).free
     return ModelNotFoundError(
-        f"converting {name} needs {need / 1e9:.2f} GB in {clip(str(folder), 200)}, which has {free / 1e9:.2f} GB "
+        f"converting {name} needs {need / 1e9:.2f} GB in {clip_path(folder, 200)}, which has {free / 1e9:.2f} GB "
         "free; free space there or set TOOLRL_HOME to a folder on a disk with room"
     )
 
@@ -133,11 +133,11 @@ def resolve_model(name: str, key: str = "model.name") -> Path:
         if _is_model_dir(path):
             return check_weights(path)
         raise ModelNotFoundError(
-            f"model folder {clip(str(path), 200)} has no config.json; point model.name at a Hugging Face folder"
+            f"model folder {clip_path(path, 200)} has no config.json; point model.name at a Hugging Face folder"
         )
     if name.startswith(("/", "./", "../", "~")) or os.sep + os.sep in name:  # a path, never a hub id: no lookup
         raise ModelNotFoundError(
-            f"model folder {clip(str(path), 200)} does not exist; point model.name at a Hugging Face folder or "
+            f"model folder {clip_path(path, 200)} does not exist; point model.name at a Hugging Face folder or "
             f"an embedded model ({', '.join(EMBEDDED)})"
         )
     from huggingface_hub import snapshot_download

@@ -17,7 +17,7 @@ from toolrl.config import RunConfig, config_to_yaml
 from toolrl.errors import ConfigError
 from toolrl.files import read_jsonl
 from toolrl.runs.files import read_run_file
-from toolrl.text import clip
+from toolrl.text import clip, clip_path
 
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
@@ -42,7 +42,7 @@ class RunDir:
         name = config.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{config.env.name}"
         path = Path(config.output_dir) / name
         if held := [f for f in RUN_OUTPUTS if os.path.lexists(path / f)]:  # lexists: "last" is a symlink
-            shown = clip(str(path), 200)  # a config's names are untrusted text: the line stays one line
+            shown = clip_path(path, 200)  # a config's names are untrusted text: the line stays one line
             raise ConfigError(
                 f"run_name {clip(repr(name), 120)}: {shown} already holds a run ({', '.join(held)}); set another "
                 f"run_name (or output_dir), continue that run with `toolrl train --resume {shown}`, or move it away"
