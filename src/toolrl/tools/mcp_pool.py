@@ -31,6 +31,12 @@ ANSWERED = (ToolFailed, InvalidArguments)
 """Failures that are answers: the member is alive and serving."""
 
 
+def _taken(task: asyncio.Future) -> None:
+    """Take a finished copy's exception, so that asyncio does not print it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class MCPServerPool:
     """`size` connections to processes of one server, made by `make(index)`; lists and calls like one."""
 
@@ -130,9 +136,9 @@ class MCPServerPool:
             assert failure is not None
             raise failure
         finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
+            for task in tasks:  # the copy not used: stopped, and its failure (a crash that came after) taken
+                task.cancel()
+                task.add_done_callback(_taken)
 
     def close(self) -> None:
         """Close every member at once (each bounded by its shutdown grace periods)."""
