@@ -281,7 +281,14 @@ def leaked(folder: Path) -> list[str]:
             continue
         if "State:\tZ" in status:
             continue
-        if "toolrl/tools/worker.py" in command or str(MCP_SERVER) in command:
+        if "toolrl/tools/worker.py" in command:  # this run's only (a test suite beside it starts workers too)
+            try:
+                ours = f"TOOLRL_FAULTS_RUN={folder}".encode() in (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if ours:
+                found.append(f"{entry.name}: {command[:100]}")
+        elif str(MCP_SERVER) in command:
             found.append(f"{entry.name}: {command[:100]}")
     return found
 
@@ -305,7 +312,8 @@ def main() -> None:
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="toolrl-faults-") as tmp:
         before = set(leaked(Path(tmp)))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
+               "TOOLRL_FAULTS_RUN": tmp}  # fmt: skip
         child = subprocess.Popen(
             [sys.executable, __file__, "--calls", str(args.calls), "--seed", str(args.seed), "--child", tmp],
             stdout=subprocess.PIPE,
