@@ -105,7 +105,13 @@ def tool_config(folder: Path) -> Path:
         ("slow", None),
     ]
     servers = {
-        "mcp": {"command": sys.executable, "args": [str(MCP_SERVER)], "spare": True, "processes": MCP_PROCESSES},
+        "mcp": {
+            "command": sys.executable,
+            "args": [str(MCP_SERVER)],
+            "spare": True,
+            "processes": MCP_PROCESSES,
+            "env": {"TOOLRL_FAULTS_RUN": str(folder)},
+        },
         "pythread": {"python": "fault_tools:block_hang_thread", "policy": {"isolation": "thread"}},
     }
     for name, _ in py:
@@ -281,14 +287,13 @@ def leaked(folder: Path) -> list[str]:
             continue
         if "State:\tZ" in status:
             continue
-        if "toolrl/tools/worker.py" in command:  # this run's only (a test suite beside it starts workers too)
-            try:
-                ours = f"TOOLRL_FAULTS_RUN={folder}".encode() in (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if ours:
-                found.append(f"{entry.name}: {command[:100]}")
-        elif str(MCP_SERVER) in command:
+        if "toolrl/tools/worker.py" not in command and str(MCP_SERVER) not in command:
+            continue
+        try:  # this run's only: a test suite beside it starts workers and this MCP server too
+            ours = f"TOOLRL_FAULTS_RUN={folder}".encode() in (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if ours:
             found.append(f"{entry.name}: {command[:100]}")
     return found
 

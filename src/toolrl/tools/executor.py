@@ -54,14 +54,19 @@ def failure(exc: Exception) -> str:
 
 @dataclass
 class _Clock:
-    """One call's deadline. A worker process's start and import before the tool runs (`setup_s`) move it on: the
-    deadline counts the tool's own time, and a slow import has a budget of its own (tools.import_timeout_s)."""
+    """One call's time. A worker process's start and import before the tool runs (`setup_s`) move its deadline
+    on: the deadline counts the tool's own time, and a slow import has a budget of its own
+    (tools.import_timeout_s)."""
 
-    deadline: float
+    started: float
+    timeout_s: float
     setup_s: float = 0.0
 
+    @property
+    def deadline(self) -> float:
+        return self.started + self.timeout_s + self.setup_s
+
     def worker_ready(self, waited: float) -> None:
-        self.deadline += waited
         self.setup_s += waited
 
 
@@ -134,7 +139,6 @@ class ToolExecutor:
         call: ToolCall,
         outcome: Outcome,
         content: str | ToolOutput,
-        started: float | None = None,
         clock: _Clock | None = None,
     ) -> ToolResult:
         if outcome != "ok":
@@ -143,7 +147,7 @@ class ToolExecutor:
                 self.metrics["infra_faults"] += 1
             elif outcome in MODEL_ERRORS:
                 self.metrics["model_errors"] += 1
-        latency = time.monotonic() - started if started is not None else 0.0
+        latency = time.monotonic() - clock.started if clock is not None else 0.0
         setup = clock.setup_s if clock is not None else 0.0
         if isinstance(content, ToolOutput):
             return ToolResult(call, content.text, outcome, latency, setup, tuple(content.images), content.value)
@@ -177,28 +181,27 @@ class ToolExecutor:
             await rate.acquire()
         # The tool's own slot first: a call waiting for it must not hold a global slot other tools could use.
         async with tool_gate or nullcontext(), global_gate:
-            started = time.monotonic()
-            clock = _Clock(started + policy.timeout_s)
+            clock = _Clock(time.monotonic(), policy.timeout_s)
             try:
                 arguments = tool.validate(call.arguments)
             except InvalidArguments as exc:
-                return self._result(call, "invalid_arguments", f"Error: {exc}", started)
+                return self._result(call, "invalid_arguments", f"Error: {exc}", clock)
             safe_to_repeat = tool.idempotent if policy.retry is None else policy.retry
             attempt, unsent = 0, False
             while True:
                 try:
                     value = await self._attempt(tool, arguments, clock)
-                    return self._result(call, "ok", value, started, clock)
+                    return self._result(call, "ok", value, clock)
                 except DeadlineExceeded:
                     if tool.runs_elsewhere:  # sent to a process that goes on: it may yet run there
                         text = (f"Error: {call.name} gave no answer within {policy.timeout_s:g} s; it may still run "
                                 "there (outcome unknown)")  # fmt: skip
-                        return self._result(call, "unknown", text, started, clock)
+                        return self._result(call, "unknown", text, clock)
                     text = f"Error: {call.name} timed out after {policy.timeout_s:g} s"
-                    return self._result(call, "timeout", text, started, clock)
+                    return self._result(call, "timeout", text, clock)
                 except InvalidArguments as exc:  # the tool (or its server) judged the arguments wrong: final
                     text = f"Error: invalid arguments: {clip(str(exc))}"
-                    return self._result(call, "invalid_arguments", text, started, clock)
+                    return self._result(call, "invalid_arguments", text, clock)
                 except NotDelivered as exc:  # its server ended before reading it: to the restarted one, at once
                     outcome, message, repeatable, unsent = "transport", one_line(str(exc)), True, True
                 except ServerUnavailable as exc:  # never reached the tool: safe to send again
@@ -209,13 +212,13 @@ class ToolExecutor:
                     outcome, message, repeatable = "transport", first_line(exc), safe_to_repeat
                 except Exception as exc:  # a tool's own failure (ValueError too) must never end the rollout
                     text = f"Error: {call.name} failed: {failure(exc)}"
-                    return self._result(call, "tool_error", text, started, clock)
+                    return self._result(call, "tool_error", text, clock)
                 # After a crash the restart is the wait (the next attempt waits for it within the deadline). A call
                 # the crash kept from the server is sent again whatever `retries` says: only the deadline bounds it.
                 backoff = 0.0 if outcome == "server_crashed" or unsent else policy.backoff_s * 2**attempt
                 spent = attempt >= policy.retries and not unsent
                 if not repeatable or spent or time.monotonic() + backoff >= clock.deadline:
-                    return self._result(call, outcome, f"Error: {call.name} failed: {message}", started, clock)
+                    return self._result(call, outcome, f"Error: {call.name} failed: {message}", clock)
                 attempt, unsent = attempt + 1, False
                 self.metrics["retries"] += 1
                 await asyncio.sleep(backoff)

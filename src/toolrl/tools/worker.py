@@ -97,9 +97,9 @@ def main() -> None:
             write_frame(replies, json.dumps({"preloaded": target}).encode())
             continue
         try:
-            _resolve(target, functions)
+            function = _resolve(target, functions)
             write_frame(replies, b'{"ready": true}')
-            reply = _reply(functions[target](**arguments))
+            reply = _reply(function(**arguments))
         except BaseException as exc:  # a tool's failure, even SystemExit, is an answer, not the worker's end
             reply = {"error": _kind(exc), "message": str(exc), "type": type(exc).__name__}
         write_frame(replies, json.dumps(reply, ensure_ascii=False).encode("utf-8", "surrogatepass"))
