@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -19,6 +21,7 @@ import torch
 from tests.gateway.policies import RulePolicy
 from toolrl.gateway import Gateway
 from toolrl.gateway.budget import MB, KVBudget
+from toolrl.gateway.limits import GRAMMAR_CHECK
 from toolrl.gateway.turns import GatewayError
 from toolrl.parsers import get_parser
 from toolrl.rollout import HFEngine
@@ -294,6 +297,16 @@ def test_a_grammar_past_its_compile_budget_is_one_line_400_and_other_clients_are
     served.grammars.budget_s = 5.0  # the default: a new worker's start (the killed one's replacement) fits in it
     followed = post(served, small)
     assert followed.status_code == 200, followed.text  # within its budget: compiled and followed
+
+
+def test_the_grammar_workers_module_imports_llguidance_alone():
+    """The grammar worker's start is part of a request's wait: its module had imported torch (CI: a costly schema's
+    400 came after 6 s for a 1 s budget, 5 s of it the worker's imports)."""
+    target = GRAMMAR_CHECK.partition(":")[0]
+    grammar = json.dumps('start: "a"')
+    code = f"import sys, {target} as m; print(m.grammar_check({grammar}) or 'ok', 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["ok", "False"], out
 
 
 def test_a_fresh_cache_for_a_long_first_sequence_holds_its_rows_only(tiny_model, tokenizer):

@@ -495,6 +495,33 @@ def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     assert not site["errors"], site["errors"]
 
 
+def test_values_equal_but_for_rounding_draw_a_flat_line_with_distinct_ticks(site):
+    """CI's browser hung on a chart of values equal but for rounding (0.3 and 0.1 + 0.2, as smoothing makes them):
+    the tick step was below the values' resolution, the loop added nothing until "Invalid array length", and every
+    chart drawn after it failed. Now the line is flat in the middle of its chart and its ticks are distinct."""
+    page, root = site["page"], site["root"]
+    run = root / "flat"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: calculator\ntrain:\n  steps: 4\n")
+    rewards = [0.3, 0.1 + 0.2, 0.3, 0.1 + 0.2]
+    assert len(set(rewards)) == 2  # equal but for rounding
+    lines = [json.dumps({"step": i + 1, "reward": r}) + "\n" for i, r in enumerate(rewards)]
+    (run / "metrics.jsonl").write_text("".join(lines))
+    try:
+        page.goto(site["url"] + "#runs")
+        page.wait_for_selector("tr[data-run=flat]")
+        untick_all(page)
+        page.check("tr[data-run=flat] input")
+        page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 1")
+        chart = page.locator(".chart[data-metric=reward]")
+        assert chart.get_attribute("data-points") == "4"
+        labels = chart.locator("text.tick").all_text_contents()
+        assert len(labels) == len(set(labels)) >= 3, labels  # y ticks around 0.3 and the steps, none repeated
+        assert not site["errors"], site["errors"]
+    finally:  # the site is shared: later pages compare the newest run
+        shutil.rmtree(run)
+
+
 def test_success_by_category_draws_a_never_solved_category_at_zero(site):
     """The "success by task category" chart has one line per category the steps logged (success/<category>),
     and a category at 0 at every step (a built environment's multi-hop tasks) is a line at 0, not left out."""

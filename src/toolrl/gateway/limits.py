@@ -24,7 +24,7 @@ MAX_STOP_CHARS = 256
 GRAMMAR_BUDGET_S = 5.0
 """The longest a request's grammar may take to compile, a worker's start included (a JSON schema of 200
 patternProperties: 0.5 s; of 500: 35 s before this budget); per token, llguidance's own step limits bound it."""
-GRAMMAR_CHECK = "toolrl.rollout.guidance:grammar_check"
+GRAMMAR_CHECK = "toolrl.rollout.grammar_check:grammar_check"
 
 
 def check_stop(stop: tuple[str, ...] | list[str]) -> None:

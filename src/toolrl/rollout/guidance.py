@@ -115,19 +115,6 @@ class Vocabulary:
         return llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.width)
 
 
-def grammar_problem(grammar: str) -> str | None:
-    """Why llguidance cannot compile `grammar` (one line), or None."""
-    import llguidance
-
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    return messages[0].splitlines()[0] if is_error and messages else None
-
-
-def grammar_check(grammar: str) -> str:
-    """grammar_problem's line, or "" (what a worker process answers: the gateway's compile budget kills it)."""
-    return grammar_problem(grammar) or ""
-
-
 class TurnGuide:
     """One request's stop strings and grammar: `allowed()` before each draw, `accept(token)` after it."""
 

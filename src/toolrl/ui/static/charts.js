@@ -12,12 +12,20 @@ function s(tag, attrs, ...children) {
   return node;
 }
 
+// Two values apart by less than their own rounding noise (smoothed rewards 0.3 and 0.30000000000000004) span nothing.
+const spansNothing = (lo, hi) => !(hi - lo > 1e-9 * Math.max(Math.abs(lo), Math.abs(hi)));
+
+// Round ticks from lo to hi, about count of them. They are counted by index, not summed: a step below a value's
+// resolution had added nothing forever ("Invalid array length" on a zoomed chart of nearly equal values).
 function ticks(lo, hi, count = 4) {
-  if (hi === lo) return [lo];
+  if (spansNothing(lo, hi)) return [lo];
   const step = Math.pow(10, Math.floor(Math.log10((hi - lo) / count)));
   const nice = [1, 2, 5, 10].map((m) => m * step).find((v) => (hi - lo) / v <= count) || step * 10;
+  const digits = Math.min(15, Math.max(6, Math.ceil(Math.log10(Math.max(Math.abs(lo), Math.abs(hi)) / nice)) + 2));
   const out = [];
-  for (let v = Math.ceil(lo / nice) * nice; v <= hi + 1e-12; v += nice) out.push(+v.toPrecision(6));
+  for (let i = Math.ceil(lo / nice); i * nice <= hi + nice * 1e-9 && out.length <= 2 * count + 2; i += 1) {
+    out.push(+(i * nice).toPrecision(digits));
+  }
   return out;
 }
 
@@ -56,9 +64,9 @@ function lineChart(title, metric, series, opts = {}) {
     svg.append(s("text", { x: W / 2, y: H / 2, class: "chart-empty", "text-anchor": "middle" }, "not logged"));
     return box;
   }
-  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (spansNothing(x0, x1)) { x0 -= 1; x1 += 1; }
   if (opts.live && !opts.range) x1 += Math.max(1, (x1 - x0) * 0.05); // room for the next steps (extend)
-  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 0.5; y1 += Math.abs(y1) * 0.1 || 0.5; }
+  if (spansNothing(y0, y1)) { y0 -= Math.abs(y0) * 0.1 || 0.5; y1 += Math.abs(y1) * 0.1 || 0.5; }
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => H - B - ((v(y) - y0) / (y1 - y0)) * (H - T - B);
   const yTicks = opts.log ? ticks(Math.floor(y0), Math.ceil(y1)).filter(Number.isInteger).map((e) => 10 ** e) : ticks(y0, y1);
