@@ -495,31 +495,71 @@ def test_nan_inf_and_null_in_metrics_are_gaps_not_a_blank_page(site):
     assert not site["errors"], site["errors"]
 
 
+X_TICKS = "text.tick[y='162']"
+"""A chart's x-axis tick labels (charts.js: H - 8)."""
+
+
+def rewards_run(root, name: str, rewards: list[float], train: str = "") -> Path:
+    """A run folder of `rewards`, one a step (`train`: more lines of its config's train section)."""
+    run = root / name
+    run.mkdir()
+    (run / "config.yaml").write_text(f"env:\n  name: calculator\ntrain:\n  steps: {len(rewards)}\n{train}")
+    lines = [json.dumps({"step": i + 1, "reward": r}) + "\n" for i, r in enumerate(rewards)]
+    (run / "metrics.jsonl").write_text("".join(lines))
+    return run
+
+
+def show_only(page, site, *runs: str) -> None:
+    """The runs tab with `runs` ticked alone, once the last one is listed."""
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector(f"tr[data-run={runs[-1]}]")
+    untick_all(page)
+    for run in runs:
+        page.check(f"tr[data-run={run}] input")
+
+
 def test_values_equal_but_for_rounding_draw_a_flat_line_with_distinct_ticks(site):
     """CI's browser hung on a chart of values equal but for rounding (0.3 and 0.1 + 0.2, as smoothing makes them):
     the tick step was below the values' resolution, the loop added nothing until "Invalid array length", and every
     chart drawn after it failed. Now the line is flat in the middle of its chart and its ticks are distinct."""
     page, root = site["page"], site["root"]
-    run = root / "flat"
-    run.mkdir()
-    (run / "config.yaml").write_text("env:\n  name: calculator\ntrain:\n  steps: 4\n")
     rewards = [0.3, 0.1 + 0.2, 0.3, 0.1 + 0.2]
     assert len(set(rewards)) == 2  # equal but for rounding
-    lines = [json.dumps({"step": i + 1, "reward": r}) + "\n" for i, r in enumerate(rewards)]
-    (run / "metrics.jsonl").write_text("".join(lines))
+    run = rewards_run(root, "flat", rewards)
     try:
-        page.goto(site["url"] + "#runs")
-        page.wait_for_selector("tr[data-run=flat]")
-        untick_all(page)
-        page.check("tr[data-run=flat] input")
+        show_only(page, site, "flat")
         page.wait_for_function("document.querySelectorAll('.chart[data-metric=reward] path.series').length === 1")
         chart = page.locator(".chart[data-metric=reward]")
         assert chart.get_attribute("data-points") == "4"
         labels = chart.locator("text.tick").all_text_contents()
         assert len(labels) == len(set(labels)) >= 3, labels  # y ticks around 0.3 and the steps, none repeated
+        assert chart.locator(X_TICKS).all_text_contents() == ["1", "2", "3", "4"], labels  # whole steps only
         assert not site["errors"], site["errors"]
     finally:  # the site is shared: later pages compare the newest run
         shutil.rmtree(run)
+
+
+def test_numbers_keep_their_significant_digits_in_the_compare_table_and_tick_labels(site):
+    """Issue 73: two runs with train.lr 0.000123 and 0.000456 both read 0.000 in the compare table; issue 77: a
+    chart's ticks read 0.01 0.01 0.01 and a 3-step run's x ticks 1, 1.5, 2."""
+    page, root = site["page"], site["root"]
+    made = [rewards_run(root, "lr-a", [0.01, 0.015, 0.02], "  lr: 0.000123\n"),
+            rewards_run(root, "lr-b", [0.012, 0.014, 0.018], "  lr: 0.000456\n")]  # fmt: skip
+    try:
+        show_only(page, site, "lr-a", "lr-b")
+        table = page.locator("#compare-table")
+        expect(table.locator("th", has_text="train.lr")).to_have_count(1, timeout=10_000)
+        text = table.inner_text()
+        assert "1.23e-4" in text and "4.56e-4" in text, text
+        chart = page.locator(".chart[data-metric=reward]")
+        expect(chart.locator("path.series")).to_have_count(2)
+        y = chart.locator(f"text.tick:not({X_TICKS})").all_text_contents()
+        assert len(y) == len(set(y)) >= 3, y  # 0.01, 0.012, ... each told apart
+        assert chart.locator(X_TICKS).all_text_contents() == ["1", "2", "3"]  # whole steps only
+        assert not site["errors"], site["errors"]
+    finally:
+        for run in made:
+            shutil.rmtree(run)
 
 
 def test_success_by_category_draws_a_never_solved_category_at_zero(site):

@@ -56,11 +56,17 @@ async function attempt(action) {
   }
 }
 
+// A number with `digits` significant digits (trailing zeros dropped); below 0.001 or from 10^digits on, as long as
+// it takes to keep them: 0.000123 -> "1.23e-4", 1234.567 -> "1235", 0.5 -> "0.5". Fixed decimals had shown two
+// learning rates, 0.000123 and 0.000456, both as "0.000".
 function fmt(value, digits = 3) {
   if (value === undefined || value === null) return "";
   if (typeof value !== "number") return String(value);
-  if (Number.isInteger(value)) return String(value);
-  return value.toFixed(digits);
+  if (Number.isInteger(value) || !Number.isFinite(value)) return String(value);
+  const size = Math.abs(value);
+  if (size < 1e-3) return value.toExponential(digits - 1).replace(/\.?0+e/, "e");
+  if (size >= 10 ** digits) return String(Math.round(value));
+  return String(Number(value.toPrecision(digits)));
 }
 
 function percent(value) { return value === undefined || value === null ? "" : `${(100 * value).toFixed(1)}%`; }

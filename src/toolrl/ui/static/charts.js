@@ -29,6 +29,23 @@ function ticks(lo, hi, count = 4) {
   return out;
 }
 
+// Whole ticks from lo to hi, about count of them, at least 1 apart.
+function integerTicks(lo, hi, count) {
+  const out = ticks(lo, hi, count).filter(Number.isInteger);
+  if (out.length >= 2 || Math.floor(hi) - Math.ceil(lo) < 1) return out.length ? out : [Math.round((lo + hi) / 2)];
+  return [Math.ceil(lo), Math.floor(hi)];
+}
+
+// Labels for ticks, each told from its neighbours: the fewest significant digits (2 or more) that keep them apart
+// (0.01, 0.015, 0.02 had all read "0.01").
+function tickLabels(values) {
+  for (let digits = 2; digits <= 15; digits += 1) {
+    const labels = values.map((t) => fmt(t, digits));
+    if (new Set(labels).size === labels.length) return labels;
+  }
+  return values.map(String);
+}
+
 // series: [{label, color, points: [[x, y, step]...], dots: bool, faint: bool, run}]; a point whose y is null is a
 // gap in its line. opts: {xLabel, range: [lo, hi] (zoom), onZoom(lo, hi) (drag across a chart; double-click
 // resets with onZoom(null)), onPick(run, step) (click: that step's trajectories), log (a log-scale y axis: values
@@ -70,16 +87,21 @@ function lineChart(title, metric, series, opts = {}) {
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => H - B - ((v(y) - y0) / (y1 - y0)) * (H - T - B);
   const yTicks = opts.log ? ticks(Math.floor(y0), Math.ceil(y1)).filter(Number.isInteger).map((e) => 10 ** e) : ticks(y0, y1);
-  for (const t of yTicks.filter((t) => v(t) >= y0 - 1e-9 && v(t) <= y1 + 1e-9)) {
+  const shownY = yTicks.filter((t) => v(t) >= y0 - 1e-9 && v(t) <= y1 + 1e-9);
+  const yLabels = tickLabels(shownY);
+  shownY.forEach((t, i) => {
     svg.append(s("line", { x1: L, x2: W - R, y1: Y(t), y2: Y(t), class: "grid" }));
-    svg.append(s("text", { x: L - 4, y: Y(t) + 3, "text-anchor": "end", class: "tick" }, fmt(t, 2)));
-  }
-  const xTicks = ticks(x0, x1, 5);
-  for (const t of (xTicks.some((t) => !Number.isInteger(t)) ? xTicks : xTicks.filter(Number.isInteger))) {
+    svg.append(s("text", { x: L - 4, y: Y(t) + 3, "text-anchor": "end", class: "tick" }, yLabels[i]));
+  });
+  // an axis of whole numbers (steps, samples) has whole ticks only (a 3-step run had 1, 1.5, 2)
+  const whole = series.every((one) => one.points.every((p) => Number.isInteger(p[0])));
+  const xTicks = whole ? integerTicks(x0, x1, 5) : ticks(x0, x1, 5);
+  const xLabels = tickLabels(xTicks);
+  xTicks.forEach((t, i) => {
     // a tick at either edge is anchored inside the chart (the last one had been cut: "500(")
     const anchor = X(t) > W - R - 14 ? "end" : X(t) < L + 8 ? "start" : "middle";
-    svg.append(s("text", { x: X(t), y: H - 8, "text-anchor": anchor, class: "tick" }, fmt(t, 1)));
-  }
+    svg.append(s("text", { x: X(t), y: H - 8, "text-anchor": anchor, class: "tick" }, xLabels[i]));
+  });
   if (opts.xLabel && opts.xLabel !== "step") {
     svg.append(s("text", { x: W - R, y: H - 1, "text-anchor": "end", class: "tick" }, opts.xLabel));
   }
