@@ -141,6 +141,8 @@ def measured_calls(names: list[str]):
     import toolrl.scoring.tokens as module
     from toolrl.memory import meter, rss_gb
 
+    meter.exact = True  # a call's peak may last less than the sampler's interval
+
     peaks: dict[str, float] = {}
 
     def wrap(label, fn):

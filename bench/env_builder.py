@@ -187,7 +187,7 @@ def one_real(size: int, work: Path) -> dict:
 
 def timed(command: list[str], log: Path) -> dict:
     """Run a command in a process of its own: wall time and its peak resident memory, sampled from /proc every
-    0.2 s (the process's own max RSS is not a measure here: toolrl's PeakMeter resets the kernel's mark)."""
+    0.2 s (written when toolrl's PeakMeter reset the kernel's mark, which it no longer does outside benchmarks)."""
     import subprocess
 
     started = time.perf_counter()

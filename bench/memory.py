@@ -49,6 +49,7 @@ class Phases:
 
         if not meter.available:
             raise SystemExit("bench/memory.py: needs Linux's /proc/self/status and /proc/self/clear_refs")
+        meter.exact = True  # each phase's own exact peak (runs sample theirs and leave the OS's max RSS whole)
         self.rows: dict[str, dict[str, float]] = {}
 
     def run(self, name: str, fn):

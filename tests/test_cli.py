@@ -99,7 +99,8 @@ def test_train_writes_the_run_directory_and_a_loadable_checkpoint(tiny_model_dir
         memory = json.loads((run / "memory.json").read_text())
         assert {"rollout", "update", "eval", "checkpoint"} <= set(memory["phases_peak_gb"])
         assert memory["peak_gb"] >= max(memory["phases_peak_gb"].values()) > 0.1
-        assert f"peak memory {memory['peak_gb']:.1f} GB" in out.stdout
+        assert f"peak memory {memory['peak_gb']:.1f} GB (max RSS of this process" in out.stdout
+        assert memory["measure"].startswith("the toolrl process's max resident set (VmHWM)")
 
     from transformers import AutoModelForCausalLM
 

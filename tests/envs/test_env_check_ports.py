@@ -115,3 +115,48 @@ def test_the_idle_verdict_judges_the_unmarked_tasks_against_the_declared_bound()
     ]
     unmarked = PolicyScore("idle", 10, 0, 0.5, 0.5, 0.0, 0.0, by_design=(0, 0), others=(10, 0.5))
     assert problems(unmarked, idle=0.05) == ["idle policy success 50.0% (want <= 5%: the default bound)"]
+
+
+STUMBLE = ["--set", "plugins=[tests.fixtures.stumble_env]", "--set", "env.name=stumble"]
+
+
+def test_a_reference_that_succeeds_but_stumbles_fails_the_check_naming_the_limit(tiny_model_dir, monkeypatch, capsys):
+    """Issue 73: with the default 48-token turn, reference calls were cut (format errors) while success, which reads
+    the final answer alone, showed 100%, and the check said ok. Format errors, calls past the turn's limit (fewer
+    calls than planned) and failed calls fail it, naming the limit to raise where one explains them."""
+
+    def check(*extra):
+        argv = ["env", "check", "--set", f"model.name={tiny_model_dir}", *STUMBLE, "--json", *extra]
+        code, out, err = run(argv, monkeypatch, capsys)
+        assert "Traceback" not in err, err[-2000:]
+        verdict = json.loads(out)
+        reference = next(p for p in verdict["policies"] if p["policy"] == "reference")
+        return code, verdict, reference
+
+    code, verdict, reference = check()
+    assert code == 0 and reference["success"] == 1.0 and reference["stumbled"] == 0, verdict
+
+    code, verdict, reference = check("--set", "env.options.note_chars=400", "--set", "rollout.max_new_tokens=48")
+    assert code == 1 and reference["success"] == 1.0, verdict  # it succeeded: the answer alone is read
+    assert reference["problems"] == ["reference policy stumbled in 6 of 6 tasks (format errors in 6, fewer calls "
+                                     "than planned in 6; want none)"]  # fmt: skip
+    assert verdict["limits_cut"][0].startswith("rollout.max_new_tokens 48 cut 6 of 6 reference trajectories: ")
+
+    code, verdict, reference = check(
+        "--set", "env.options.calls=3", "--set", "rollout.max_calls_per_turn=2", "--set", "rollout.max_new_tokens=128"
+    )
+    assert code == 1 and reference["flaw_counts"]["fewer calls than planned"] == 6, verdict
+    assert verdict["limits_cut"] == ["rollout.max_calls_per_turn 2 cut 6 of 6 reference trajectories: 3 would fit "
+                                     "(the most calls in one turn)"]  # fmt: skip
+
+    code, verdict, reference = check("--set", "env.options.fail=true")
+    assert code == 1 and reference["flaw_counts"] == {"failed calls": 6} and verdict["limits_cut"] == [], verdict
+
+
+def test_a_stumble_no_limit_explains_says_where_to_look(tiny_model_dir, monkeypatch, capsys):
+    argv = ["env", "check", "--set", f"model.name={tiny_model_dir}", *STUMBLE, "--set", "env.options.fail=true"]
+    code, out, _ = run(argv, monkeypatch, capsys)
+    assert code == 1
+    assert ("env stumble is wrong: reference policy stumbled in 6 of 6 tasks (failed calls in 6; want none); no "
+            "rollout limit explains where it stumbled: read its trajectories (toolrl eval --policy reference --out "
+            "DIR)") in " ".join(out.split())  # fmt: skip

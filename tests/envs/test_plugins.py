@@ -33,13 +33,23 @@ def test_env_new_writes_a_package_whose_tests_pass_and_that_trains_from_the_comm
     printed = dict(line.split(":", 1) for line in made.stdout.splitlines()[1:])
     assert set(printed) == {"test it", "check it", "train on it"}
 
+    # the README's install brings no pytest (issue 73: the printed `pytest NAME` did not run): the printed test
+    # command runs where importing pytest fails
+    (tmp_path / "no_pytest").mkdir()
+    (tmp_path / "no_pytest" / "pytest.py").write_text("raise ImportError('pytest is not installed here')\n")
+
     def run_printed(what, *extra):  # as printed, from another folder
         command = printed[what].strip() + " " + " ".join(extra)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'no_pytest'}:{ROOT}",
+               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
         return subprocess.run(command, shell=True, capture_output=True, text=True, cwd="/", env=env, timeout=600)
 
-    tested = run_printed("test it", "-q")
-    assert tested.returncode == 0 and "2 passed" in tested.stdout, tested.stdout + tested.stderr
+    tested = run_printed("test it")
+    assert tested.returncode == 0 and tested.stdout.count("passed: ") == 2, tested.stdout + tested.stderr
+    # the limits the environment needs are its rollout_defaults, which the written config does not override
+    assert "rollout" not in (tmp_path / "word_env" / "config.yaml").read_text()
+    shown = toolrl("config", "show", "word_env/config.yaml", cwd=tmp_path)
+    assert shown.returncode == 0 and "max_turns: 3" in shown.stdout, shown.stderr
     checked = run_printed("check it", f"--set model.name={tiny_model_dir}")
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
     trained = run_printed(
@@ -50,6 +60,15 @@ def test_env_new_writes_a_package_whose_tests_pass_and_that_trains_from_the_comm
     assert (tmp_path / "runs" / "word_env" / "final" / "model.safetensors").is_file()
     again = toolrl("env", "new", "word_env", cwd=tmp_path)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_env_new_refuses_a_name_that_shadows_an_installed_module(tmp_path):
+    """A user named a first environment after the library being ported: the package hid it (or was hidden)."""
+    for name, where in (("json", "the standard library"), ("torch", "site-packages")):
+        made = toolrl("env", "new", name, cwd=tmp_path)
+        assert made.returncode == 2 and f"'{name}' is the name of an installed module" in made.stderr, made.stderr
+        assert where in made.stderr and f"e.g. {name}_env" in made.stderr and len(made.stderr.splitlines()) == 1
+        assert not (tmp_path / name).exists()
 
 
 def test_env_module_and_options_errors_are_one_line(tmp_path):

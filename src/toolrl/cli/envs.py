@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import shutil
+import sys
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -47,9 +50,12 @@ def env_new(
     folder = write_package(name, directory).resolve()
     typer.echo(f"wrote {folder}/ (__init__.py, env.py, test_env.py, config.yaml)")
     here = f"cd {shlex.quote(str(folder.parent))} &&"  # env.module: NAME is imported from the folder holding it
-    typer.echo(f"test it:     {here} pytest {name}")
-    typer.echo(f"check it:    {here} toolrl env check {name}/config.yaml")
-    typer.echo(f"train on it: {here} toolrl train {name}/config.yaml")
+    python = shlex.quote(sys.executable)  # this installation's, on PATH or not; no pytest needed (the README's
+    on_path = shutil.which("toolrl") == str(Path(sys.executable).parent / "toolrl")  # install brings none)
+    toolrl = "toolrl" if on_path else f"{python} -m toolrl"
+    typer.echo(f"test it:     {here} {python} -m {name}.test_env")
+    typer.echo(f"check it:    {here} {toolrl} env check {name}/config.yaml")
+    typer.echo(f"train on it: {here} {toolrl} train {name}/config.yaml")
 
 
 @env_app.command("check")
@@ -86,6 +92,8 @@ def env_check(
     _quiet_libraries()
     scores, cut = [], []
     bench = Workbench.load(cfg, policy="reference")  # loaded once, for both policies
+    if not as_json:  # which tasks are played, when a sample
+        bench.note = lambda line: console.print(line, highlight=False, markup=False)
     try:
         declared = bench.env.max_idle_success
         idle = (IdleExpectation(max_idle, "--max-idle") if max_idle is not None
@@ -102,9 +110,10 @@ def env_check(
             trajs = bench.evaluation(
                 tasks=tasks, progress=_progress(quiet or as_json), what=f"env check, {policy} policy"
             )
-            scores.append(_score(bench, policy, tasks, left, trajs))
+            stumbles = _stumbles(bench, trajs) if policy == "reference" else ([], {})
+            scores.append(_score(bench, policy, tasks, left, trajs, stumbles))
             if policy == "reference":
-                cut = _limits_that_cut(bench, trajs, quiet or as_json)
+                cut = _limits_that_cut(bench, trajs, stumbles[0], quiet or as_json)
     finally:
         bench.close()
     verdicts = {s.policy: problems(s, min_reference, idle) for s in scores}
@@ -135,6 +144,11 @@ def env_check(
         line = f"env {cfg.env.name} is wrong: {'; '.join(failed)}"
         if cut and verdicts["reference"]:
             line += f"; the reference was cut by the run's limits ({len(cut)} named above)"
+        elif verdicts["reference"] and scores[0].stumbled:
+            line += (
+                "; no rollout limit explains where it stumbled: read its trajectories (toolrl eval --policy "
+                "reference --out DIR)"
+            )
         console.print(line, soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(1)
 
@@ -150,8 +164,9 @@ def _progress(silent: bool):
     return progress
 
 
-def _score(bench, policy: str, tasks, left, trajs):
-    """A policy's PolicyScore; for the idle policy, the tasks the env marks as passing without action apart."""
+def _score(bench, policy: str, tasks, left, trajs, stumbles: tuple[list, dict[str, int]]):
+    """A policy's PolicyScore; for the idle policy, the tasks the env marks as passing without action apart; for
+    the reference, the trajectories it stumbled in (_stumbles)."""
     from toolrl.envs.check import STOP_LIMITS, PolicyScore
     from toolrl.train.evaluate import breakdown, summarize
 
@@ -169,18 +184,33 @@ def _score(bench, policy: str, tasks, left, trajs):
         marked = [t for t, m in zip(trajs, marks, strict=True) if m]
         rest = [t for t, m in zip(trajs, marks, strict=True) if not m]
         by_design, others = (len(marked), round(rate(marked) * len(marked))), (len(rest), rate(rest))
+    stumbled, counts = stumbles
     return PolicyScore(policy, len(tasks), len(left), stats.get("success", stats["reward"]), stats["reward"],
                        stats["tool_calls"], stats["format_errors"], solve,
-                       {k: stats.get(f"stop/{k}", 0.0) for k in STOP_LIMITS}, by_design, others)  # fmt: skip
+                       {k: stats.get(f"stop/{k}", 0.0) for k in STOP_LIMITS}, by_design, others, len(stumbled),
+                       counts or None)  # fmt: skip
 
 
-def _limits_that_cut(bench, trajs, silent: bool) -> list[str]:
-    """The reference's failed tasks played again with room in every rollout limit: each limit below what one of
-    them needs, with the value that would fit (envs/check.py limits_cut)."""
+def _stumbles(bench, trajs) -> tuple[list, dict[str, int]]:
+    """The reference's trajectories that stumbled (envs/check.py flaws), and how many had each flaw."""
+    from toolrl.envs.check import flaws
+
+    def planned(task) -> int:
+        return sum(len(round_) for request in bench.env.reference(task) or () for round_ in request.rounds)
+
+    found = [(t, flaws(t, planned(t.task))) for t in trajs]
+    return [t for t, kinds in found if kinds], dict(Counter(kind for _, kinds in found for kind in kinds))
+
+
+def _limits_that_cut(bench, trajs, stumbled, silent: bool) -> list[str]:
+    """The reference's failed tasks, and those it stumbled in, played again with room in every rollout limit: each
+    limit below what one of them needs, with the value that would fit (envs/check.py limits_cut)."""
     from toolrl.envs.check import ROOM, limits_cut, use_of
 
     success = bench.env.rubric.success  # a rubric without a success criterion: nothing is judged failed
-    failed = [t.task for t in trajs if success is not None and t.rewards.get(success, 0.0) < 1.0]
+    again_ids = {id(t) for t in stumbled}
+    failed = [t.task for t in trajs
+              if id(t) in again_ids or (success is not None and t.rewards.get(success, 0.0) < 1.0)]  # fmt: skip
     if not failed:
         return []
     config = bench.config

@@ -137,8 +137,10 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
         how = "greedy" if t == 0 else f"sampled at temperature {t:g}"
         console.print(_eval_table(f"{cfg.env.name} test split ({cfg.eval.num_tasks} tasks, {how})", columns_))
     end = f"checkpoint: {summary['checkpoint']}   wall time {wall_s():.0f} s"
-    if summary.get("memory", {}).get("peak_gb"):
-        end += f"   peak memory {summary['memory']['peak_gb']:.1f} GB"
+    memory = summary.get("memory", {})
+    if memory.get("peak_gb"):  # as the OS reports the process (its max RSS); tool processes apart
+        children = f" + {memory['children_peak_gb']:.1f} GB in tool processes" if memory.get("children_peak_gb") else ""
+        end += f"   peak memory {memory['peak_gb']:.1f} GB (max RSS of this process{children})"
     if "stopped" in summary:  # RUN/STOP (the UI's stop button) ended it after a step
         end = f"stopped after step {summary['stopped']} (resume: toolrl train --resume {run.path})   " + end
     if mode == "json":
@@ -184,6 +186,8 @@ def eval_(
     show = not (quiet or as_json)
     with console.status("evaluating") if show and console.is_terminal else nullcontext() as status:
         bench = Workbench.load(cfg, model_name=model or None, policy=policy)
+        if show:
+            bench.note = lambda line: console.print(line, highlight=False, markup=False)
         try:
             tasks, left = bench.eval_tasks(num_tasks)
             if left and not as_json:

@@ -167,7 +167,8 @@ class SFTConfig(Section):
     """source file: one {"messages": [...], "tools": [...]} per line (tools optional: the environment's)."""
     teacher: TeacherConfig | None = None
     num_tasks: int | None = Field(None, ge=1)
-    """Train-split tasks played per round (all by default)."""
+    """Train-split tasks played per round (all by default): a sample spread over the tasks' categories, seeded by
+    env.seed (envs/sample.py)."""
     samples_per_task: int = Field(1, ge=1)
     """Trajectories sampled per task (source self, teacher): the more, the likelier a success."""
     temperature: float = Field(1.0, ge=0)
@@ -301,6 +302,8 @@ class TrainConfig(Section):
 
 class EvalConfig(Section):
     num_tasks: int = Field(100, ge=1)
+    """Test-split tasks of each evaluation: a sample spread over the tasks' categories, seeded by env.seed, the same
+    at every evaluation (envs/sample.py); the whole split where it has no more."""
     batch_size: int = Field(25, ge=1)
     at_start: bool = True
     at_end: bool = True

@@ -4,8 +4,12 @@ policy (rollout/scripted.py plays both), except where the environment says other
 reward passes some tasks with no action at all declares it (`Environment.max_idle_success`, and per task
 `Environment.passes_without_action`), and the idle policy is judged on the other tasks.
 
-When the reference falls short because of the run's limits, the check names each limit that cut it and the value
-that would have fit, from the failed tasks played again with room (`limits_cut`)."""
+A reference that succeeds is still wrong where it stumbled on the way (`flaws`): a format error (a call cut by a
+token limit), a failed call, fewer calls than its reference planned. An environment whose success reads only the
+final answer had passed such a reference at 100% (2 of 60 calls cut by rollout.max_new_tokens, unsaid).
+
+When the reference falls short or stumbles because of the run's limits, the check names each limit that cut it and
+the value that would have fit, from those tasks played again with room (`limits_cut`)."""
 
 from __future__ import annotations
 
@@ -33,6 +37,10 @@ class PolicyScore:
     """Idle policy: (tasks the environment marks as passing without action, how many of them it passed)."""
     others: tuple[int, float] | None = None
     """Idle policy: (the other tasks, its success on them): what the idle bound judges."""
+    stumbled: int = 0
+    """Reference policy: trajectories with one flaw or more (FLAWS)."""
+    flaw_counts: dict[str, int] | None = None
+    """Reference policy: trajectories with each flaw."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,12 @@ def problems(score: PolicyScore, min_reference: float = 0.95, idle: IdleExpectat
     """What is wrong with an environment given one policy's score (empty: nothing)."""
     if score.policy == "reference":
         found = [("success", score.success), ("Solve-F1", score.solve_f1)]
-        return [f"reference policy {n} {v:.1%} (want >= {min_reference:.0%})" for n, v in found
-                if v is not None and v < min_reference]  # fmt: skip
+        low = [f"reference policy {n} {v:.1%} (want >= {min_reference:.0%})" for n, v in found
+               if v is not None and v < min_reference]  # fmt: skip
+        if score.stumbled:
+            kinds = ", ".join(f"{kind} in {n}" for kind, n in (score.flaw_counts or {}).items())
+            low.append(f"reference policy stumbled in {score.stumbled} of {score.tasks} tasks ({kinds}; want none)")
+        return low
     if score.policy != "idle":
         return []
     expect = idle if isinstance(idle, IdleExpectation) else IdleExpectation(idle, "the default bound")
@@ -70,6 +82,17 @@ def idle_line(score: PolicyScore, idle: IdleExpectation) -> str:
         line += (f"; {marked} pass without action by design (the env marks them; {passed} of them passed), "
                  f"the other {others}: {success:.1%}")  # fmt: skip
     return f"{line} (want <= {idle.bound:.0%}: {idle.declared_by})"
+
+
+FLAWS = ("format errors", "failed calls", "fewer calls than planned")
+
+
+def flaws(traj: Any, planned: int) -> list[str]:
+    """How a reference trajectory stumbled (FLAWS), though it may have succeeded: `planned` is the number of calls
+    its reference makes."""
+    found = [(traj.num_format_errors > 0, "format errors"), (traj.num_tool_errors > 0, "failed calls"),
+             (traj.num_tool_calls < planned, "fewer calls than planned")]  # fmt: skip
+    return [kind for flawed, kind in found if flawed]
 
 
 STOP_LIMITS = ("max_turns", "length")

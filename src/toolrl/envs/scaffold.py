@@ -7,11 +7,14 @@ the prompt and the reward.
 
 from __future__ import annotations
 
+import importlib.util
 import keyword
 import re
+import sys
 from pathlib import Path
 
 from toolrl.errors import ConfigError
+from toolrl.text import clip_path
 
 INIT = '''"""The {name} environment for toolrl; importing this package registers it (env.module: {name})."""
 
@@ -51,8 +54,16 @@ def count_letters(word: str) -> int:
 
 
 def correct(trajectory, task: Task) -> float:
-    """1 when the final <answer> is the task's answer."""
+    """1 when the final <answer> is the task's answer, else 0: the task's success."""
     return float(final_answer(trajectory.final_text) == task.answer)
+
+
+def closeness(trajectory, task: Task) -> float:
+    """Between 0 and 1: 1 for the answer, less the further off it is (0 for no number)."""
+    answer = final_answer(trajectory.final_text) or ""
+    if not answer.strip().isdigit():
+        return 0.0
+    return max(0.0, 1.0 - abs(int(answer) - int(task.answer)) / int(task.answer))
 
 
 class {cls}Options(EnvOptions):
@@ -66,6 +77,9 @@ class {cls}Options(EnvOptions):
 class {cls}(Environment):
     name = "{name}"
     Options = {cls}Options
+    # The rollout limits these tasks need, any `rollout.*` key: each is used where a run's config does not set it
+    # (`toolrl config show` prints the result; `toolrl env check` says where each value came from).
+    rollout_defaults = {{"max_turns": 3, "max_new_tokens": 64}}
 
     def __init__(self, config, options: {cls}Options):
         super().__init__(config, options)
@@ -77,7 +91,15 @@ class {cls}(Environment):
         ]
         # its own splits, each replaced by env.train_file / env.test_file when a run gives one
         self.splits = TaskSplits(config, {{"test": tasks[: options.num_test], "train": tasks[options.num_test :]}})
-        self.rubric = Rubric([Criterion("correct", correct, 1.0), *common_criteria()], success="correct")
+        # The reward is the weighted sum of the criteria; each is logged unweighted as reward/NAME. A score between
+        # 0 and 1 (partial credit, a library's own scorer) is paid as a criterion of its own; success is 1 or 0 and
+        # names what counts as solved, at weight 0 here so that it is reported (`success`) without being paid twice.
+        # common_criteria(format_weight=0.1): `format` (0.1: an <answer> in the last turn and no malformed call),
+        # `tool_calls` and `tool_errors` (weight 0: logged only). `env.reward_weights` re-weights any of them.
+        self.rubric = Rubric(
+            [Criterion("closeness", closeness, 1.0), Criterion("correct", correct, 0.0), *common_criteria()],
+            success="correct",
+        )
 
     def tools(self):
         return [tool_from_function(count_letters, idempotent=True, isolation="thread")]
@@ -96,7 +118,7 @@ class {cls}(Environment):
         return [{{"role": "system", "content": SYSTEM}}, *example, {{"role": "user", "content": task.question}}]
 '''
 
-TEST = '''"""The {name} environment's own tests: `pytest {name}`."""
+TEST = '''"""The {name} environment's own tests: `python -m {name}.test_env` (or `pytest {name}`)."""
 
 import asyncio
 
@@ -125,11 +147,20 @@ def test_the_tool_runs_and_the_reward_checks_the_answer():
     with env.reset(task) as episode:
         step = asyncio.run(episode.step([ToolCall("count_letters", {{"word": word}})], ToolExecutor(env.tools())))
     assert step.observations[0].content == task.answer
-    right, wrong = Trajectory.start(task, [1]), Trajectory.start(task, [1])
+    right, near, wrong = (Trajectory.start(task, [1]) for _ in range(3))
     right.add_model_turn([2], [0.0], f"<answer>{{task.answer}}</answer>")
-    wrong.add_model_turn([2], [0.0], "<answer>0</answer>")
-    asyncio.run(env.rubric.score_all([right, wrong]))
-    assert (right.rewards["correct"], wrong.rewards["correct"]) == (1.0, 0.0)
+    near.add_model_turn([2], [0.0], f"<answer>{{int(task.answer) + 1}}</answer>")
+    wrong.add_model_turn([2], [0.0], "<answer>none</answer>")
+    asyncio.run(env.rubric.score_all([right, near, wrong]))
+    assert [t.rewards["correct"] for t in (right, near, wrong)] == [1.0, 0.0, 0.0]  # success: 1 or 0
+    assert right.rewards["closeness"] == 1.0 and 0.0 < near.rewards["closeness"] < 1.0  # partial credit, paid
+    assert wrong.rewards["closeness"] == 0.0
+
+
+if __name__ == "__main__":  # without pytest: python -m {name}.test_env
+    for test in (test_tasks_tools_and_options, test_the_tool_runs_and_the_reward_checks_the_answer):
+        test()
+        print("passed:", test.__name__)
 '''
 
 CONFIG = """# A run on the {name} environment: `toolrl train {name}/config.yaml` from the folder that holds {name}/.
@@ -139,8 +170,6 @@ env:
   module: {name}
   options:
     num_test: 4
-rollout:
-  max_turns: 2
 train:
   steps: 5
   prompts_per_step: 2
@@ -148,6 +177,20 @@ train:
 eval:
   num_tasks: 4
 """
+
+
+def installed_module(name: str) -> str | None:
+    """Where the top-level module `name` is found already (the standard library, an installed package), or None;
+    found without importing it. A user's first environment had been named after the very library it ports."""
+    if name in sys.stdlib_module_names:
+        return "the standard library"
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    return clip_path(spec.origin or next(iter(spec.submodule_search_locations or []), name))
 
 
 def class_name(name: str) -> str:
@@ -161,6 +204,10 @@ def write_package(name: str, parent: Path) -> Path:
     folder = parent / name
     if folder.exists():
         raise ConfigError(f"env new: {folder} already exists; choose another name or remove it")
+    shadowed = installed_module(name)
+    if shadowed:
+        raise ConfigError(f"env new: {name!r} is the name of an installed module ({shadowed}); a package of that name "
+                          f"would hide it or be hidden by it: choose another, e.g. {name}_env")  # fmt: skip
     cls = class_name(name)
     folder.mkdir(parents=True)
     files = {"__init__.py": INIT, "env.py": ENV, "test_env.py": TEST, "config.yaml": CONFIG}

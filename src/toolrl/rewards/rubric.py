@@ -57,7 +57,19 @@ class Rubric:
     def score(self, trajectory, task) -> tuple[float, dict[str, float]]:
         """Total reward and every component, unweighted, by name (per-trajectory criteria only)."""
         components = {c.name: float(c.fn(trajectory, task)) for c in self.criteria}
+        self._check_success(components, task)
         return self.total(components), components
+
+    def _check_success(self, components: Mapping[str, float], task: Any) -> None:
+        """The success criterion gives 1 or 0: a score between them (a library's scorer: 0.6) had been reported as
+        a success rate."""
+        if self.success is None or components[self.success] in (0.0, 1.0):
+            return
+        raise ConfigError(
+            f"rubric: the success criterion {self.success!r} gave {components[self.success]:g} for task "
+            f"{clip(str(getattr(task, 'id', '?')), 60)}; success is 1 or 0: pay a score between 0 and 1 as a criterion "
+            "of its own and name a 0/1 one as success (docs/environments.md, 'A score between 0 and 1')"
+        )
 
     def total(self, components: Mapping[str, float]) -> float:
         return sum(c.weight * components[c.name] for c in self.criteria)
@@ -67,6 +79,7 @@ class Rubric:
         columns = await asyncio.gather(*(c.score_all(trajs) for c in self.criteria))
         for i, traj in enumerate(trajs):
             traj.rewards = {c.name: column[i] for c, column in zip(self.criteria, columns, strict=True)}
+            self._check_success(traj.rewards, traj.task)
             traj.reward = self.total(traj.rewards)
 
     def stats(self) -> Counter[str]:

@@ -221,7 +221,7 @@ class WarmStart:
 
     def run(self, model, sync: Callable[[], None], record: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         cfg, bench = self.cfg, self.bench
-        tasks = list(bench.env.tasks("train"))[: cfg.num_tasks]
+        tasks = bench.sample("train", cfg.num_tasks, "warm start")
         success = bench.env.rubric.success
         summary: dict[str, Any] = {"sft_rounds": cfg.rounds, "sft_kept": 0, "sft_played": 0}
         for round_ in range(1, cfg.rounds + 1):

@@ -28,7 +28,7 @@ from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from toolrl.algos.mismatch import Mismatch
 from toolrl.config.resolve import plugin_options
 from toolrl.errors import ConfigError, ToolRLError
-from toolrl.memory import meter, trim
+from toolrl.memory import MEASURE, meter, trim
 from toolrl.models.policy import (
     PolicyState,
     ValueHead,
@@ -128,6 +128,7 @@ class Trainer:
             VocabBlocks.of(t), kept)  # fmt: skip
         self.journal = Journal(run, self.dist, self.config, bench.tokenizer, bench.env.rubric.success)
         self.on_note: Callable[[str], None] = lambda text: log.info("%s", text)  # the warm start's lines: the CLI's
+        bench.note = lambda text: self.on_note(text)  # which tasks were taken, as on_note is when they are
         self.live = LiveStep(run and run.write_json, t.steps, t.prompts_per_step * t.group_size // self.dist.world)
         self.rollout.on_finished = self.live.finished_one  # RUN/live.json: where the running step is (the UI's)
         self.warm_start = None
@@ -357,7 +358,8 @@ class Trainer:
             self.save_checkpoint()  # under torchrun a collective: every rank writes its shards
             if self.run:
                 summary["checkpoint"] = str(self.run.save("final", self.write_model))
-        summary["memory"] = {"peak_gb": meter.current_overall(), "phases_peak_gb": dict(meter.peaks)}
+        summary["memory"] = {"peak_gb": meter.current_overall(), "phases_peak_gb": dict(meter.peaks),
+                             "children_peak_gb": round(meter.children_peak, 3), "measure": MEASURE}  # fmt: skip
         if self.run:
             self.run.write_json("memory.json", summary["memory"])
             from toolrl.runs.report import write_plot

@@ -17,6 +17,7 @@ from toolrl.config import RunConfig
 from toolrl.config.resolve import resolved
 from toolrl.config.schema import SamplingConfig
 from toolrl.envs import Environment, Task, make_env
+from toolrl.envs.sample import spread_sample
 from toolrl.errors import ConfigError
 from toolrl.memory import keep_blocks
 from toolrl.models import load_config, load_model, load_tokenizer, pick_device
@@ -72,6 +73,10 @@ class Workbench:
     side_engines: dict[str, Engine] = field(default_factory=dict)
     """Engines of other models that play no rollout (a teacher behind an endpoint scoring tokens): closed with
     the workbench, never given the policy's weights."""
+    taken: dict[tuple[str, int | None], list[Task]] = field(default_factory=dict)
+    """(split, N) -> the tasks sample() took (the same ones at every evaluation)."""
+    note: Callable[[str], None] = field(default=lambda text: log.info("%s", text))
+    """Where a line for the person running it goes (the trainer's progress, the CLI's console)."""
 
     @classmethod
     def load(
@@ -233,10 +238,19 @@ class Workbench:
         """Means over the test split (see evaluation for the trajectories themselves)."""
         return summarize(self.evaluation(num_tasks, temperature), self.env.rubric.success)
 
+    def sample(self, split: str, n: int | None, what: str) -> list[Task]:
+        """`n` tasks of the split (all where None), a seeded sample spread over their categories (envs/sample.py);
+        what was taken is logged the first time, as `what`."""
+        if (split, n) not in self.taken:
+            taken = spread_sample(self.env.tasks(split), n, self.config.env.seed)
+            self.note(taken.line(f"{what} ({split} split)"))
+            self.taken[(split, n)] = taken.tasks
+        return self.taken[(split, n)]
+
     def eval_tasks(self, num_tasks: int | None = None, split: str = "test") -> tuple[list[Task], list[Task]]:
-        """The split's first `num_tasks` (eval.num_tasks): (those the policy plays, those it cannot: tasks
+        """`num_tasks` of the split (eval.num_tasks; sample()): (those the policy plays, those it cannot: tasks
         without a reference under the reference policy), so that what is left out is counted."""
-        return playable(self.env, self.env.tasks(split)[: num_tasks or self.config.eval.num_tasks], self.policy)
+        return playable(self.env, self.sample(split, num_tasks or self.config.eval.num_tasks, "eval"), self.policy)
 
     def evaluation(
         self,
