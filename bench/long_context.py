@@ -331,11 +331,11 @@ def main() -> None:
     parser.add_argument("--mmap-threshold", type=int, help="a part's toolrl.memory.MMAP_THRESHOLD (bytes)")
     parser.add_argument("--block-age", type=int, help="a part's block cache MAX_AGE (models/native/block_cache.py)")
     args = parser.parse_args()
-    if args.mmap_threshold:  # bench/heap.py: the page faults and the peak at another threshold
+    if args.mmap_threshold:  # bench/kernels/heap.py: the page faults and the peak at another threshold
         import toolrl.memory
 
         toolrl.memory.MMAP_THRESHOLD = args.mmap_threshold
-    if args.block_age:  # bench/heap.py: and at another age
+    if args.block_age:  # bench/kernels/heap.py: and at another age
         from toolrl.models.native import block_cache
 
         block_cache.MAX_AGE = args.block_age

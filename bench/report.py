@@ -6,7 +6,7 @@ typed by hand). Each document holds a block between two markers that this script
 
 Sources: memory.json (bench/memory.py: --full, --breakdown and the workloads), rollout.json (bench/rollout.py,
 its end-to-end runs), vllm_cpu.json (bench/vllm_cpu.py), train_vs_trl.json (bench/train_vs_trl.py),
-linear_kernels.json (bench/linear_kernels.py). A figure whose benchmark has not been run is shown as "not
+linear_kernels.json (bench/kernels/linear_kernels.py). A figure whose benchmark has not been run is shown as "not
 measured".
 """
 
@@ -264,7 +264,7 @@ def kernels_table(kernels: dict) -> list[str]:
         return [f"Linear-layer kernels: {MISSING}.", ""]
     labels = {"forward_s": "inference forward, 8 x 64 tokens", "decode_step_s": "decode step, 32 sequences after a "
               "405-token prompt", "train_step_s": "training forward + backward, 8 x 256 tokens"}  # fmt: skip
-    out = [f"The default model's linear layers on torch's kernel (MKL) and on oneDNN (`bench/linear_kernels.py`, "
+    out = [f"The default model's linear layers on torch's kernel (MKL) and on oneDNN (`bench/kernels/linear_kernels.py`, "
            f"{kernels.get('threads')} threads, `model.cpu_linear`):", "",
            "| work | torch s | oneDNN s | torch / oneDNN |", "|---|---:|---:|---:|"]  # fmt: skip
     for key, label in labels.items():

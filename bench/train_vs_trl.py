@@ -14,7 +14,7 @@ the ratio of seconds per step is reported beside it, and each update's GFLOP/s (
 put through the model, the output layer at the generated tokens; attention left out) against the machine's
 fp32 matmul peak, measured in the same run. Each side runs as its users get it: TRL's model as
 `from_pretrained` gives it (torch's linear kernels, MKL), toolrl's as `toolrl train` loads it (oneDNN on CPU,
-`model.cpu_linear`; bench/linear_kernels.py measures that part alone). Needs `pip install trl`. Prints a table
+`model.cpu_linear`; bench/kernels/linear_kernels.py measures that part alone). Needs `pip install trl`. Prints a table
 and writes bench/results/train_vs_trl.json.
 """
 

@@ -12,7 +12,7 @@ mapped (bench/long_context.py), for ~20% more time in page faults. `bound_heap()
 and the warm start call it when a micro-batch's sequences are LONG_SEQUENCE tokens or longer, or one trajectory's
 linked segments are together (a long horizon: the long-horizon recipe's update peaked 0.44 GB lower with it).
 The cost, measured on a 4.9k-token GRPO step: 5.8-8 million faults, 12-13% of its CPU time in the kernel;
-thresholds of 16 MiB and more cut the faults by 61-80% and put the rollout's peak above 4 GB (bench/heap.py,
+thresholds of 16 MiB and more cut the faults by 61-80% and put the rollout's peak above 4 GB (bench/kernels/heap.py,
 docs/benchmarks.md). So
 bound_heap() also installs a cache of freed large blocks, by size (models/native/block_cache.py), of at most
 `model.cpu_block_cache_mb` (keep_blocks); trim() empties it.

@@ -18,10 +18,10 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     cpu_linear: Literal["onednn", "torch"] = "onednn"
     """On CPU in float32, the kernels of the linear layers: oneDNN (PyTorch's own; 1.5-1.9x faster training and
-    generation than torch's default on the AMD CPU measured, bench/linear_kernels.py) or torch's default."""
+    generation than torch's default on the AMD CPU measured, bench/kernels/linear_kernels.py) or torch's default."""
     cpu_decode_kernel: Literal["auto", "native", "onednn"] = "auto"
     """CPU fp32 generation's products of a few rows: `native` on toolrl's AVX2 kernel (models/native, built once per
-    machine by the C compiler on PATH; bench/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel on AVX2 and
+    machine by the C compiler on PATH; bench/kernels/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel on AVX2 and
     AVX-512 CPUs where a compiler builds it, else oneDNN."""
     cpu_block_cache_mb: int = Field(512, ge=0, le=1 << 20)
     """From 2,048-token sequences, freed CPU blocks of 1 MiB+ are kept by size for reuse, up to this many MB: far

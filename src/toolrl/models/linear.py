@@ -3,7 +3,7 @@
 
 MKL picks its fast code paths by CPU vendor: on the AMD EPYC this project measures on (2 threads) it ran a
 16 x 576 x 1536 product at 126 GFLOP/s where oneDNN ran it at 255, and a training step's 4096-row products at
-225 against 494 (bench/linear_kernels.py). The same arithmetic in another order: results agree to fp32
+225 against 494 (bench/kernels/linear_kernels.py). The same arithmetic in another order: results agree to fp32
 rounding (a loss to 2e-6, gradients to 6e-6 relative). Small products keep torch's kernel, where oneDNN's fixed
 cost per call is larger than the work (a decode step of one sequence through a 576 x 192 projection).
 
@@ -81,7 +81,7 @@ def weight_grad(grad_rows: torch.Tensor, x_rows: torch.Tensor) -> torch.Tensor:
     """A linear layer's weight gradient, grad_rows^T [out, rows] @ x_rows [rows, in]. oneDNN reads an input only
     in rows, so grad_rows^T is copied first (a transposing copy of the whole gradient: 30 MB for a 4.9k-token
     prompt's MLP); MKL reads it transposed as it is. On an Intel CPU MKL's product is the faster (4.9k rows through
-    576 x 1536: 48 ms against oneDNN's 108 with the copy, bench/long_prompt_kernels.py); elsewhere oneDNN's (MKL's
+    576 x 1536: 48 ms against oneDNN's 108 with the copy, bench/kernels/long_prompt_kernels.py); elsewhere oneDNN's (MKL's
     generic code on the AMD EPYC ran the forward's products at half oneDNN's rate)."""
     if _mkl_full_speed() and _plain(grad_rows) and _plain(x_rows):
         return torch.mm(grad_rows.t(), x_rows)

@@ -5,7 +5,7 @@ While the process holds more such threads than the machine has cores, an idle po
 instead of ~300,000 before it sleeps (libgomp's throttled spin count), so that every parallel region waits on the
 kernel to wake its threads. A trainer held two pools: the main thread's (the update, the optimizer, loading) and
 the engine's worker thread's (each decode step). On the 2-core machine a decode step of 16 rows then took 79-83
-ms instead of 55-57, and a flash-attention call of decode size 106 us instead of 39 (bench/caller_thread.py).
+ms instead of 55-57, and a flash-attention call of decode size 106 us instead of 39 (bench/kernels/caller_thread.py).
 
 So while `CallerThread.run` lasts, the engine's steps run on the calling thread, the one that already does the
 process's compute, and the coroutine (the rollout: tool calls, rewards, parsing) on an event loop of its own on a

@@ -38,7 +38,7 @@ from toolrl.scoring.cascade_grad import cascade_with_grad
 KEYWORD = "toolrl_packed"
 CASCADE = True
 """On CPU, rows read the shared prefix through scoring/cascade_grad.py; False: each row attends over its own copy of
-the prefix (the layout before it; bench/cascade_grad.py compares the two)."""
+the prefix (the layout before it; bench/kernels/cascade_grad.py compares the two)."""
 
 
 class PackedRows:

@@ -4,7 +4,7 @@ and AVX-512 ones where PyTorch runs its AVX-512 code and the CPU has it), built 
 A decode step multiplies a few rows (the sequences being sampled) by every weight of the model. On the AVX2
 machine this project measures on (AMD EPYC, 2 cores, no AVX-512), oneDNN and MKL ran those products at 40-60
 GFLOP/s, reading the weights at 5-7 GB/s of the 16 the machine has; this kernel runs 16 rows through 576 x 1536
-in 430-440 us against oneDNN's 600-640 (bench/decode_kernel.py). On an AVX-512 one (a Xeon with AMX, 2 cores) it
+in 430-440 us against oneDNN's 600-640 (bench/kernels/decode_kernel.py). On an AVX-512 one (a Xeon with AMX, 2 cores) it
 still ran a decode step's products 1.3-1.5x faster at 8-16 rows, 1.0-1.1x at 32 and lost from 64 rows (the output
 layer from 16: bench/results/decode_kernel_avx512.json). So the kernel takes only inference products of at most
 `max_rows()` rows (ROWS_BY_ISA: 64 on AVX2, 32 on AVX-512); everything else (prefills of many rows, training)
@@ -51,7 +51,7 @@ KERNELS = ("auto", "native", "onednn")
 BUILD_TIMEOUT_S = 300
 ROWS_BY_ISA = {"AVX2": 64, "AVX512": 32}
 """The most rows of a product the kernel takes, by PyTorch's CPU capability (where oneDNN was as fast or faster
-above, bench/decode_kernel.py); `auto` uses the kernel on these capabilities only."""
+above, bench/kernels/decode_kernel.py); `auto` uses the kernel on these capabilities only."""
 
 
 class KernelUnavailable(RuntimeError):
@@ -237,7 +237,7 @@ class NativeWeight:
         weight = weight.detach().contiguous()
         self.out_features, self.in_features = weight.shape
         self.rows = max_rows() if rows is None else min(rows, lib.toolrl_max_rows())
-        """The most rows it takes: max_rows(), or `rows` up to the kernel's own limit (bench/decode_kernel.py)."""
+        """The most rows it takes: max_rows(), or `rows` up to the kernel's own limit (bench/kernels/decode_kernel.py)."""
         self.data = torch.empty((self.out_features + 15) // 16, self.in_features, 16)
         lib.toolrl_pack(weight.data_ptr(), self.out_features, self.in_features, self.data.data_ptr())
 

@@ -5,7 +5,7 @@ times a step: the rollout's prefill (scoring/rollout_prefix.py), and the update'
 gradient checkpointing. At 4.9k tokens that attention is ~45% of the prompt's FLOPs, and PyTorch's CPU flash
 kernels ran it at 40-55% of the machine's product rate, the backward at 135-185 GFLOP/s on the 2-core Xeon this
 project measures on. flash.c runs the backward at 1.6-2x that and the forward at 1.1-1.3x
-(bench/long_prompt_kernels.py).
+(bench/kernels/long_prompt_kernels.py).
 
 `causal_attention` takes the place of SDPA where `takes` says so: fp32 on CPU, one sequence, no mask, as many keys
 as queries (self-attention from position 0), at least MIN_TOKENS of them, a head size that is a multiple of the

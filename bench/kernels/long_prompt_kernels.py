@@ -34,6 +34,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+import _parent  # noqa: F401  (bench/ on the import path)
 import torch
 from common import ROOT, matmul_peak_gflops, measured_here, side_by_side, timed, write_results
 

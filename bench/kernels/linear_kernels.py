@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import time
 
+import _parent  # noqa: F401  (bench/ on the import path)
 import torch
 from common import machine, matmul_peak_gflops, write_results
 

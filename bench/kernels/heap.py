@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+import _parent  # noqa: F401  (bench/ on the import path)
 from common import machine, write_results
 from long_context import run_part
 

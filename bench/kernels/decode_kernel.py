@@ -18,6 +18,7 @@ import os
 import statistics
 import time
 
+import _parent  # noqa: F401  (bench/ on the import path)
 import torch
 from common import machine, matmul_peak_gflops, timed, write_results
 

@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 
+import _parent  # noqa: F401  (bench/ on the import path)
 import torch
 from common import measured_here, save_with_load
 

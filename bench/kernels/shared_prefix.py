@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+import _parent  # noqa: F401  (bench/ on the import path)
 import torch
 from common import machine, padded_rows, timed_backward, write_results
 

@@ -8,7 +8,7 @@ heads, head size 64, 30 layers). Side by side in one process, taking turns, the 
   with its log-sum-exp against oneDNN products on keys and values packed once, and a batched matmul on keys stored
   transposed;
 - a decode step's linear layers (8 rows through the model's weights, packed as the engine packs them) against the
-  read bandwidth measured in the same process (MKL against oneDNN per product: bench/linear_kernels.py).
+  read bandwidth measured in the same process (MKL against oneDNN per product: bench/kernels/linear_kernels.py).
 
 Every alternative's output is checked against the flash kernel's. Prints a table and writes
 bench/results/attention_kernels.json with the machine's load average."""
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
+import _parent  # noqa: F401  (bench/ on the import path)
 import torch
 import torch.nn.functional as F
 from common import ROOT, machine, side_by_side, write_results

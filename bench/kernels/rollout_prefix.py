@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import time
 
+import _parent  # noqa: F401  (bench/ on the import path)
 from common import measured_here, save_with_load
 
 WORKLOADS = {

@@ -27,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import _parent  # noqa: F401  (bench/ on the import path)
 import torch
 from common import measured_here, save_with_load
 

@@ -1,0 +1,66 @@
+"""bench/ has one way to list and run its benchmarks (bench/run.py, `make bench`): what a user runs stands at its
+top, kernel micro-benchmarks in bench/kernels/, and every results file a run writes carries the same `run` block
+(issue 73, item 7)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+RUN = ROOT / "bench" / "run.py"
+HELPERS = {"common", "run", "report", "fault_tools", "sandbox_escapes"}
+"""Scripts of bench/ that are not benchmarks: shared code, this runner, the documents' figures, the faults bench's
+tools, the sandbox probe's attempts."""
+
+
+def load_run():
+    spec = importlib.util.spec_from_file_location("bench_run", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_script_is_a_listed_benchmark_or_a_named_helper_and_kernels_have_a_folder():
+    listed = load_run().benchmarks()
+    top = {p.stem for p in (ROOT / "bench").glob("*.py")}
+    assert top - HELPERS == {name for name in listed if "/" not in name}
+    kernels = {p.stem for p in (ROOT / "bench" / "kernels").glob("*.py")} - {"_parent"}
+    assert {f"kernels/{k}" for k in kernels} == {name for name in listed if name.startswith("kernels/")}
+    assert {"kernels/decode_kernel", "kernels/attention_kernels", "kernels/linear_kernels"} <= set(listed)
+    assert {"learning", "train_vs_trl", "memory", "faults", "gateway", "env_builder", "ui", "eval_speed"} <= set(listed)
+    done = subprocess.run([sys.executable, str(RUN)], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.index("what a user runs:") < done.stdout.index("kernels and pieces of a step")
+    assert all(name in done.stdout for name in listed)
+
+
+def test_an_unknown_name_is_one_line_with_the_near_one():
+    done = subprocess.run([sys.executable, str(RUN), "kernel/heap"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "did you mean kernels/heap?" in done.stderr
+
+
+def test_a_run_stamps_the_results_it_wrote_and_leaves_the_others(tmp_path, monkeypatch):
+    run = load_run()
+    bench, results = tmp_path / "bench", tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    (results / "old.json").write_text('{"kept": 1}\n')
+    (bench / "tiny.py").write_text(
+        '"""Benchmark: writes one number."""\n'
+        "import json, sys, pathlib\n"
+        "out = pathlib.Path(__file__).with_name('results') / 'tiny.json'\n"
+        "out.write_text(json.dumps({'n': sys.argv[1:]}))\n"
+    )
+    monkeypatch.setattr(run, "FOLDERS", {"": bench})
+    monkeypatch.setattr(run, "RESULTS", results)
+    monkeypatch.setattr(run, "BENCH", ROOT / "bench")  # common.machine() and git come from the repository
+    monkeypatch.setenv("TOOLRL_BENCH_BESIDE", "make test")
+    assert run.main(["tiny", "--x", "1"]) == 0
+    stamped = json.loads((results / "tiny.json").read_text())
+    assert stamped["n"] == ["--x", "1"]
+    assert {"bench", "args", "commit", "machine", "load_avg_before", "load_avg_after", "seconds", "beside"} == set(
+        stamped["run"]
+    )
+    assert stamped["run"]["bench"] == "tiny" and stamped["run"]["beside"] == "make test"
+    assert json.loads((results / "old.json").read_text()) == {"kept": 1}
