@@ -39,6 +39,7 @@ from toolrl.rollout.lean import LeanForward
 from toolrl.rollout.prefixes import PAD_POSITION, PrefixSharing, Slot
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
+from toolrl.threads import adapt
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,8 @@ class HFEngine(PrefixSharing, Engine):
     @torch.inference_mode()  # lighter than no_grad; the cache is only ever touched here
     def _step(self, batch: list[_Request]) -> None:
         self.model.eval()
+        if torch.device(self.device).type == "cpu":
+            adapt()  # one thread for the products while other work holds the cores (toolrl/threads.py)
         self._free_released()
         prefill = {}
         for request in batch:
