@@ -264,8 +264,8 @@ def kernels_table(kernels: dict) -> list[str]:
         return [f"Linear-layer kernels: {MISSING}.", ""]
     labels = {"forward_s": "inference forward, 8 x 64 tokens", "decode_step_s": "decode step, 32 sequences after a "
               "405-token prompt", "train_step_s": "training forward + backward, 8 x 256 tokens"}  # fmt: skip
-    out = [f"The default model's linear layers on torch's kernel (MKL) and on oneDNN (`bench/kernels/linear_kernels.py`, "
-           f"{kernels.get('threads')} threads, `model.cpu_linear`):", "",
+    out = [f"The default model's linear layers on torch's kernel (MKL) and on oneDNN "
+           f"(`bench/kernels/linear_kernels.py`, {kernels.get('threads')} threads, `model.cpu_linear`):", "",
            "| work | torch s | oneDNN s | torch / oneDNN |", "|---|---:|---:|---:|"]  # fmt: skip
     for key, label in labels.items():
         out.append(f"| {label} | {model['torch'][key]:.3f} | {model['onednn'][key]:.3f} | "

@@ -81,8 +81,8 @@ def weight_grad(grad_rows: torch.Tensor, x_rows: torch.Tensor) -> torch.Tensor:
     """A linear layer's weight gradient, grad_rows^T [out, rows] @ x_rows [rows, in]. oneDNN reads an input only
     in rows, so grad_rows^T is copied first (a transposing copy of the whole gradient: 30 MB for a 4.9k-token
     prompt's MLP); MKL reads it transposed as it is. On an Intel CPU MKL's product is the faster (4.9k rows through
-    576 x 1536: 48 ms against oneDNN's 108 with the copy, bench/kernels/long_prompt_kernels.py); elsewhere oneDNN's (MKL's
-    generic code on the AMD EPYC ran the forward's products at half oneDNN's rate)."""
+    576 x 1536: 48 ms against oneDNN's 108 with the copy, bench/kernels/long_prompt_kernels.py); elsewhere oneDNN's
+    (MKL's generic code on the AMD EPYC ran the forward's products at half oneDNN's rate)."""
     if _mkl_full_speed() and _plain(grad_rows) and _plain(x_rows):
         return torch.mm(grad_rows.t(), x_rows)
     return linear(grad_rows.t(), x_rows.t())

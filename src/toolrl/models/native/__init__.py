@@ -237,7 +237,8 @@ class NativeWeight:
         weight = weight.detach().contiguous()
         self.out_features, self.in_features = weight.shape
         self.rows = max_rows() if rows is None else min(rows, lib.toolrl_max_rows())
-        """The most rows it takes: max_rows(), or `rows` up to the kernel's own limit (bench/kernels/decode_kernel.py)."""
+        """The most rows it takes: max_rows(), or `rows` up to the kernel's own limit
+        (bench/kernels/decode_kernel.py)."""
         self.data = torch.empty((self.out_features + 15) // 16, self.in_features, 16)
         lib.toolrl_pack(weight.data_ptr(), self.out_features, self.in_features, self.data.data_ptr())
 
