@@ -67,3 +67,17 @@ def test_off_policy_steps_without_a_cap_clip_the_ratio_against_the_behaviour_log
     on_policy, _ = update(config, bench, initial, trajs, shift=-1.0)
     off_policy, _ = update(config, bench, initial, trajs, shift=-1.0, async_steps=1)  # ratio e > 1.2
     assert on_policy["clip_frac"] == 0.0 and off_policy["clip_frac"] > 0.0
+
+
+def test_a_correction_in_the_update_masks_weighs_and_logs_its_share(setup):
+    """train.correction in a real update: icepop's band masks every token whose ratio is 10 (no policy gradient
+    left), token_tis at cap 2 is train.tis_cap 2; the default logs no correction/* (the metrics as before)."""
+    config, bench, trajs, initial = setup
+    plain_stats, plain = update(config, bench, initial, trajs)
+    assert not any(k.startswith("correction/") for k in plain_stats)
+    stats, masked = update(config, bench, initial, trajs, shift=-math.log(10), correction="icepop")
+    assert stats["correction/masked_fraction"] == 1.0
+    assert all(float(g.norm()) == 0.0 for g in masked.values())
+    tis_stats, tis = update(config, bench, initial, trajs, shift=-math.log(10), correction="token_tis")
+    assert tis_stats["correction/capped_fraction"] == 1.0 and tis_stats["correction/mean_weight"] == pytest.approx(2.0)
+    assert close(plain, tis, factor=2.0)

@@ -3,8 +3,8 @@ imported from their modules when first read (toolrl.lazy): the registries (regis
 
 from toolrl.lazy import lazy_exports
 
-_REGISTRIES = ["ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "POLICY_LOSSES"]
-_REGISTRATION = ["register_advantage", "register_aggregation", "register_policy_loss"]
+_REGISTRIES = ["ADVANTAGES", "AGGREGATIONS", "CORRECTIONS", "KL_ESTIMATORS", "POLICY_LOSSES"]
+_REGISTRATION = ["register_advantage", "register_aggregation", "register_correction", "register_policy_loss"]
 _ADVANTAGES = ["AdvantageInputs", "Advantages", "TurnInput", "group_advantages", "informative_groups"]
 _LOSSES = ["PolicyInputs", "StepTotals", "entropy_from_logits", "kl_k1", "kl_k3", "value_loss"]
 _EXPORTS = {

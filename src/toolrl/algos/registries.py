@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from toolrl.algos import correction_options
 from toolrl.registry import Registry
 
 Entry = Callable[..., Any]
@@ -26,6 +27,10 @@ register_aggregation = AGGREGATIONS.register
 
 KL_ESTIMATORS: Registry[Entry] = Registry("KL estimator", "train.kl.estimator")
 
+CORRECTIONS: Registry[Entry] = Registry("off-policy correction", "train.correction")
+"""How a token sampled by another policy than the trainer's is weighed (algos/corrections.py)."""
+register_correction = CORRECTIONS.register
+
 _BUILTIN: list[tuple[Registry[Any], str, list[str], dict[str, dict[str, Any]]]] = [
     (
         ADVANTAGES,
@@ -36,7 +41,12 @@ _BUILTIN: list[tuple[Registry[Any], str, list[str], dict[str, dict[str, Any]]]] 
     (POLICY_LOSSES, "toolrl.algos.losses", ["ppo_clip", "gspo", "vanilla_pg"], {}),
     (AGGREGATIONS, "toolrl.algos.losses", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"], {}),
     (KL_ESTIMATORS, "toolrl.algos.losses", ["k1", "k3"], {}),
+    (CORRECTIONS, "toolrl.algos.corrections", ["none"], {}),
 ]
+_CORRECTION_OPTIONS = {"token_tis": "CapOptions", "seq_tis": "CapOptions", "mis": "MaskOptions",
+                       "icepop": "BandOptions", "decoupled_ppo": "ProximalOptions"}  # fmt: skip
+for _name, _model in _CORRECTION_OPTIONS.items():
+    CORRECTIONS.declare(_name, "toolrl.algos.corrections", options=getattr(correction_options, _model))
 for _registry, _module, _plain, _capable in _BUILTIN:
     for _name in _plain:
         _registry.declare(_name, _module)

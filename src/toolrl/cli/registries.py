@@ -15,7 +15,7 @@ from toolrl.text import did_you_mean
 
 def registries() -> dict[str, Any]:
     """Kind -> registry, for every kind of part a config picks by name."""
-    from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from toolrl.algos import ADVANTAGES, AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
     from toolrl.context import CONTEXTS
     from toolrl.envs.base import ENVIRONMENTS
     from toolrl.parsers.base import PARSERS
@@ -33,6 +33,7 @@ def registries() -> dict[str, Any]:
         "loss": POLICY_LOSSES,
         "aggregation": AGGREGATIONS,
         "kl": KL_ESTIMATORS,
+        "correction": CORRECTIONS,
         "criterion": CRITERIA,
         "logger": LOGGERS,
         "tool-entry": ENTRY_KINDS,

@@ -43,7 +43,7 @@ def import_code(config: RunConfig) -> None:
 
 def _registry_checks(config: RunConfig) -> list[tuple[Any, str]]:
     """(registry, name) pairs that must resolve; imported here so that reading a config stays cheap."""
-    from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from toolrl.algos import ADVANTAGES, AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
     from toolrl.context import CONTEXTS
     from toolrl.parsers.base import PARSERS
     from toolrl.rollout.engine import ENGINES
@@ -53,6 +53,7 @@ def _registry_checks(config: RunConfig) -> list[tuple[Any, str]]:
         (ENGINES, r.engine),
         (CONTEXTS, r.context.name),
         (ADVANTAGES, t.advantage),
+        (CORRECTIONS, t.correction),
         (POLICY_LOSSES, t.loss),
         (AGGREGATIONS, t.aggregation),
         (KL_ESTIMATORS, t.kl.estimator),
@@ -80,13 +81,16 @@ def plugin_options(config: RunConfig) -> dict[str, BaseModel]:
     kept = config.kept_plugin_options()
     if kept is not None:
         return kept
-    from toolrl.algos import ADVANTAGES
+    from toolrl.algos import ADVANTAGES, CORRECTIONS
     from toolrl.context import CONTEXTS
 
     t, context, typed = config.train, config.rollout.context, {}
+    correction = correction_name(t)
+    correction_options = t.correction_options if t.tis_cap is None else {**t.correction_options, "cap": t.tis_cap}
     for key, registry, name, given, where in [
         ("advantage", ADVANTAGES, t.advantage, t.advantage_options, "train.advantage_options"),
         ("context", CONTEXTS, context.name, context.options, "rollout.context.options"),
+        ("correction", CORRECTIONS, correction, correction_options, "train.correction_options"),
     ]:
         model = registry.options_model(name) or NoOptions
         try:
@@ -95,6 +99,16 @@ def plugin_options(config: RunConfig) -> dict[str, BaseModel]:
             raise ConfigError(format_validation_error(exc, f"{where} of {name}", model, f"{where}.")) from None
     config.keep_plugin_options(typed)
     return typed
+
+
+def correction_name(t) -> str:
+    """The off-policy correction a train section names: train.tis_cap (the older key) is token_tis at its cap."""
+    if t.tis_cap is None:
+        return t.correction
+    if t.correction not in ("none", "token_tis"):
+        raise ConfigError(f"train.tis_cap is train.correction: token_tis; it cannot go with train.correction: "
+                          f"{t.correction} (give that one's cap in train.correction_options)")  # fmt: skip
+    return "token_tis"
 
 
 class NoOptions(BaseModel):

@@ -21,8 +21,8 @@ class ModelConfig(Section):
     generation than torch's default on the AMD CPU measured, bench/kernels/linear_kernels.py) or torch's default."""
     cpu_decode_kernel: Literal["auto", "native", "onednn"] = "auto"
     """CPU fp32 generation's products of a few rows: `native` on toolrl's AVX2 kernel (models/native, built once per
-    machine by the C compiler on PATH; bench/kernels/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel on AVX2 and
-    AVX-512 CPUs where a compiler builds it, else oneDNN."""
+    machine by the C compiler on PATH; bench/kernels/decode_kernel.py), `onednn` on oneDNN, `auto` the kernel on AVX2
+    and AVX-512 CPUs where a compiler builds it, else oneDNN."""
     cpu_block_cache_mb: int = Field(512, ge=0, le=1 << 20)
     """From 2,048-token sequences, freed CPU blocks of 1 MiB+ are kept by size for reuse, up to this many MB: far
     fewer page faults (models/native/block_cache.py, built by the C++ compiler on PATH). 0: each mapped anew."""
@@ -261,6 +261,13 @@ class TrainConfig(Section):
     """Truncated importance sampling: weigh each trained token's loss by min(pi_trainer / pi_engine, cap), the
     correction for an engine that samples with other numerics or weights than the trainer computes (vLLM, a
     step-old copy); 2.0 is common. None: off (the mismatch is still logged as mismatch/*)."""
+    correction: str = "none"
+    """How a token sampled by another policy than the trainer's is weighed (algos/corrections.py): none,
+    token_tis, seq_tis, mis (masking), icepop (a two-sided band), decoupled_ppo (a proximal policy apart from the
+    behaviour policy), or one of your own (`@register_correction`); each logs correction/masked_fraction,
+    mean_weight and capped_fraction. `tis_cap: X` is `correction: token_tis` with `cap: X`."""
+    correction_options: dict[str, Any] = {}
+    """Options of the correction (`toolrl list correction` shows each one's): cap, level, low, high."""
     async_steps: int = Field(0, ge=0, le=1)
     """1: one-step off-policy, the rollout of step k+1 runs (on a copy of the policy) while step k trains; the
     trajectories are one update stale, and the ratio is against the behaviour log-probs (with tis_cap: against
@@ -360,5 +367,6 @@ class RunConfig(Section):
         return self._plugin_typed[1]
 
     def _plugin_choice(self) -> Any:
-        context = self.rollout.context
-        return copy.deepcopy((self.train.advantage, self.train.advantage_options, context.name, context.options))
+        context, t = self.rollout.context, self.train
+        return copy.deepcopy((t.advantage, t.advantage_options, context.name, context.options, t.correction,
+                              t.correction_options, t.tis_cap))  # fmt: skip

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from toolrl import distributed, seeds
-from toolrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from toolrl.algos import ADVANTAGES
+from toolrl.algos.corrections import CorrectionStats
 from toolrl.algos.mismatch import Mismatch
 from toolrl.config.resolve import plugin_options
 from toolrl.errors import ConfigError, ToolRLError
@@ -78,8 +79,8 @@ class Trainer:
             )
         self.estimate = ADVANTAGES.lookup(t.advantage)
         self.estimator_options = plugin_options(self.config)["advantage"]
-        self.kl = KL_ESTIMATORS.lookup(t.kl.estimator)
-        self.loss_fns = LossFunctions(POLICY_LOSSES.lookup(t.loss), AGGREGATIONS.lookup(t.aggregation), self.kl)
+        self.loss_fns = LossFunctions.of(self.config)
+        self.kl = self.loss_fns.kl
         torch.manual_seed(seeds.init(self.config.seed))
         if t.lora.r or not t.train_vision:
             bench.model = prepare_policy(bench.model, t)  # LoRA; a vision tower frozen
@@ -239,7 +240,7 @@ class Trainer:
             )
             pad_to = distributed.max_over_ranks(self.dist, len(plan.batches))
             sums, clipped = backward(chosen, plan, scores, self.loss_fns, t, pad_to, rows.rows[0],
-                                     mismatch := Mismatch())  # fmt: skip
+                                     mismatch := Mismatch(), corrections := CorrectionStats())  # fmt: skip
         backward_done = time.perf_counter()
         params = [p for group in state.optimizer.param_groups for p in group["params"]]
         any_work = distributed.max_over_ranks(self.dist, len(chosen.work)) > 0  # every rank steps its shards
@@ -271,6 +272,7 @@ class Trainer:
             "fault_masked": sum(not v for v in batch.valid[: len(trajs)]),
             "advantage_abs": float(est.advantages.abs().mean()) if len(est.advantages) else 0.0,
             **mismatch.metrics(),
+            **(corrections.metrics() if self.loss_fns.corrects else {}),
             **self.scorer.prompt_pass_metrics(),
         }
         optional = {

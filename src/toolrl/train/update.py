@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from toolrl.algos import AdvantageInputs, Advantages, PolicyInputs, StepTotals, TurnInput, informative_groups
 from toolrl.algos import value_loss as clipped_value_loss
-from toolrl.algos.mismatch import Mismatch, tis_weights
+from toolrl.algos.corrections import Corrected, CorrectionInputs, CorrectionStats
+from toolrl.algos.mismatch import Mismatch
 from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import MODEL, SUMMARY, Segment, UpdateValues
 from toolrl.scoring import Plan, TokenScores
@@ -263,6 +265,21 @@ class LossFunctions:
     policy_loss: Callable
     aggregate: Callable
     kl: Callable
+    correction: Callable[[CorrectionInputs], Corrected] = field(default=lambda x: Corrected(None))
+    """The off-policy correction with its options bound (train.correction; algos/corrections.py)."""
+    corrects: bool = False
+    """A correction other than none: its metrics (correction/*) are logged."""
+
+    @classmethod
+    def of(cls, config) -> LossFunctions:
+        """A run config's policy loss, aggregation, KL estimator and off-policy correction (with its options)."""
+        from toolrl.algos import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
+        from toolrl.config.resolve import correction_name, plugin_options
+
+        t, name = config.train, correction_name(config.train)
+        correct = partial(CORRECTIONS.lookup(name), options=plugin_options(config)["correction"])
+        kl = KL_ESTIMATORS.lookup(t.kl.estimator)
+        return cls(POLICY_LOSSES.lookup(t.loss), AGGREGATIONS.lookup(t.aggregation), kl, correct, name != "none")
 
 
 def backward(
@@ -274,6 +291,7 @@ def backward(
     pad_to: int = 0,
     dummy: Segment | None = None,
     mismatch: Mismatch | None = None,
+    corrections: CorrectionStats | None = None,
 ) -> tuple[dict[str, float], int]:
     """The loss over micro-batches, each backpropagated: policy loss, plus the KL term (train.kl.mode: loss),
     minus the entropy bonus, plus the value loss. Returns the summed terms and the clipped token count;
@@ -281,9 +299,10 @@ def backward(
 
     The trainer recomputes every log-prob itself. The step makes one optimizer step after all its micro-batches,
     so the log-probs of this forward pass, detached, are the old policy's: the ratio is against them, and the
-    engine's sampling log-probs (`Work.old_logprobs`, the behaviour policy) only measure the mismatch
-    (`mismatch`), or weigh each token by min(pi_trainer / pi_engine, train.tis_cap) with a cap. With
-    train.async_steps and no cap, the ratio is against the behaviour log-probs (clipped as PPO does).
+    engine's sampling log-probs (`Work.old_logprobs`, the behaviour policy) measure the mismatch (`mismatch`) and
+    go to the off-policy correction (`fns.correction`, train.correction: a weight per token, 0 where masked, summed
+    in `corrections`), which may take the ratio against them; with none and train.async_steps, it is against them
+    (clipped as PPO does).
     `pad_to`: run forward and backward passes of zero loss on `dummy` until there were that many (data
     parallel ranks must make the same number of sharded passes). `plan`: the micro-batches and the step's shared
     prompt, computed once for every micro-batch; the micro-batches' gradients of it go through it at the end. A token
@@ -309,18 +328,21 @@ def backward(
             w.trainer_logprobs = own.tolist()  # for its written record
         if mismatch is not None:
             mismatch.add(scored.logprobs, engine, t.tis_cap)
-        against_behaviour = t.async_steps > 0 and t.tis_cap is None
+        corrected = fns.correction(CorrectionInputs(scored.logprobs, engine, scored.counts))
+        if corrections is not None:
+            corrections.add(corrected, len(engine))
+        against = corrected.against or ("behaviour" if t.async_steps > 0 else "trainer")
         inputs = PolicyInputs(
             scored.logprobs,
-            engine if against_behaviour else scored.logprobs.detach(),
+            engine if against == "behaviour" else scored.logprobs.detach(),
             _cat(chosen, "advantages"),
             scored.counts,
             t.clip_low,
             t.clip_high,
         )
         per_token, was_clipped = fns.policy_loss(inputs)
-        if t.tis_cap is not None:
-            per_token = per_token * tis_weights(scored.logprobs, engine, t.tis_cap)
+        if corrected.weights is not None:
+            per_token = per_token * corrected.weights.to(per_token.device)
         if any(w.weights is not None for w in chosen):
             weights = [w.weights if w.weights is not None else torch.ones(len(w.advantages)) for w in chosen]
             per_token = per_token * torch.cat(weights).to(per_token.device)
