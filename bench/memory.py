@@ -12,8 +12,8 @@ phase left allocated counts in it, as it does in a real run). Workloads:
   rewards are set to 0 and 1 alternately so that every trajectory enters the loss.
 - `demo_full` (`--full`): the real `make demo` run end to end, `toolrl train recipes/calculator-zero.yaml` as a
   user runs it (warm start, every step, every evaluation, the checkpoint): a sampler reads the resident set of
-  the process tree every 20 ms, and the run's own meter (toolrl.memory, RUN/memory.json) gives each phase's
-  exact peak; `demo_full_run_peak_gb` is the larger of the two.
+  the process tree every 20 ms, and the run's own meter (toolrl.memory, RUN/memory.json) gives the process's
+  peak (the kernel's high-water mark) and each phase's sampled one; `demo_full_run_peak_gb` is the larger.
 - `--breakdown`: where the demo's memory goes, in one process on the demo's config: the interpreter with torch
   and the tokenizer, the weights, gradients and AdamW states (their bytes), the KV cache of a training rollout
   and of an evaluation batch (the engine's buffers), the engine's packed copies of the linear weights while it
