@@ -3,7 +3,8 @@ tasks (issue 73, item 4: 387 s against 47 s for a user's 60 tasks). A short warm
 (`toolrl sft`, the default model) evaluates its final model at its end; `toolrl eval` then evaluates that model
 again; both play the same sampled tasks with the same seeds, so their trajectories are the same. Each is timed from
 its progress line, alone and beside a process that keeps every core busy with matrix products (a second run, a
-test suite), with toolrl's thread governor (toolrl/threads.py) and without it (TOOLRL_ADAPT_THREADS=0, as before).
+test suite), as it runs by default (the engine's thread pool opened on the main thread first, toolrl/threads.py)
+and with the opt-in thread governor (TOOLRL_ADAPT_THREADS=1).
 
 Keys: `rows` (per condition: in-training and standalone seconds, and `standalone_vs_training`; goal <= 1.2),
 `tasks`, the load average before and after, what ran beside. Prints a table and writes
@@ -75,8 +76,8 @@ def main() -> None:
         for busy in (False, True):
             hog = subprocess.Popen([sys.executable, "-c", BUSY]) if busy else None
             try:
-                for adapt in (True, False):
-                    name = f"{'busy' if busy else 'alone'}_{'governor' if adapt else 'fixed_threads'}"
+                for adapt in (False, True):
+                    name = f"{'busy' if busy else 'alone'}_{'governor' if adapt else 'default'}"
                     started = time.perf_counter()
                     rows[name] = measure(Path(tmp), args.tasks, adapt, name)
                     row = rows[name]

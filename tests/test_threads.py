@@ -15,7 +15,7 @@ def pressure(tmp_path, monkeypatch):
     path = tmp_path / "cpu"
     monkeypatch.setattr(threads, "PRESSURE", path)
     monkeypatch.setattr(threads, "INTERVAL_S", 0.0)
-    monkeypatch.delenv("TOOLRL_ADAPT_THREADS", raising=False)
+    monkeypatch.setenv("TOOLRL_ADAPT_THREADS", "1")  # opt-in
 
     def set_to(avg10: float) -> None:
         path.write_text(f"some avg10={avg10:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00\n")
@@ -56,7 +56,7 @@ def test_no_pressure_file_or_switched_off_changes_nothing(pressure, monkeypatch)
     monkeypatch.setenv("TOOLRL_ADAPT_THREADS", "0")
     pressure(90.0)
     assert in_a_thread(lambda: (threads.adapt(), torch.get_num_threads())) == (2, 2)  # off: the count stays
-    monkeypatch.delenv("TOOLRL_ADAPT_THREADS")
+    monkeypatch.setenv("TOOLRL_ADAPT_THREADS", "1")
     threads.PRESSURE.unlink()
     assert threads.cpu_pressure() is None
     assert in_a_thread(lambda: (threads.adapt(), torch.get_num_threads()))[1] == 2

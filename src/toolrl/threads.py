@@ -1,14 +1,17 @@
-"""Intra-op threads as the machine allows: fewer while other work holds the cores.
+"""Intra-op threads on a machine that other work shares.
 
-A matrix product split over torch's threads waits at its end for the slowest of them. With every core taken by
-other processes (a second run, a test suite beside it), one of ours is descheduled in most products and the step
-waits a time slice for it, many times a forward: a standalone evaluation of 4 tasks took 87 s with 2 threads beside
-a training run where 1 thread took 20 s (and 2 threads 9 s on an idle machine). `adapt()` is called by a thread
-before its heavy work (an engine step, a micro-batch); every `INTERVAL_S` it reads the machine's CPU pressure
-(Linux's pressure stall information: the share of the last 10 s in which some task waited for a CPU) and runs this
-thread's products on one thread while it is above `HIGH`, on the thread count it started with once it falls below
-`LOW`. torch's thread count is per thread (OpenMP's), so the engine's thread and the trainer's adapt apart.
-Where /proc/pressure/cpu is missing, or TOOLRL_ADAPT_THREADS=0, nothing changes.
+`open_pool()`: the main thread runs one small parallel product before any worker thread runs torch's. Beside a
+process that held both cores, a standalone `toolrl eval` whose first parallel product ran in the engine's worker
+thread took 122 s for 4 tasks, and 30 s after one 512 x 512 product on the main thread first, with the same tokens
+and log-probs; a training run's evaluation after its first update was fast for that reason. The hf engine calls it
+when it is made.
+
+`adapt()` (opt-in: TOOLRL_ADAPT_THREADS=1): the hf engine's thread calls it before each step of its work; every
+`INTERVAL_S` it reads the machine's CPU pressure (Linux's pressure stall information: the share of the last 10 s in
+which some task waited for a CPU) and runs this thread's products on one thread while it is above `HIGH`, on the
+count it started with once it falls below `LOW` (torch's count is per thread: OpenMP's). Beside a busy process it
+took that evaluation from 90 s to 36 s; but the thread count changes a product's last bits (a weight gradient's or
+a decode step's sums are split over threads), so a run's results then depend on the load it met: off by default.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ LOW = 10.0
 
 _local = threading.local()
 changes = {"fewer": 0, "restored": 0}
-"""How often a thread went down to one thread and back (the run's `cpu_threads_*` counts)."""
+"""How often a thread went down to one thread and back."""
 
 
 def cpu_pressure() -> float | None:
@@ -47,7 +50,21 @@ def cpu_pressure() -> float | None:
 
 
 def enabled() -> bool:
-    return os.environ.get("TOOLRL_ADAPT_THREADS", "1") != "0" and cpu_pressure() is not None
+    return os.environ.get("TOOLRL_ADAPT_THREADS", "0") == "1" and cpu_pressure() is not None
+
+
+_opened = threading.Event()
+
+
+def open_pool() -> None:
+    """One small parallel product on the main thread, once per process (a no-op from any other thread)."""
+    if _opened.is_set() or threading.current_thread() is not threading.main_thread():
+        return
+    import torch
+
+    a = torch.ones(512, 512)
+    a @ a
+    _opened.set()
 
 
 class _Governor:

@@ -39,7 +39,7 @@ from toolrl.rollout.lean import LeanForward
 from toolrl.rollout.prefixes import PAD_POSITION, PrefixSharing, Slot
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
 from toolrl.rollout.slots import Feed, SlotCache, attention_mask
-from toolrl.threads import adapt
+from toolrl.threads import adapt, open_pool
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class HFEngine(PrefixSharing, Engine):
         lean: bool = True,
     ):
         self.model = model
+        if torch.device(device).type == "cpu":
+            open_pool()  # the main thread's parallel product first (toolrl/threads.py)
         self.vocabulary = Vocabulary(tokenizer, model.config.vocab_size) if tokenizer is not None else None
         """The tokenizer, for requests with stop strings or a grammar."""
         self.stop_ids = set(stop_ids)
@@ -275,8 +277,7 @@ class HFEngine(PrefixSharing, Engine):
     @torch.inference_mode()  # lighter than no_grad; the cache is only ever touched here
     def _step(self, batch: list[_Request]) -> None:
         self.model.eval()
-        if torch.device(self.device).type == "cpu":
-            adapt()  # one thread for the products while other work holds the cores (toolrl/threads.py)
+        adapt()  # opt-in: one thread for the products while other work holds the cores (toolrl/threads.py)
         self._free_released()
         prefill = {}
         for request in batch:

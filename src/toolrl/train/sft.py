@@ -38,7 +38,6 @@ from toolrl.registry import Registry
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.scoring import DEFAULT_BLOCKS, Scorer, VocabBlocks
 from toolrl.text import clip, first_line
-from toolrl.threads import adapt
 from toolrl.train.embedding_grad import sparse_tied_embedding
 
 log = logging.getLogger(__name__)
@@ -195,7 +194,6 @@ def fine_tune(
                 longest = max(sum(len(s.token_ids) for s in t.sequences()) for t in batch)  # an episode's segments
                 plan = scorer.plan(model, rows, "tree" if len(rows) > len(batch) else "group", longest)
                 for micro in plan.batches:
-                    adapt()  # one thread for the products while other work holds the cores (toolrl/threads.py)
                     scores = scorer.scores(model, [rows[i] for i in micro], prefix=plan.prefix, sharing=plan.sharing)
                     loss = -scores.logprobs.sum() / tokens
                     loss.backward()

@@ -24,7 +24,6 @@ from toolrl.algos.mismatch import Mismatch
 from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import MODEL, SUMMARY, Segment, UpdateValues
 from toolrl.scoring import Plan, TokenScores
-from toolrl.threads import adapt
 
 LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "value_loss")
 
@@ -320,7 +319,6 @@ def backward(
                 zero = zero + extra.sum() * 0.0
         zero.backward()
     for batch in batches:
-        adapt()  # one thread for the products while other work holds the cores (toolrl/threads.py)
         chosen = [selection.work[i] for i in batch]
         scored = scores([w.row for w in chosen])
         engine = _cat(chosen, "old_logprobs")
