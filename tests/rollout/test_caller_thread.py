@@ -25,10 +25,20 @@ def quiet(monkeypatch):
 
 
 @pytest.fixture
-def executor():
+def executor(two_threads):
     box = CallerThread(ThreadPoolExecutor(max_workers=1, thread_name_prefix="fallback"))
     yield box
     box.shutdown()
+
+
+@pytest.fixture
+def two_threads():
+    """PyTorch on two threads in this thread, as on the 2-core machines (the caller's steps need a pool to share;
+    a test run beside others in this process may have left one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
 
 
 def where(executor):
@@ -170,7 +180,7 @@ def test_others_share_sees_processes_keeping_this_processs_cpus_busy():
     assert share is not None and share >= caller_thread.BUSY_SHARE
 
 
-def test_a_look_at_the_machine_serves_the_rollouts_that_start_soon_after(monkeypatch):
+def test_a_look_at_the_machine_serves_the_rollouts_that_start_soon_after(monkeypatch, two_threads):
     looks = []
     monkeypatch.setattr(caller_thread, "ON_CALLER", None)
     monkeypatch.setattr(caller_thread, "_looked", [])

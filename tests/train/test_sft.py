@@ -60,7 +60,8 @@ def test_a_warm_start_from_the_reference_policy_learns_its_trajectories(tmp_path
         assert played == [{**played[0], "sft_round": 1, "source": "reference", "played": 4, "kept": 4}]
         assert [s["sft_step"] for s in steps] == [1, 2, 3] and steps[-1]["loss"] < steps[0]["loss"]
         assert all(s["tokens"] > 0 for s in steps) and "sft-reference" in reference
-        assert notes[0].startswith("sft round 1: reference played 4, kept 4") and "loss" in notes[1]
+        assert notes[0] == "warm start (train split): 4 of 2000 tasks, a sample with seed 1234"  # what it took
+        assert notes[1].startswith("sft round 1: reference played 4, kept 4") and "loss" in notes[2]
         again = bench.rollout(config.rollout.sampling, seed=7, purpose="sft-reference").run(
             bench.env.tasks("train")[:4]
         )
