@@ -32,8 +32,6 @@ LOW = 10.0
 """...and below which they run on the thread count the thread started with again."""
 
 _local = threading.local()
-changes = {"fewer": 0, "restored": 0}
-"""How often a thread went down to one thread and back."""
 
 
 def cpu_pressure() -> float | None:
@@ -84,7 +82,6 @@ class _Governor:
         want = 1 if pressure > HIGH else self.wanted if pressure < LOW else self.now
         if want != self.now:
             torch.set_num_threads(want)
-            changes["fewer" if want < self.now else "restored"] += 1
             log.info("CPU pressure %.0f%%: products on %d thread(s) in %s (was %d)", pressure, want,
                      threading.current_thread().name, self.now)  # fmt: skip
             self.now = want

@@ -102,10 +102,9 @@ def icepop(x: CorrectionInputs, options: BandOptions) -> Corrected:
 
 @CORRECTIONS.register("decoupled_ppo", options=ProximalOptions)
 def decoupled_ppo(x: CorrectionInputs, options: ProximalOptions) -> Corrected:
-    ratio = x.log_ratio().exp()  # pi_proximal / pi_behaviour: the trainer's log-probs before the step's update
-    if options.cap is None:
-        return Corrected(ratio, against="trainer")
-    return Corrected(ratio.clamp(max=options.cap), capped=ratio > options.cap, against="trainer")
+    if options.cap is not None:  # the trainer's log-probs before the step's update are the proximal policy's
+        return token_tis(x, CapOptions(cap=options.cap))
+    return Corrected(x.log_ratio().exp(), against="trainer")
 
 
 @dataclass
