@@ -129,11 +129,21 @@ test-vllm:
 
 # verifiers in a venv of its own (it pins openai and mcp versions toolrl's do not meet; torch is not needed there,
 # the constraint keeps anything that asks for it on the CPU build): the verifiers environment's tests with the real
-# package (tests/envs/test_verifiers.py; `make test` runs its bridge tests against a stand-in).
+# package (tests/envs/test_verifiers.py; `make test` runs its bridge tests against a stand-in). verifiers 0.4
+# (verifiers.v1: tasksets and harnesses) gets a venv of its own too, with its openenv extra (a toolrl environment
+# played from verifiers through its openenv taskset) and uv (its harnesses' programs run through uv):
+# tests/envs/test_verifiers_v1.py, about 5 minutes.
 VERIFIERS_VENV ?= .venv-verifiers
 VERIFIERS_PACKAGE ?= verifiers==0.3.1
+VERIFIERS_V1_VENV ?= .venv-verifiers-v1
+VERIFIERS_V1_PACKAGE ?= verifiers[openenv]==0.4.0
 test-verifiers: install-test
 	$(PYTHON) -m venv $(VERIFIERS_VENV)
 	echo "torch==2.13.0" > $(VERIFIERS_VENV)/constraints.txt
 	$(VERIFIERS_VENV)/bin/pip install -q -c $(VERIFIERS_VENV)/constraints.txt "$(VERIFIERS_PACKAGE)"
-	TOOLRL_VERIFIERS_PYTHON=$(abspath $(VERIFIERS_VENV))/bin/python $(BIN)/pytest -q tests/envs/test_verifiers.py
+	$(PYTHON) -m venv $(VERIFIERS_V1_VENV)
+	echo "torch==2.13.0" > $(VERIFIERS_V1_VENV)/constraints.txt
+	$(VERIFIERS_V1_VENV)/bin/pip install -q -c $(VERIFIERS_V1_VENV)/constraints.txt "$(VERIFIERS_V1_PACKAGE)" uv
+	TOOLRL_VERIFIERS_PYTHON=$(abspath $(VERIFIERS_VENV))/bin/python \
+		TOOLRL_VERIFIERS_V1_PYTHON=$(abspath $(VERIFIERS_V1_VENV))/bin/python \
+		$(BIN)/pytest -q tests/envs/test_verifiers.py tests/envs/test_verifiers_v1.py

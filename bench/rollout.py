@@ -62,6 +62,9 @@ class Latencies:
             self.values = [1.0] * count
         elif kind == "heavy":
             self.values = [rng.lognormvariate(math.log(0.5), 0.99) for _ in range(count)]
+        elif kind in ("tail20", "tail20slow"):  # p99 = exp(2.326 x 1.35) = 23x the median (bench/async.py)
+            median = 0.5 if kind == "tail20" else 2.0
+            self.values = [rng.lognormvariate(math.log(median), 1.35) for _ in range(count)]
         else:
             self.values = [0.0] * count
         self.next = 0
@@ -178,7 +181,8 @@ def transformers_cb_speed(model, prompts, tokens: int) -> dict:
 
 def slow_calculator_env():
     """A calculator environment, registered from outside the package, whose tool answers after the latency its
-    options name (env.options.latency: zero, fixed or heavy), taken in call order from the seeded list."""
+    options name (env.options.latency: zero, fixed, heavy, tail20 or tail20slow), taken in call order from the seeded
+    list."""
     from typing import Literal
 
     from toolrl.envs.base import ENVIRONMENTS, register_env
@@ -189,7 +193,7 @@ def slow_calculator_env():
         return
 
     class SlowOptions(CalculatorOptions):
-        latency: Literal["zero", "fixed", "heavy"] = "zero"
+        latency: Literal["zero", "fixed", "heavy", "tail20", "tail20slow"] = "zero"
 
     @register_env("bench_slow_calculator")
     class SlowCalculator(CalculatorEnv):

@@ -163,3 +163,51 @@ def test_a_model_folder_whose_weights_are_a_pickle_is_refused(tmp_path, tiny_mod
     (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
     text = one_line_error(toolrl("eval", "--model", str(folder), "--num-tasks", "1"))
     assert "holds its weights as a pickle (pytorch_model.bin)" in text and "safetensors" in text
+
+
+def test_train_ahead_with_partial_rollouts_from_the_command_line(tiny_model_dir, tmp_path):
+    out = toolrl(
+        "train",
+        "--set", f"model.name={tiny_model_dir}", "--set", f"output_dir={tmp_path}", "--set", "run_name=ahead",
+        "--set", "train.steps=3", "--set", "train.prompts_per_step=2", "--set", "train.group_size=2",
+        "--set", "rollout.max_new_tokens=8", "--set", "eval.at_start=false", "--set", "eval.at_end=false",
+        "--set", "env.name=even-tokens", "--set", "env.module=tests.fixtures.even_env", "--set", "rollout.max_turns=1",
+        "--set", "train.async_steps=2", "--set", "train.partial_rollouts=cut", "--set", "train.correction=icepop",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    metrics = [json.loads(line) for line in (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["offpolicy/staleness"] for m in metrics][:2] == [0, 1]
+    assert all(m["offpolicy/staleness"] <= 2 for m in metrics)
+    trained = [m for m in metrics if m["trained_trajectories"]]  # a group of equal rewards trains nothing
+    assert trained and all("correction/masked_fraction" in m for m in trained)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--set", "train.async_steps=9"), "train.async_steps"),
+        (("--set", "train.partial_rollouts=later"), "train.partial_rollouts"),
+    ],
+)
+def test_bad_async_settings_are_one_line(tmp_path, args, expected):
+    text = one_line_error(toolrl("config", "show", *args))
+    assert expected in text
+
+
+def test_partial_rollouts_without_async_steps_are_refused_before_anything_runs(tiny_model_dir, tmp_path):
+    out = toolrl("train", "--set", f"model.name={tiny_model_dir}", "--set", f"output_dir={tmp_path}",
+                 "--set", "train.partial_rollouts=continue")  # fmt: skip
+    text = one_line_error(out, exit_code=out.returncode or 2)
+    assert "train.partial_rollouts: continue" in text and "train.async_steps" in text
+
+
+def test_partial_rollouts_off_as_yaml_and_set_write_it(tmp_path):
+    """YAML reads an unquoted `off` as false: the value the docs give must still be taken, from a file and a --set."""
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  partial_rollouts: off\n")
+    for args in ((str(path),), ("--set", "train.partial_rollouts=off")):
+        out = toolrl("config", "show", *args)
+        assert out.returncode == 0, out.stderr
+        assert "partial_rollouts: 'off'" in out.stdout
+    text = one_line_error(toolrl("config", "show", "--set", "train.partial_rollouts=on"))
+    assert "train.partial_rollouts must be one of 'off', 'continue' or 'cut'" in text

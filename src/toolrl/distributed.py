@@ -190,7 +190,7 @@ def step_advantages(ctx: Dist, estimate, inputs):
 
     from toolrl.algos import Advantages
 
-    fields = ("rewards", "counts", "token_rewards", "values", "valid", "turns")
+    fields = ("rewards", "counts", "token_rewards", "values", "valid", "turns", "roles")
     mine = {name: _cpu(getattr(inputs, name)) for name in fields}
     every = gather(ctx, mine)
     device = inputs.rewards.device
@@ -199,6 +199,8 @@ def step_advantages(ctx: Dist, estimate, inputs):
         parts = [e[name] for e in every]
         if all(p is None for p in parts):
             return None
+        if name == "roles":  # a rank whose trajectories played one role sent None: name it as step_roles does
+            return [r for p, e in zip(parts, every, strict=True) for r in (p or [""] * len(e["counts"]))]
         if name in ("counts", "turns"):
             return [x for p in parts for x in p]
         if name == "valid":
@@ -208,12 +210,29 @@ def step_advantages(ctx: Dist, estimate, inputs):
             ]
         return torch.cat(parts).to(device)
 
-    whole = replace(inputs, **{name: joined(name) for name in fields})
+    whole = replace(inputs, **{name: joined(name) for name in fields}, **_joined_components(ctx, inputs))
     est = estimate(whole)
     start = sum(sum(e["counts"]) for e in every[: ctx.rank])
     end = start + sum(mine["counts"])
     returns = est.returns[start:end] if est.returns is not None else None
     return Advantages(est.advantages[start:end], returns)
+
+
+def _joined_components(ctx: Dist, inputs) -> dict:
+    """Every rank's reward components as one matrix, their columns lined up by name (a rank whose trajectories
+    lack a component has 0 there)."""
+    names = inputs.component_names or []
+    rows = inputs.components.tolist() if inputs.components is not None else [[] for _ in inputs.counts]
+    weights = inputs.component_weights.tolist() if inputs.component_weights is not None else []
+    every = gather(ctx, (names, rows, weights))
+    union = {name: w for ns, _, ws in every for name, w in zip(ns, ws, strict=True)}
+    if not union:
+        return {"components": None, "component_weights": None, "component_names": None}
+    order = list(union)
+    joined = [[dict(zip(ns, row, strict=True)).get(name, 0.0) for name in order] for ns, rs, _ in every for row in rs]
+    device = inputs.rewards.device
+    return {"components": torch.tensor(joined, device=device), "component_names": order,
+            "component_weights": torch.tensor([union[n] for n in order], device=device)}  # fmt: skip
 
 
 def global_totals(ctx: Dist, totals):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,3 +82,35 @@ def request_json(client: httpx.Client, method: str, url: str, arguments: Mapping
     if kind.startswith("image/"):
         return response.content  # a tool's image (toolrl.tools.images checks it)
     return response.text
+
+
+class ThreadServer:
+    """A uvicorn server on a thread of its own (the gateway, the box server): `start` returns once it listens, with
+    the port it got; `stop` asks it to end and waits for its thread."""
+
+    def __init__(self, config, name: str):
+        import uvicorn
+
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name=name, daemon=True)
+        self.port: int | None = None
+
+    def start(self, timeout: float, what: str) -> int:
+        """The port it listens on; RuntimeError naming `what` when it did not start within `timeout` seconds."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"{what} did not start")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self.port
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        if self.thread.ident is not None:
+            self.thread.join(timeout=timeout)

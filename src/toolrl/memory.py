@@ -143,7 +143,11 @@ def _descendants(pid: int) -> list[int]:
     """The processes below `pid` (tool workers, MCP servers, engine processes), from /proc/PID/task/*/children."""
     found, todo = [], [pid]
     while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+        try:  # a process may end while it is read: it has no children left to count
+            tasks = list(Path(f"/proc/{todo.pop()}/task").glob("*/children"))
+        except OSError:
+            continue
+        for task in tasks:
             with contextlib.suppress(OSError, ValueError):
                 children = [int(c) for c in task.read_text().split()]
                 found.extend(children)
@@ -244,7 +248,7 @@ class PeakMeter:
                     peak = max(peak, end)
                 for outer in self._open:
                     outer[1] = max(outer[1], peak)
-            self.overall = max(self.overall, end)
+            self.overall = max(self.overall, end, peak)  # a sample may exceed the mark the kernel updates lazily
             self.last[name] = round(peak, 3)
             self.peaks[name] = round(max(self.peaks.get(name, 0.0), peak), 3)
             if self.exact:

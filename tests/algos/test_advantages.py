@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from toolrl.algos import ADVANTAGES, AdvantageInputs, group_advantages, informative_groups
+from toolrl.algos.correction_options import GDPOOptions
 
 
 def test_grpo_advantages_match_hand_computed_values():
@@ -165,3 +166,85 @@ def test_gigpo_discounts_later_turn_rewards():
     # state a {1, 0.5}: +-0.7071; state b {0, 1}: -+0.7071
     a = math.sqrt(0.5)
     assert ADVANTAGES["gigpo"](x).advantages.tolist() == pytest.approx([a, -a, -a, a], abs=1e-6)
+
+
+def gdpo_inputs(components, weights, group_size, **more):
+    components, weights = torch.tensor(components), torch.tensor(weights)
+    return AdvantageInputs(components @ weights, group_size, [1] * len(components), components=components,
+                           component_weights=weights, component_names=[f"c{k}" for k in range(len(weights))],
+                           **more)  # fmt: skip
+
+
+def test_gdpo_normalizes_each_component_in_its_group_before_summing_by_hand():
+    """Equal totals, different components: GRPO gives the first three rollouts one advantage, GDPO gives the one
+    that hit the component most of the group missed more. c0 [1, 0, 0, 0]: mean 1/4, unbiased std 1/2 ->
+    [1.5, -0.5, -0.5, -0.5]; c1 [0, 1, 1, 0]: mean 1/2, std sqrt(1/3) -> [-0.866, 0.866, 0.866, -0.866]."""
+    x = gdpo_inputs([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, 0.0]], [1.0, 1.0], 4,
+                    options=GDPOOptions(batch_norm=False), eps=0.0)  # fmt: skip
+    s = math.sqrt(1 / 3)
+    expected = [1.5 - 0.5 / s, -0.5 + 0.5 / s, -0.5 + 0.5 / s, -0.5 - 0.5 / s]
+    assert ADVANTAGES["gdpo"](x).advantages.tolist() == pytest.approx(expected, abs=1e-6)
+    grpo = ADVANTAGES["grpo"](x).advantages.tolist()
+    assert grpo[0] == pytest.approx(grpo[1]) and expected[0] != pytest.approx(expected[1])
+    whitened = ADVANTAGES["gdpo"](gdpo_inputs(x.components.tolist(), [1.0, 1.0], 4, eps=0.0)).advantages
+    assert float(whitened.mean()) == pytest.approx(0.0, abs=1e-6) and float(whitened.std()) == pytest.approx(1.0)
+    assert whitened.tolist() == pytest.approx(((torch.tensor(expected) - 0.0) / torch.tensor(expected).std()).tolist())
+
+
+def test_gdpo_weighs_components_after_normalizing_them_and_leaves_invalid_rollouts_out():
+    # weights scale a component's normalized advantage (normalizing the weighted component would undo them)
+    x = gdpo_inputs([[1.0, 0.0], [0.0, 1.0]], [2.0, 1.0], 2, options=GDPOOptions(batch_norm=False), eps=0.0)
+    s = math.sqrt(0.5)  # a pair [1, 0]: deviations +-1/2, unbiased std sqrt(1/2)
+    assert ADVANTAGES["gdpo"](x).advantages.tolist() == pytest.approx([(2 - 1) * 0.5 / s, (1 - 2) * 0.5 / s])
+    masked = gdpo_inputs([[1.0, 0.0], [0.0, 1.0], [9.0, 9.0]], [1.0, 1.0], 3, valid=torch.tensor([True, True, False]),
+                         options=GDPOOptions(batch_norm=False), eps=0.0)  # fmt: skip
+    out = ADVANTAGES["gdpo"](masked).advantages.tolist()
+    assert out[2] == 0.0 and out[0] == pytest.approx(out[1])  # the invalid one counts in no statistic
+    plain = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [1, 1])  # no components: GRPO
+    assert ADVANTAGES["gdpo"](plain).advantages.tolist() == ADVANTAGES["grpo"](plain).advantages.tolist()
+
+
+def test_ranks_line_their_components_up_by_name(monkeypatch):
+    """Under torchrun each rank's trajectories may lack a component the other's have (a mix): the step's matrix
+    joins them by name, 0 where a rank had none."""
+    from toolrl import distributed
+
+    first = gdpo_inputs([[1.0, 0.0]], [1.0, 0.5], 1)
+    first.component_names = ["answer", "format"]
+    second = (["answer", "search"], [[0.0, 1.0]], [1.0, 2.0])
+    mine = (first.component_names, first.components.tolist(), first.component_weights.tolist())
+    monkeypatch.setattr(distributed, "gather", lambda ctx, value: [mine, second])
+    joined = distributed._joined_components(None, first)
+    assert joined["component_names"] == ["answer", "format", "search"]
+    assert joined["components"].tolist() == [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+    assert joined["component_weights"].tolist() == [1.0, 0.5, 2.0]
+
+
+def test_roles_are_normalized_apart_within_their_group_by_hand():
+    """A group of one proposed problem: a proposer's trajectory and three solvers'. The solvers' rewards [1, 1, 0]
+    give [1/3, 1/3, -2/3] (dr_grpo: minus their mean, not the proposer's); the proposer alone in its role gets 0.
+    Under grpo each role is divided by its own std; gigpo's turns compare within their role too."""
+    rewards = torch.tensor([0.5, 1.0, 1.0, 0.0])
+    roles = ["proposer", "solver", "solver", "solver"]
+    x = AdvantageInputs(rewards, 4, [1, 1, 1, 1], roles=roles)
+    assert ADVANTAGES["dr_grpo"](x).advantages.tolist() == pytest.approx([0.0, 1 / 3, 1 / 3, -2 / 3])
+    std = math.sqrt(1 / 3)
+    assert ADVANTAGES["grpo"](x).advantages.tolist() == pytest.approx(
+        [0.0, (1 / 3) / (std + 1e-4), (1 / 3) / (std + 1e-4), (-2 / 3) / (std + 1e-4)]
+    )
+    assert ADVANTAGES["rloo"](x).advantages.tolist() == pytest.approx([0.0, 0.5, 0.5, -1.0])  # 3/2 x centred
+    mixed = ADVANTAGES["dr_grpo"](AdvantageInputs(rewards, 4, [1, 1, 1, 1])).advantages.tolist()
+    assert mixed == pytest.approx([-0.125, 0.375, 0.375, -0.625])  # one role: mean 0.625 with the proposer in it
+
+
+def test_two_players_of_one_policy_each_learn_from_their_own_side():
+    """Self-play, two groups of a game: per group, player A's two games and player B's two. A's rewards [1, 0] and
+    B's [0, 1] are centred apart; an invalid trajectory is left out of its role's statistics only."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    roles = ["a", "a", "b", "b"] * 2
+    valid = torch.tensor([True] * 7 + [False])
+    x = AdvantageInputs(rewards, 4, [1] * 8, roles=roles, valid=valid)
+    out = ADVANTAGES["dr_grpo"](x).advantages.tolist()
+    assert out == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0])  # group 2: b's only valid member alone
+    kept = informative_groups(rewards, 4, valid, roles).tolist()
+    assert kept == [True] * 4 + [False] * 4  # group 2: a's [1, 1] equal, b's one valid member: nothing to learn

@@ -62,26 +62,12 @@ def test_a_toolrl_environment_served_as_openenv_is_played_by_openenv_cores_clien
     """The calculator environment behind `toolrl env serve-openenv`, played by openenv-core's own client: a call
     runs the tool, the answer ends the episode with the rubric's reward; a wrong answer scores less."""
     import asyncio
-    import socket
-    import time
 
-    import httpx
     from openenv.core import GenericEnvClient
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, "-m", "toolrl", "env", "serve-openenv", "--set", "env.name=calculator",
-                               "--port", str(port)], cwd=tmp_path, env=env, stderr=subprocess.PIPE)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    from tests.fixtures.openenv_server import served_openenv
+
+    with served_openenv(tmp_path) as url:
         calculator = make_env(load_config(overrides=["env.name=calculator"]).env)
         task = calculator.tasks("test")[0]
         expression = task.question.removeprefix("What is ").removesuffix("?")
@@ -103,6 +89,3 @@ def test_a_toolrl_environment_served_as_openenv_is_played_by_openenv_cores_clien
         assert final.done and final.observation["rewards"]["correct"] == 1.0 and final.reward > 1.0
         wrong = asyncio.run(play("-1"))[2]
         assert wrong.done and wrong.observation["rewards"]["correct"] == 0.0 and wrong.reward < final.reward
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

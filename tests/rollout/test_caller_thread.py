@@ -91,6 +91,33 @@ def test_an_interrupt_on_the_calling_thread_cancels_the_rollout_and_is_raised(ex
     assert not [t for t in threading.enumerate() if t.name == "toolrl-rollout-loop"]
 
 
+def test_an_interrupt_that_ends_the_rollout_before_it_is_cancelled_is_raised(executor, monkeypatch):
+    """CI (stop 81): the interrupt reached the coroutine, which ended and closed its loop before the calling thread
+    cancelled it; cancelling a closed loop raised RuntimeError in place of the interrupt. Here the calling thread
+    waits for the loop's thread to end first, every time."""
+    run = CallerThread._run
+
+    def late(self, job):
+        try:
+            run(self, job)
+        except KeyboardInterrupt:
+            for thread in threading.enumerate():
+                if thread.name == "toolrl-rollout-loop":
+                    thread.join(10)
+            raise
+
+    monkeypatch.setattr(CallerThread, "_run", late)
+
+    def step():
+        raise KeyboardInterrupt
+
+    async def rollout():
+        await asyncio.get_running_loop().run_in_executor(executor, step)
+
+    with pytest.raises(KeyboardInterrupt):
+        executor.run(rollout())
+
+
 def test_a_second_caller_while_one_serves_runs_its_loop_itself(executor):
     """Two rollouts at once (a step ahead beside an evaluation): the second's calls go to the thread serving."""
     entered, release = threading.Event(), threading.Event()

@@ -114,3 +114,41 @@ def test_vllm_stops_at_a_stop_string_and_follows_a_grammar_as_the_hf_engine_does
     assert [c.name for c in parsed.calls] == ["weather"] and not parsed.errors
     jsonschema.validate(parsed.calls[0].arguments, schema)
     assert json.dumps(parsed.calls[0].arguments)
+
+
+def test_weights_loaded_while_a_request_runs_reach_it_and_its_tokens_say_from_where():
+    """Partial rollouts (continue) on vLLM: the trainer's weights are loaded while a request is being sampled; the
+    request goes on, its tokens after the reload are tagged with the new version and sampled by the new weights
+    (their log-probs leave the old weights'), those before by the old."""
+    import threading
+
+    tokenizer = load_tokenizer(MODEL)
+    old = load_model(MODEL, torch.device("cpu")).eval()
+    new = load_model(MODEL, torch.device("cpu")).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in new.model.layers[5].parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    messages = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    engine = VLLMEngine(resolve_model(MODEL), [], dtype="float32", enforce_eager=True, max_model_len=2048)
+    loaded = threading.Event()
+
+    def heard(ids):  # once the first tokens are out, the trainer's update lands (from the trainer's thread)
+        if not loaded.is_set():
+            loaded.set()
+            threading.Thread(target=engine.load_weights, args=(new.state_dict(),), kwargs={"version": 1}).start()
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=160)
+    try:
+        out = asyncio.run(engine.generate_stream("a", prompt, params, heard))
+    finally:
+        engine.close()
+    k = out.versions.index(1)
+    assert out.versions == [0] * k + [1] * (len(out.ids) - k) and 0 < k < len(out.ids) - 16
+    sampled = torch.tensor(out.logprobs)
+    by_old = trainer_logprobs(old, prompt + out.ids)[len(prompt) - 1 :]
+    gap = (sampled - by_old).abs()
+    print(f"reload after {k} of {len(out.ids)} tokens; |sampled - old weights'| before {float(gap[:k].max()):.1e}, "
+          f"after {float(gap[k + 2 :].max()):.1e}")  # fmt: skip
+    assert float(gap[:k].max()) < 2e-3 and float(gap[k + 2 :].max()) > 2e-2

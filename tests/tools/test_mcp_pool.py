@@ -139,6 +139,7 @@ def test_a_copy_that_crashes_after_the_other_answered_is_not_an_unretrieved_exce
     unretrieved = []
 
     async def run():
+        gc.collect()  # what earlier tests in this worker left (an MCP client's httpx2 task) is theirs, not the pool's
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(context))
         pool.sent[0][-1] = time.monotonic()  # an older call in flight on the first, with no answer since
         pool.answered_at[0] = time.monotonic() - 1

@@ -96,3 +96,27 @@ def test_the_ui_shows_pass_rates_and_ignores_a_hostile_file(tmp_path):
         good = client.get("/api/run", params={"run": "good"}).json()["pass_rates"]
         assert good == {"step": 3, "tasks": {"t1": {"pass_rate": 0.5, "attempts": 4, "weight": 1.0}}}
         assert client.get("/api/run", params={"run": "bad"}).json()["pass_rates"] == {}
+
+
+def test_a_resumed_run_keeps_the_pass_rate_windows(tmp_path, tiny_model_dir):
+    """The checkpoint's task order comes back whole on resume: the pass-rate windows too (resume had kept only the
+    shuffle and the generator, so a resumed curriculum started from no history)."""
+    from toolrl.config import load_config
+    from toolrl.runs.rundir import RunDir
+    from toolrl.train import Trainer, Workbench
+
+    config = load_config(overrides=[
+        "env.name=calculator", f"model.name={tiny_model_dir}", "device=cpu", "rollout.max_new_tokens=8",
+        "train.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.curriculum.mode=pass_rate",
+        "train.save_every=1", "eval.at_start=false", "eval.at_end=false", f"output_dir={tmp_path}", "run_name=c",
+    ])  # fmt: skip
+    bench = Workbench.load(config)
+    try:
+        Trainer(bench, RunDir.create(config)).train(lambda metrics: None)
+        saved = json.loads((tmp_path / "c" / "last" / "trainer_state.json").read_text())
+        assert saved["history"]  # two steps' outcomes
+        again = Trainer(bench, RunDir.existing(tmp_path / "c"))
+        assert again.resume() == 2
+        assert again.collector.order.history == saved["history"]
+    finally:
+        bench.close()

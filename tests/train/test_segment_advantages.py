@@ -44,8 +44,9 @@ def one_segment(reward: float) -> Trajectory:
 
 def settings(**more):
     kl = SimpleNamespace(coef=0.0, mode="loss", task_reward=1.0)
-    base = dict(kl=kl, turn_rewards="rubric", infra_faults="mask", group_size=3, advantage_eps=EPS, gamma=1.0,
-                lam=1.0, step_weight=1.0, dynamic_sampling=False, mask_truncated=False, summary_weight=1.0)  # fmt: skip
+    base = dict(kl=kl, turn_rewards="rubric", turn_credit=SimpleNamespace(model=None), infra_faults="mask",
+                group_size=3, advantage_eps=EPS, gamma=1.0, lam=1.0, step_weight=1.0, dynamic_sampling=False,
+                mask_truncated=False, summary_weight=1.0)  # fmt: skip
     return SimpleNamespace(**(base | more))
 
 
@@ -153,3 +154,23 @@ def test_a_long_horizon_bounds_the_heap_as_a_long_sequence_does(monkeypatch):
     assert asked == [28]
     scorer.plan(None, rows.rows, "naive")
     assert asked == [28, 12]  # without the episode: the longest row, as before
+
+
+def test_gdpo():
+    """Two components, `answer` (weight 1) and `format` (weight 0.5): A (1, 1), B (1, 0), C (0, 1); totals 1.5, 1,
+    0.5. Per component over the group: answer [1, 1, 0] -> 1/3 / s, 1/3 / s, -2/3 / s with s = sqrt(1/3); format
+    [1, 0, 1] -> 1/3 / s, -2/3 / s, 1/3 / s. Summed with the weights, then whitened over the three trajectories."""
+    trajs = [three_segments(), one_segment(1.0), one_segment(0.0)]
+    for traj, (answer, fmt) in zip(trajs, [(1, 1), (1, 0), (0, 1)], strict=True):
+        traj.rewards, traj.reward_weights = {"answer": answer, "format": fmt, "chars": 9}, {"answer": 1, "format": 0.5}
+        traj.reward = answer + 0.5 * fmt
+    rows = StepRows.of(trajs)
+    t = settings()
+    batch = step_batch(trajs, [None] * 3, [None] * 3, t, None, "cpu")
+    inputs = advantage_inputs(batch, t, "cpu", False, ADVANTAGES.options["gdpo"](batch_norm=False))
+    assert inputs.component_names == ["answer", "format"] and inputs.components.tolist() == [[1, 1], [1, 0], [0, 1]]
+    chosen = select(batch, rows, ADVANTAGES["gdpo"](inputs), t, only_policy=False)
+    s = math.sqrt(1 / 3) + EPS
+    a, b, c = (1 / 3 + 0.5 / 3) / s, (1 / 3 - 1 / 3) / s, (-2 / 3 + 0.5 / 3) / s
+    check([w.advantages.tolist() for w in chosen.work], [a] * 6, b, c)
+    assert chosen.left_out == 0

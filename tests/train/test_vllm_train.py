@@ -70,3 +70,36 @@ def test_an_agent_trains_through_the_gateway_over_the_vllm_engine(tmp_path):
         assert trained and all(m["mismatch/abs_logprob_diff"] < 5e-3 for m in trained)
     finally:
         bench.close()
+
+
+def test_training_ahead_with_partial_rollouts_on_vllm_tags_tokens_and_bounds_staleness(tmp_path):
+    """train.async_steps 2 with partial_rollouts continue on vLLM: the trainer's weights are loaded into the running
+    engine after each update (requests in flight go on with them), every trained token carries the version that
+    sampled it, and no step trains on tokens more than 2 updates old."""
+    import json
+
+    from toolrl.train import RunDir
+
+    config = load_config(
+        overrides=[
+            "rollout.engine=vllm", "device=cpu", "train.steps=4", "train.prompts_per_step=2", "train.group_size=4",
+            "rollout.max_new_tokens=48", "rollout.max_turns=2", "train.lr=1e-4", "train.async_steps=2",
+            "train.partial_rollouts=continue", "eval.at_start=false", "eval.at_end=false", f"output_dir={tmp_path}",
+            "run_name=vllm-ahead",
+        ]
+    )  # fmt: skip
+    bench = Workbench.load(config)
+    try:
+        trainer = Trainer(bench, RunDir.create(config))
+        metrics = []
+        trainer.train(metrics.append)
+        assert bench.engines["train"].weights_version == 4 and trainer.generation.version == 4
+    finally:
+        bench.close()
+    assert [m["offpolicy/staleness"] for m in metrics][:2] == [0, 1]
+    assert all(m["offpolicy/staleness"] <= 2 and m["offpolicy/too_stale"] == 0 for m in metrics)
+    records = [json.loads(line) for line in (trainer.run.path / "samples.jsonl").read_text().splitlines()]
+    for record in records:
+        versions = [v for s in record["segments"] if s["loss"] for v in s["versions"]]
+        assert versions == sorted(versions) and record["step"] - 3 <= versions[0] <= record["step"] - 1
+    print("partial fractions", [m["offpolicy/partial_fraction"] for m in metrics])

@@ -60,9 +60,10 @@ def run_with_tool_calls(root, tokenizer):
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     traj = Trajectory.start(Task(id="calc-7", question="What is 6 * 7?", answer="42"), encode("What is 6 * 7?"))
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
-    traj.add_model_turn(encode(call), [-0.3] * len(encode(call)), call)
+    traj.add_model_turn(encode(call), [-0.3] * len(encode(call)), call, [2] * len(encode(call)))
     traj.add_observation(encode("<tool_response>42</tool_response>"))
-    traj.add_model_turn(encode("The answer is 42."), [-0.1] * len(encode("The answer is 42.")), "The answer is 42.")
+    answer = encode("The answer is 42.")  # partial rollouts: the trainer's next weights came mid-turn
+    traj.add_model_turn(answer, [-0.1] * len(answer), "The answer is 42.", [2] * 2 + [3] * (len(answer) - 2))
     traj.add_user_message(encode("And 6 / 0?"), "And 6 / 0?")
     traj.results = [
         ToolResult(ToolCall("calculator", {"expression": "6 * 7"}), "42", "ok", 0.0021),
@@ -586,6 +587,77 @@ def test_success_by_category_draws_a_never_solved_category_at_zero(site):
         shutil.rmtree(run)
 
 
+def test_a_mix_draws_success_reward_and_share_by_environment(site):
+    """A run of several environments (env as a list) logs env/LABEL/success, reward and share: a chart each, one
+    line per environment named by its label, an environment never solved a line at 0."""
+    page, root = site["page"], site["root"]
+    run = root / "mixed"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: mix\ntrain:\n  steps: 2\n")
+    lines = [
+        {
+            "step": s,
+            "success": 0.5,
+            "env/calc/success": 1.0,
+            "env/harbor/success": 0.0,
+            "env/calc/share": 0.75,
+            "env/harbor/share": 0.25,
+            "env/calc/reward": 1.1,
+            "env/harbor/reward": 0.0,
+            "role/calc/success": 1.0,
+            "role/harbor/success": 0.0,
+            "role/calc/reward": 1.1,
+            "role/harbor/reward": 0.0,
+        }
+        for s in (1, 2)
+    ]  # the roles of one policy by the same names
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=mixed]")
+    untick_all(page)
+    page.check("tr[data-run=mixed] input")
+    try:
+        for metric in ("env/*/success", "env/*/reward", "env/*/share", "role/*/success", "role/*/reward"):
+            chart = f".chart[data-metric='{metric}']"
+            page.wait_for_function(f'document.querySelectorAll("{chart} path.series").length === 2')
+            text = page.locator(chart).inner_text()
+            assert "calc" in text and "harbor" in text, text
+        assert not site["errors"], site["errors"]
+    finally:  # the site is shared, and a page opened later compares the newest run: one that logs a reward
+        shutil.rmtree(run)
+
+
+def test_evaluations_with_trials_draw_pass_hat_k_and_pass_at_k_one_ring_series_per_k(site):
+    """eval.trials above 1: each evaluation logs pass@k and pass^k; a chart each, drawn from the evaluations alone
+    (rings at their steps), one series per k in order of k."""
+    page, root = site["page"], site["root"]
+    run = root / "reliable"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: calculator\neval:\n  trials: 4\ntrain:\n  steps: 2\n")
+    evals = {k: 1.0 - k / 10 for k in (1, 2, 3, 4, 10)}
+    lines = [{"eval": "start", "step": 0, "success": 0.5, **{f"pass^{k}": v / 2 for k, v in evals.items()},
+              **{f"pass@{k}": v for k, v in evals.items()}}, {"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.7},
+             {"eval": "end", "step": 2, "success": 0.7, **{f"pass^{k}": v for k, v in evals.items()},
+              **{f"pass@{k}": v for k, v in evals.items()}}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    page.goto(site["url"] + "#runs")
+    page.wait_for_selector("tr[data-run=reliable]")
+    untick_all(page)
+    page.check("tr[data-run=reliable] input")
+    try:
+        for metric in ("pass^*", "pass@*"):
+            chart = f".chart[data-metric='{metric}']"
+            page.wait_for_selector(chart)
+            legend = page.locator(f"{chart} .legend").inner_text()
+            kind = metric[4]
+            order = [legend.find(f"pass{kind}{k}") for k in (1, 2, 3, 4, 10)]
+            assert all(i >= 0 for i in order) and order == sorted(order), legend  # pass^10 after pass^4
+            assert page.locator(f"{chart} circle").count() >= 10  # two evaluations x five k
+        assert not site["errors"], site["errors"]
+    finally:
+        shutil.rmtree(run)
+
+
 def test_any_metric_smoothing_x_axes_zoom_downloads_and_a_point_to_its_trajectories(site):
     """What TensorBoard and W&B users rely on: any logged metric as a chart (grouped by prefix), smoothing, the x
     axis by step, wall time or samples, drag to zoom, CSV and PNG downloads, a click on a line opens that step's
@@ -742,9 +814,11 @@ def test_trajectory_viewer_tokens_mask_filters_calls_and_a_task_across_steps(sit
     assert hostile.locator("img, b").count() == 0 and page.title() == "toolrl"
     labels = page.locator("#tr-detail .segment-label").all_inner_texts()
     assert labels == [
-        "model · trained (loss mask 1)", "tool result · not trained", "model · trained (loss mask 1)",
-        "user · not trained",
+        "model · trained (loss mask 1) · sampled by version 2", "tool result · not trained",
+        "model · trained (loss mask 1) · sampled by versions 2-3 (new weights mid-turn)", "user · not trained",
     ]  # fmt: skip
+    page.hover("#tr-detail .segment.model >> nth=1 >> .tok >> nth=-1")  # each token says which weights sampled it
+    assert "sampled by the weights after 3 updates" in page.locator("#token-info").inner_text()
     page.select_option("#tr-heat", "advantage")
     assert "22, 163, 74" in page.locator("#tr-detail .tok >> nth=0").get_attribute("style")  # positive: green
     page.select_option("#f-errors", "")
@@ -800,7 +874,7 @@ def test_tools_load_and_call_through_a_form(site):
     page.fill("#tools-form [name=a]", "2")
     page.fill("#tools-form [name=b]", "40")
     page.click("#tools-call")
-    page.wait_for_selector("#tools-result:not([hidden])")
+    page.wait_for_selector("#tools-result:not([hidden])", timeout=120_000)  # a worker starts: slow when busy
     assert page.locator("#tools-output").inner_text() == "42" and page.locator("#tools-outcome").inner_text() == "ok"
     page.click("[data-tool='calc.calculator']")
     page.fill("#tools-form [name=expression]", "__import__('os').getpid()")  # data for the tool, not code
@@ -920,7 +994,7 @@ def test_no_view_overflows_at_desktop_and_phone_widths(site, width, height):
         page.click("[data-tool='calc.calculator']")
         page.fill("#tools-form [name=expression]", "6 * 7")
         page.click("#tools-call")
-        page.wait_for_selector("#tools-result:not([hidden])")
+        page.wait_for_selector("#tools-result:not([hidden])", timeout=120_000)  # a worker starts: slow when busy
         check("tools")
         page.goto(site["url"] + "#launch")
         page.select_option("#launch-recipe", "tiny")

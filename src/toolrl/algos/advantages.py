@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from toolrl.algos.correction_options import GDPOOptions
 from toolrl.algos.registries import register_advantage
 
 
@@ -47,6 +48,16 @@ class AdvantageInputs:
     """Weight of the turn-level advantage beside the trajectory-level one (GiGPO's omega)."""
     options: Any = None
     """The estimator's own options (train.advantage_options), an instance of the model it registered with."""
+    components: torch.Tensor | None = None
+    """[trajectories, K] each paid reward component of the rubric, unweighted (0 where a trajectory lacks it):
+    for estimators that normalize components apart (gdpo); None where the rubric paid none."""
+    component_weights: torch.Tensor | None = None
+    """[K] their weights (times train.kl.task_reward): `rewards` is components @ component_weights."""
+    component_names: list[str] | None = None
+    """[K] their names (ranks that gather a step line their columns up by name)."""
+    roles: list[str] | None = None
+    """[trajectories] the role each one played (a solver and a judge, two players of one policy): a group's
+    statistics are taken over its members of the same role, each role apart; None: one role."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +109,37 @@ def group_advantages(
     return centred.reshape(-1)
 
 
+def role_masks(
+    roles: list[str] | None, valid: torch.Tensor | None, device: torch.device | str
+) -> list[torch.Tensor | None]:
+    """One validity mask per role the step's trajectories played (valid and of that role), [valid] for one role:
+    a group's statistics over each mask are its role's."""
+    if roles is None or len(set(roles)) < 2:
+        return [valid]
+    masks = []
+    for role in dict.fromkeys(roles):
+        mask = torch.tensor([r == role for r in roles], device=device)
+        masks.append(mask if valid is None else mask & valid)
+    return masks
+
+
+def grouped(x: AdvantageInputs, scores: torch.Tensor, scale: bool = True) -> torch.Tensor:
+    """group_advantages of `scores` within each group and role (each trajectory gets its role's)."""
+    masks = role_masks(x.roles, x.valid, x.rewards.device)
+    if len(masks) == 1:
+        return group_advantages(scores, x.group_size, x.eps, scale=scale, valid=masks[0])
+    return sum(group_advantages(scores, x.group_size, x.eps, scale=scale, valid=mask) for mask in masks)
+
+
 def valid_counts(x: AdvantageInputs) -> torch.Tensor:
-    """[trajectories] how many valid members each trajectory's group has."""
-    if x.valid is None:
-        return torch.full((len(x.rewards),), x.group_size)
-    return x.valid.view(-1, x.group_size).sum(dim=1).repeat_interleave(x.group_size)
+    """[trajectories] how many valid members of its role each trajectory's group has."""
+    counts = torch.zeros(len(x.rewards), dtype=torch.long, device=x.rewards.device)
+    for mask in role_masks(x.roles, x.valid, x.rewards.device):
+        if mask is None:
+            return torch.full((len(x.rewards),), x.group_size, device=x.rewards.device)
+        per_group = mask.view(-1, x.group_size).sum(dim=1).repeat_interleave(x.group_size)
+        counts = torch.where(mask, per_group, counts)
+    return counts
 
 
 def token_mask(x: AdvantageInputs) -> torch.Tensor | None:
@@ -110,12 +147,15 @@ def token_mask(x: AdvantageInputs) -> torch.Tensor | None:
     return None if x.valid is None else per_token(x.valid, x.counts)
 
 
+def token_reward_sums(x: AdvantageInputs) -> torch.Tensor:
+    """[trajectories] the sum of each trajectory's per-token rewards (x.token_rewards given)."""
+    owner = torch.repeat_interleave(torch.arange(len(x.counts)), torch.tensor(x.counts))
+    return torch.zeros_like(x.rewards).index_add_(0, owner, x.token_rewards)
+
+
 def sequence_scores(x: AdvantageInputs) -> torch.Tensor:
     """Reward plus the sum of the trajectory's per-token rewards."""
-    if x.token_rewards is None:
-        return x.rewards
-    owner = torch.repeat_interleave(torch.arange(len(x.counts)), torch.tensor(x.counts))
-    return x.rewards + torch.zeros_like(x.rewards).index_add_(0, owner, x.token_rewards)
+    return x.rewards if x.token_rewards is None else x.rewards + token_reward_sums(x)
 
 
 def per_token(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -152,21 +192,20 @@ def reverse_cumsum(x: torch.Tensor, counts: list[int], discount: float = 1.0) ->
 @register_advantage("grpo")
 def grpo(x: AdvantageInputs) -> Advantages:
     """GRPO: (score - group mean) / (group std + eps)."""
-    return Advantages(per_token(group_advantages(sequence_scores(x), x.group_size, x.eps, valid=x.valid), x.counts))
+    return Advantages(per_token(grouped(x, sequence_scores(x)), x.counts))
 
 
 @register_advantage("dr_grpo")
 def dr_grpo(x: AdvantageInputs) -> Advantages:
     """Dr. GRPO: score - group mean, not divided by the std (no difficulty bias)."""
-    centred = group_advantages(sequence_scores(x), x.group_size, scale=False, valid=x.valid)
-    return Advantages(per_token(centred, x.counts))
+    return Advantages(per_token(grouped(x, sequence_scores(x), scale=False), x.counts))
 
 
 @register_advantage("rloo")
 def rloo(x: AdvantageInputs) -> Advantages:
     """RLOO: score minus the mean of the other samples of its group = G / (G - 1) * (score - group mean)."""
     n = valid_counts(x).to(x.rewards.dtype)
-    centred = group_advantages(sequence_scores(x), x.group_size, scale=False, valid=x.valid)
+    centred = grouped(x, sequence_scores(x), scale=False)
     factor = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
     return Advantages(per_token(centred * factor, x.counts))
 
@@ -177,7 +216,7 @@ def reinforce_pp(x: AdvantageInputs) -> Advantages:
     come, discounted by train.gamma (1, the default: undiscounted returns; 0: each token its own reward only, as
     on-policy distillation credits each token with its own reverse KL to the teacher), whitened over all tokens
     of the step."""
-    baseline = group_advantages(x.rewards, x.group_size, scale=False, valid=x.valid)
+    baseline = grouped(x, x.rewards, scale=False)
     returns = per_token(baseline, x.counts)
     if x.token_rewards is not None:
         returns = returns + reverse_cumsum(x.token_rewards, x.counts, x.gamma)
@@ -212,7 +251,7 @@ def gigpo(x: AdvantageInputs) -> Advantages:
     the turns of the same group that started from the same state (the anchor state groups of the paper); a
     turn whose state no other turn shares gets 0. A turn's tokens get A_trajectory + omega * A_turn. Without
     turn inputs, GRPO."""
-    episode = group_advantages(x.rewards, x.group_size, x.eps, valid=x.valid)
+    episode = grouped(x, x.rewards)
     if x.turns is None:
         return Advantages(per_token(episode, x.counts))
     returns: list[list[float]] = []
@@ -227,7 +266,7 @@ def gigpo(x: AdvantageInputs) -> Advantages:
     for i, turns in enumerate(x.turns):
         if x.valid is None or bool(x.valid[i]):
             for k, turn in enumerate(turns):
-                anchors[(i // x.group_size, turn.state)].append((i, k))
+                anchors[(i // x.group_size, x.roles[i] if x.roles else None, turn.state)].append((i, k))
     step = {}
     for members in anchors.values():
         values = torch.tensor([returns[i][k] for i, k in members], dtype=torch.float32)
@@ -244,9 +283,42 @@ def gigpo(x: AdvantageInputs) -> Advantages:
     return Advantages(flat.to(x.rewards.dtype).to(x.rewards.device))
 
 
-def informative_groups(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+@register_advantage("gdpo", options=GDPOOptions)
+def gdpo(x: AdvantageInputs) -> Advantages:
+    """GDPO (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy Optimization", arXiv:2601.05242;
+    NeMo RL): each reward component mean-centred and divided by its std within the group, apart, then summed with
+    its weight, and the sum whitened over the step's valid trajectories (options.batch_norm). Normalizing the
+    total (GRPO) lets components with a large spread drown the others, and maps different mixes of components
+    with equal totals to one advantage; here a component most of the group misses pays more where it is hit.
+    Per-token rewards (a KL penalty as reward, turn rewards) count as one more component of weight 1. Without
+    components, GRPO."""
+    if x.components is None or x.component_weights is None:
+        return grpo(x)
+    columns = list(x.components.T)
+    weights = [float(w) for w in x.component_weights]
+    if x.token_rewards is not None:
+        columns.append(token_reward_sums(x))
+        weights.append(1.0)
+    summed = torch.zeros_like(x.rewards)
+    for column, weight in zip(columns, weights, strict=True):
+        summed = summed + weight * grouped(x, column.to(x.rewards.dtype))
+    options = x.options if isinstance(x.options, GDPOOptions) else GDPOOptions()
+    if options.batch_norm:
+        summed = whiten(summed, x.eps, x.valid)
+    return Advantages(per_token(summed, x.counts))
+
+
+def informative_groups(
+    rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None, roles: list[str] | None = None
+) -> torch.Tensor:
     """DAPO's dynamic sampling filter: a mask over trajectories that keeps the groups whose rewards differ
-    (a group that all succeeded or all failed has no learning signal); with `valid`, among valid members."""
+    (a group that all succeeded or all failed has no learning signal); with `valid`, among valid members; with
+    `roles`, a group is kept where the rewards of any one role differ."""
+    if roles is not None and len(set(roles)) > 1:
+        kept = torch.zeros(len(rewards), dtype=torch.bool, device=rewards.device)
+        for mask in role_masks(roles, valid, rewards.device):
+            kept |= informative_groups(rewards, group_size, mask)
+        return kept
     grouped = rewards.view(-1, group_size)
     if valid is None:
         differs = (grouped != grouped[:, :1]).any(dim=1)

@@ -1,5 +1,6 @@
-"""The options of the built-in off-policy corrections (algos/corrections.py), apart from their math so that a config's
-`train.correction_options` is checked without importing torch."""
+"""The options of the built-in off-policy corrections (algos/corrections.py) and advantage estimators
+(algos/advantages.py), apart from their math so that a config's `train.correction_options` and
+`train.advantage_options` are checked without importing torch."""
 
 from __future__ import annotations
 
@@ -31,3 +32,10 @@ class ProximalOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cap: float | None = Field(None, gt=0)
     """Truncate the behaviour weight at this value; None: untruncated."""
+
+
+class GDPOOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    batch_norm: bool = True
+    """Whiten the summed advantages over the step's valid trajectories (GDPO's batch normalization); False leaves
+    the sum of the per-component group advantages as it is."""

@@ -47,6 +47,7 @@ _CORRECTION_OPTIONS = {"token_tis": "CapOptions", "seq_tis": "CapOptions", "mis"
                        "icepop": "BandOptions", "decoupled_ppo": "ProximalOptions"}  # fmt: skip
 for _name, _model in _CORRECTION_OPTIONS.items():
     CORRECTIONS.declare(_name, "toolrl.algos.corrections", options=getattr(correction_options, _model))
+ADVANTAGES.declare("gdpo", "toolrl.algos.advantages", options=correction_options.GDPOOptions)
 for _registry, _module, _plain, _capable in _BUILTIN:
     for _name in _plain:
         _registry.declare(_name, _module)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from toolrl.cli import envs, inspect, registries, run, ui  # noqa: F401  (register the commands)
+from toolrl.cli import envs, evaluation, inspect, registries, run, ui  # noqa: F401  (register the commands)
 from toolrl.cli.app import app
 from toolrl.errors import ToolRLError
 

@@ -108,11 +108,17 @@ def _eval_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
     rows = [("success", "success rate"), ("tool_calls", "tool calls / task"), ("turns", "turns / task")]
     if any(c.get("segments", 1.0) > 1.0 for c in columns.values()):  # compacted (rollout.context)
         rows += [("segments", "segments / task"), ("stop/length", "stopped by a token limit")]
+    passes = sorted({k for c in columns.values() for k in c if k.startswith(("pass@", "pass^"))},
+                    key=lambda k: (int(k[5:]), k[4]))  # fmt: skip
+    rows += [(key, f"{key} ({'any' if key[4] == '@' else 'all'} of {key[5:]} succeed)") for key in passes]
+    percent = {"success", "stop/length", *passes}
     for key, label in rows:
-        table.add_row(label, *(_cell(c.get(key), percent=key in ("success", "stop/length")) for c in columns.values()))
+        table.add_row(label, *(_cell(c.get(key), percent=key in percent) for c in columns.values()))
     return table
 
 
+ResultsJson = Annotated[bool, typer.Option("--json", help="The results as one JSON object on stdout, nothing else.")]
+ResultsQuiet = Annotated[bool, typer.Option("--quiet", help="The results alone: no progress lines.")]
 ResumeOption = Annotated[
     Path | None, typer.Option("--resume", help="Continue the run in this directory from its last checkpoint.")
 ]

@@ -34,13 +34,17 @@ class ModelConfig(Section):
 class JudgeConfig(Section):
     weight: float = 0.0
     """Weight of the judge's score (0..1) in the reward; 0 logs it only (reward/judge)."""
+    mode: Literal["each", "group"] = "each"
+    """each: one prompt per trajectory; group: one prompt per task's group, each trajectory scored against the others
+    (RULER); a group the judge does not score in full is a judge failure, left out of the loss (env_faults)."""
     base_url: str | None = None
     """An OpenAI-compatible endpoint (http://host:port/v1); unset: a local Hugging Face model."""
     model: str = ""
     """The served model's name, or the local model (embedded name or folder); empty: the run's model.name."""
     api_key_env: str | None = None
     template: str | None = None
-    """Prompt with {question}, {answer}, {response} (the final <answer>), {transcript}, {max_score}; unset: built in."""
+    """Prompt with {question}, {answer}, {response} (the final <answer>), {transcript}, {max_score}; with mode
+    group: {question}, {answer}, {attempts} (each trajectory's text, numbered), {n}, {max_score}; unset: built in."""
     max_score: float = Field(10.0, gt=0)
     fallback: float = 0.0
     """Score given when the judge fails or its reply has no score (counted in judge/fallbacks)."""
@@ -197,6 +201,17 @@ class CurriculumConfig(Section):
     """The least weight a task keeps, so that a solved or hopeless one comes back now and then."""
 
 
+class TurnCreditConfig(Section):
+    model: str | None = None
+    """Dense turn credit (train/turn_credit.py): the frozen model that scores log p(gold answer | context) before each
+    turn and after the last, each turn credited with the change over it. None: off; reference: the run's initial
+    policy (its frozen copy, or LoRA's adapters off); else a model name or folder with the policy's tokenizer."""
+    coef: float = 1.0
+    """Each credit's weight as a turn reward."""
+    template: str = "<answer>{answer}</answer>"
+    """How the gold answer is written where it is scored, as the environment's final answers are ({answer} once)."""
+
+
 class TrainConfig(Section):
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(4, ge=1)
@@ -227,6 +242,9 @@ class TrainConfig(Section):
     `process` criterion when it is weighted (summed into the trajectory's reward); tokens: each is also given
     at its turn's last generated token (credited to that turn and the ones before it by reinforce_pp and gae).
     gigpo always reads them per turn."""
+    turn_credit: TurnCreditConfig = TurnCreditConfig()
+    """Dense turn credit from a frozen model's log-probability of the gold answer at each tool boundary (TRACE,
+    IGPO); off unless `model` is set."""
     summary_weight: float = Field(1.0, ge=0)
     """Loss weight of the tokens the policy wrote for a context strategy (rollout.context: a summary, a fold's
     return), beside 1 for its turns; they take the trajectory's advantage either way. 0 leaves them out."""
@@ -268,10 +286,16 @@ class TrainConfig(Section):
     mean_weight and capped_fraction. `tis_cap: X` is `correction: token_tis` with `cap: X`."""
     correction_options: dict[str, Any] = {}
     """Options of the correction (`toolrl list correction` shows each one's): cap, level, low, high."""
-    async_steps: int = Field(0, ge=0, le=1)
-    """1: one-step off-policy, the rollout of step k+1 runs (on a copy of the policy) while step k trains; the
-    trajectories are one update stale, and the ratio is against the behaviour log-probs (with tis_cap: against
-    the trainer's, with the capped weight). 0: on-policy."""
+    async_steps: int = Field(0, ge=0, le=8)
+    """N: generation runs up to N steps ahead of the trainer, on a copy of the policy: the rollouts of steps k+1..k+N
+    may run while step k trains, and no trajectory is trained by weights more than N updates newer than those that
+    sampled it (offpolicy/staleness). The ratio is against the behaviour log-probs unless a correction says
+    otherwise (docs/scaling.md). 0: on-policy, lock-step."""
+    partial_rollouts: Literal["off", "continue", "cut"] = "off"
+    """With async_steps: whether an episode in flight when the trainer updates takes the new weights (rollout/
+    inflight.py). off: each rollout is sampled by the weights it started with; continue: the engine takes them
+    between decoding steps and the episode goes on (cached keys and values kept); cut: the episode is cut there and
+    resumed with its context computed again by the new weights. Every token is tagged with its weights' version."""
     mask_truncated: bool = False
     """Leave truncated trajectories (cut by a token limit) out of the loss, as DAPO's overlong filtering does."""
     infra_faults: Literal["mask", "keep"] = "mask"
@@ -306,6 +330,11 @@ class TrainConfig(Section):
     """Fine-tune with the `sft` section before the first RL step (the evaluation at start measures the model
     before it); `toolrl sft` is a run of the warm start alone."""
 
+    @field_validator("partial_rollouts", mode="before")
+    @classmethod
+    def _off_as_yaml_reads_it(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads an unquoted `off` (a file's, a --set's) as false
+
 
 class EvalConfig(Section):
     num_tasks: int = Field(100, ge=1)
@@ -318,6 +347,10 @@ class EvalConfig(Section):
     samples_per_eval: int | None = Field(None, ge=0)
     """Trajectories of each evaluation written to evals.jsonl (the same test tasks at every evaluation: a viewer
     compares them across steps); None: all of them, 0: none."""
+    trials: int = Field(1, ge=1, le=64)
+    """Trajectories sampled per task (k): above 1, each evaluation reports pass@k (any of k succeeds) and pass^k
+    (all k do, tau-bench's reliability) for every k up to it. Greedy sampling (temperature 0) repeats one
+    trajectory: sample at a temperature above 0."""
 
 
 class RunConfig(Section):
@@ -338,6 +371,12 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     _resolved: bool = PrivateAttr(False)
     _plugin_typed: tuple[Any, dict[str, Any]] | None = PrivateAttr(None)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _a_list_is_a_mix(cls, env: Any) -> Any:
+        """`env` as a list of environments (each with its `weight`) is the `mix` environment of them (envs/mix)."""
+        return {"name": "mix", "options": {"environments": env}} if isinstance(env, list) else env
 
     @field_validator("run_name")
     @classmethod

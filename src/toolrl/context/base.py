@@ -101,9 +101,8 @@ class ContextView:
         traj.add_context(list(self.message("user", text)))
         sampled = await self.sample(max_tokens)
         start = len(traj.token_ids)
-        traj.add_summary(
-            sampled.ids, sampled.logprobs, self.chat.tokenizer.decode(sampled.ids, skip_special_tokens=True)
-        )
+        text = self.chat.tokenizer.decode(sampled.ids, skip_special_tokens=True)
+        traj.add_summary(sampled.ids, sampled.logprobs, text, sampled.versions)
         self.ended = sampled.ended
         return start, len(traj.token_ids)
 

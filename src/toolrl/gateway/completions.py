@@ -69,7 +69,7 @@ async def complete(gateway, body: Any, sample: Sample | None) -> tuple[Completio
         if req.stop and (cut := cut_at_stop(chat.tokenizer, result.ids, req.stops())) is not None:
             result = Sampled(result.ids[: cut.tokens], result.logprobs[: cut.tokens], False)
             text, ended = cut.text, True  # what was sampled after the stop string is neither sent nor recorded
-        segment.traj.add_model_turn(result.ids, result.logprobs, text)
+        segment.traj.add_model_turn(result.ids, result.logprobs, text, sampled[i].versions[: len(result.ids)])
         choices.append({"index": i, "text": text, "logprobs": _token_logprobs(chat, req, result),
                         "finish_reason": "stop" if ended else "length"})  # fmt: skip
     if sample is not None:

@@ -46,6 +46,7 @@ from toolrl.gateway.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, GrammarCheck, 
 from toolrl.gateway.store import ResponseStore
 from toolrl.gateway.streaming import TurnText, reply_text
 from toolrl.gateway.turns import Event, GatewayError, Turn, TurnDone, TurnRequest, off_loop
+from toolrl.http import ThreadServer
 from toolrl.parsers.base import CallSyntax
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.guidance import cut_at_stop
@@ -121,8 +122,7 @@ class Gateway:
         self.grammars = GrammarCheck()
         """Each request's grammar compiled in a worker process within its budget (limits.py)."""
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._server = None
-        self._thread: threading.Thread | None = None
+        self._served: ThreadServer | None = None
 
     # ---- samples ------------------------------------------------------------------------------------------
 
@@ -290,7 +290,7 @@ class Gateway:
         events = presenter.finish(text)
         traj = segment.traj
         written = reply_text(self.chat.tokenizer, ids)
-        traj.add_model_turn(list(ids), list(logprobs), written)
+        traj.add_model_turn(list(ids), list(logprobs), written, sampled.versions[: len(ids)])
         segment.ended = ended
         if work.schemas:
             parsed = self.syntax(text, presenter.tools).within(presenter.max_calls)
@@ -389,28 +389,19 @@ class Gateway:
 
         config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", lifespan="on",
                                 http=guarded_protocol(self.guard), timeout_keep_alive=5)  # fmt: skip
-        self._server = server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=server.run, name="toolrl-gateway", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"the gateway did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
-        self.port = server.servers[0].sockets[0].getsockname()[1]
+        self._served = ThreadServer(config, "toolrl-gateway")
+        self.port = self._served.start(timeout, f"the gateway on {self.host}:{self.port}")
         log.info("gateway: serving %s at %s", self.model_name, self.base_url())
         return self
 
     def wait(self) -> None:
         """Block while it serves (until stop(), or its server ends)."""
-        while self._thread is not None and self._thread.is_alive():
-            self._thread.join(timeout=0.5)
+        while self._served is not None and self._served.alive:
+            self._served.thread.join(timeout=0.5)
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._served is not None:
+            self._served.stop()
         self.grammars.close()
 
     def run_coroutine(self, coro, timeout: float | None = None):

@@ -18,7 +18,7 @@ from typing import Any
 
 from toolrl.errors import ConfigError
 from toolrl.rewards.text import final_answer
-from toolrl.text import first_line
+from toolrl.text import clip, first_line
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,10 @@ class ModelJudge:
 
     def prompt(self, trajectory) -> str:
         task = trajectory.task
-        response = final_answer(trajectory.final_text)
         fields: dict[str, Any] = {
             "question": task.question,
             "answer": task.answer,
-            "response": response if response is not None else trajectory.final_text,
+            "response": trajectory_reply(trajectory),
             "transcript": "\n\n".join(trajectory.texts),
             "max_score": f"{self.max_score:g}",
         }
@@ -123,24 +122,118 @@ class ModelJudge:
         return [self.fallback if bad else scores[p] for p, bad in zip(prompts, fallbacks, strict=True)]
 
 
+DEFAULT_GROUP_TEMPLATE = """You compare {n} attempts by an assistant at the same task and score each against the others.
+Question: {question}
+Reference answer: {answer}
+
+{attempts}
+
+Score every attempt from 0 (worst) to {max_score} (best), the better attempts higher. Answer with one line per
+attempt, "Attempt K: N", for K from 1 to {n}."""
+
+GROUP_FIELDS = ("question", "answer", "attempts", "n", "max_score")
+_ATTEMPT = re.compile(r"attempt\s*#?(\d+)\s*[:=-]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+def parse_group_scores(reply: str, n: int, max_score: float) -> list[float] | None:
+    """The reply's score of each of `n` attempts in [0, 1] ("Attempt K: N" lines); None unless every attempt has
+    exactly one score in 0..max_score and no attempt outside 1..n is scored."""
+    found: dict[int, list[float]] = {}
+    for number, value in _ATTEMPT.findall(reply):
+        found.setdefault(int(number), []).append(float(value))
+    if set(found) != set(range(1, n + 1)) or any(len(v) != 1 for v in found.values()):
+        return None
+    scores = [found[k][0] for k in range(1, n + 1)]
+    return [v / max_score for v in scores] if all(0 <= v <= max_score for v in scores) else None
+
+
+class GroupJudge(ModelJudge):
+    """A judge that ranks a group at once (ART's RULER): the trajectories of one task in a batch (a training
+    group, an evaluation's trials) go to the judge in one prompt, each scored against the others. A group whose
+    reply does not score every attempt in range is a judge failure: its trajectories get `fallback` and an
+    `env_fault` naming it, so that training leaves them out of the loss (train.infra_faults: mask) and no
+    judged reward is made up; counted as judge/group_failures. A group of one is scored alone in the same way."""
+
+    def __init__(self, *args, max_attempt_chars: int = 2000, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_attempt_chars = max_attempt_chars
+
+    def group_prompt(self, group: Sequence[Any]) -> str:
+        task = group[0].task
+        attempts = []
+        for k, traj in enumerate(group, 1):
+            text = "\n\n".join(traj.texts) or trajectory_reply(traj)
+            # a policy that writes the judge's answer format ("Attempt 2: 10") into its own text is not shown it
+            text, removed = _ATTEMPT.subn("[a score line the attempt wrote, removed]", text)
+            self.stats["score_lines_removed"] += removed
+            attempts.append(f"Attempt {k}:\n{clip(text, self.max_attempt_chars)}")
+        return self.template.format(question=task.question, answer=task.answer, attempts="\n\n".join(attempts),
+                                    n=len(group), max_score=f"{self.max_score:g}")  # fmt: skip
+
+    async def score_batch(self, trajectories: Sequence[Any]) -> list[float]:
+        groups: dict[str, list[int]] = {}
+        for i, traj in enumerate(trajectories):
+            groups.setdefault(traj.task.id, []).append(i)
+        prompts = {key: self.group_prompt([trajectories[i] for i in members]) for key, members in groups.items()}
+        todo = [p for p in dict.fromkeys(prompts.values()) if p not in self.cache]
+        self.stats["cache_hits"] += len(prompts) - len(todo)
+        replies = dict(zip(todo, await self._ask_all(todo) if todo else [], strict=True))
+        out = [self.fallback] * len(trajectories)
+        for key, members in groups.items():
+            prompt = prompts[key]
+            if prompt in self.cache:
+                scores = self.cache[prompt]
+            else:
+                self.stats["asked"] += 1
+                reply = replies[prompt]
+                self.stats["failures"] += reply is None
+                scores = parse_group_scores(reply, len(members), self.max_score) if reply is not None else None
+                if reply is not None:
+                    self.stats["unparsed"] += scores is None
+                    self.cache[prompt] = scores
+                    if len(self.cache) > self.cache_size:
+                        self.cache.popitem(last=False)
+            if scores is None:
+                self.stats["group_failures"] += 1
+                self.stats["fallbacks"] += len(members)
+                why = "no reply" if replies.get(prompt, "") is None else "no score in range for every attempt"
+                for i in members:
+                    trajectories[i].env_fault = f"judge: the group judge gave {why} for this task's group"
+                continue
+            for i, score in zip(members, scores, strict=True):
+                out[i] = score
+        return out
+
+
+def trajectory_reply(trajectory) -> str:
+    response = final_answer(trajectory.final_text)
+    return response if response is not None else trajectory.final_text
+
+
 def make_judge(config, run_model: str) -> ModelJudge:
-    """The judge a `JudgeConfig` describes: its endpoint when base_url is set, else a local model."""
+    """The judge a `JudgeConfig` describes: its endpoint when base_url is set, else a local model; with
+    `mode: group`, one that ranks each group at once."""
     from toolrl.http import bearer_header, http_client
     from toolrl.tools.model import LocalChat, OpenAIChat
 
-    template = config.template or DEFAULT_TEMPLATE
+    group = config.mode == "group"
+    template = config.template or (DEFAULT_GROUP_TEMPLATE if group else DEFAULT_TEMPLATE)
+    fields = GROUP_FIELDS if group else FIELDS
     try:
-        template.format(**dict.fromkeys(FIELDS, ""))
+        template.format(**dict.fromkeys(fields, ""))
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(
-            f"env.judge.template: cannot fill it ({type(exc).__name__}: {exc}); use the fields {', '.join(FIELDS)} "
+            f"env.judge.template: cannot fill it ({type(exc).__name__}: {exc}); use the fields {', '.join(fields)} "
             "and double any other braces ({{ }})"
         ) from None
+    if group and "{attempts}" not in template:
+        raise ConfigError("env.judge.template: a group judge's template needs {attempts} (the group's trajectories)")
     common = {"template": template, "max_score": config.max_score, "fallback": config.fallback}
+    kind = GroupJudge if group else ModelJudge
     if config.base_url:
         headers = bearer_header(config.api_key_env, "env.judge.api_key_env")
         client = http_client(headers, connect_timeout_s=10.0, read_timeout_s=config.timeout_s)
         chat = OpenAIChat(client, config.base_url, config.model or run_model, max_tokens=config.max_new_tokens)
-        return ModelJudge(ask=chat, max_concurrency=config.max_concurrency, **common)
+        return kind(ask=chat, max_concurrency=config.max_concurrency, **common)
     local = LocalChat(config.model or run_model, max_tokens=config.max_new_tokens)
-    return ModelJudge(ask_batch=local.batch, **common)
+    return kind(ask_batch=local.batch, **common)

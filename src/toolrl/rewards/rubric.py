@@ -81,6 +81,7 @@ class Rubric:
             traj.rewards = {c.name: column[i] for c, column in zip(self.criteria, columns, strict=True)}
             self._check_success(traj.rewards, traj.task)
             traj.reward = self.total(traj.rewards)
+            traj.reward_weights = {c.name: c.weight for c in self.criteria if c.weight != 0}
 
     def stats(self) -> Counter[str]:
         """Running counts of criteria that keep them (a judge's failures and fallbacks), as `NAME/count`."""

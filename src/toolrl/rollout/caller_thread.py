@@ -22,6 +22,7 @@ as before."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -159,8 +160,9 @@ class CallerThread(Executor):
                 self._run(job)
         except BaseException:
             started.wait()
-            if "task" in outcome:
-                outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
+            if "task" in outcome:  # the interrupt may have ended the coroutine, and closed its loop, already
+                with contextlib.suppress(RuntimeError):
+                    outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
             raise
         finally:
             self._stop_serving()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from toolrl.registry import Registry
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from toolrl.envs.base import Task
+    from toolrl.rollout.inflight import WeightInbox
     from toolrl.rollout.sampling import SamplingParams
 
 T = TypeVar("T")
@@ -39,6 +40,9 @@ class Sampled:
     logprobs: list[float]
     ended: bool
     """True when the sequence emitted a stop token (which is the last id)."""
+    versions: list[int] = field(default_factory=list)
+    """The version (optimizer steps) of the weights that sampled each id, where the engine took new weights during
+    the turn (partial rollouts, rollout/inflight.py); empty: all by `Engine.weights_version` as the turn began."""
 
 
 class Engine(ABC):
@@ -50,6 +54,11 @@ class Engine(ABC):
     stops_at_strings = False
     """Whether it ends a turn at a `SamplingParams.stop` string itself; for one that does not, what it sampled
     past the stop string is cut off afterwards (rollout/guidance.py, cut_at_stop) and never recorded."""
+    weights_version = 0
+    """The version (optimizer steps) of the weights it samples from: what each trajectory's tokens are tagged with."""
+    inbox: WeightInbox | None = None
+    """Where a trainer posts new weights that the engine takes while it samples (partial rollouts); None: only between
+    rollouts."""
 
     @abstractmethod
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
@@ -78,8 +87,9 @@ class Engine(ABC):
     def release(self, seq: Hashable) -> None:  # noqa: B027 - optional: engines without per-sequence state
         """The sequence is finished: free what the engine keeps for it."""
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Take the policy's new weights (a plain model's state dict, LoRA merged) before the next rollout.
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int | None = None) -> None:
+        """Take the policy's new weights (a plain model's state dict, LoRA merged) before the next rollout, or
+        while one runs (partial rollouts: `version` is then what the tokens sampled after them are tagged with).
         Only engines registered with `loads_weights=True` are given them; they must override this."""
         raise NotImplementedError(f"{type(self).__name__} samples from weights of its own and cannot load them")
 

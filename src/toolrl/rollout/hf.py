@@ -35,10 +35,11 @@ from toolrl.rollout.cascade import NAME as CASCADE
 from toolrl.rollout.cascade import SharedPrefix, attention_implementation, supports_cascade
 from toolrl.rollout.engine import Engine, Sampled, register_engine
 from toolrl.rollout.guidance import TurnGuide, Vocabulary, allowed_tokens
+from toolrl.rollout.inflight import take_between_steps
 from toolrl.rollout.lean import LeanForward
 from toolrl.rollout.prefixes import PAD_POSITION, PrefixSharing, Slot
 from toolrl.rollout.sampling import SamplingParams, sample_tokens
-from toolrl.rollout.slots import Feed, SlotCache, attention_mask
+from toolrl.rollout.slots import Feed, SlotCache, attention_mask, kv_bytes_per_token
 from toolrl.threads import adapt, open_pool
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,10 @@ SETTLE_MAX_S = 0.05
 """Between steps, wait for requests on their way in until 2 ms pass without one (at most 50 ms): small next
 to a decode step of a batch (about 0.25 s for 64 sequences of the default model on 2 cores)."""
 SUBSET_DECODE = 0.5
-START_CACHE_SIZE = (8, 256)
-"""(slots, positions) of a first KV cache, and of the next one after a served request's cache was given back."""
 """Decode only the decoding slots (gathering their caches) when they are at most this share of the slots in
 use; above it, one pass over every slot in use is cheaper than the gather."""
+START_CACHE_SIZE = (8, 256)
+"""(slots, positions) of a first KV cache, and of the next one after a served request's cache was given back."""
 
 
 @dataclass
@@ -203,12 +204,7 @@ class HFEngine(PrefixSharing, Engine):
 
     @property
     def kv_bytes_per_token(self) -> int:  # type: ignore[override]
-        cfg = self.model.config
-        cfg = getattr(cfg, "text_config", None) or cfg
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        size = next(self.model.parameters()).element_size()
-        return 2 * cfg.num_hidden_layers * heads * dim * size
+        return kv_bytes_per_token(self.model)
 
     def _drop_cache(self, packed: bool = True) -> bool:
         """Free the KV cache (and the packed weights, with `packed`) where no sequence holds a slot; True where
@@ -279,6 +275,7 @@ class HFEngine(PrefixSharing, Engine):
         self.model.eval()
         adapt()  # opt-in: one thread for the products while other work holds the cores (toolrl/threads.py)
         self._free_released()
+        take_between_steps(self)  # partial rollouts: weights a trainer posted since the last step (inflight.py)
         prefill = {}
         for request in batch:
             slot = self._slot(request.seq)
@@ -346,6 +343,7 @@ class HFEngine(PrefixSharing, Engine):
             out = request.out
             out.ids.append(token)
             out.logprobs.append(logprob)
+            out.versions.append(self.weights_version)
             out.ended = token in self.stop_ids
             stopped = request.guide is not None and request.guide.accept(token)
             if out.ended or stopped or len(out.ids) >= request.params.max_new_tokens:

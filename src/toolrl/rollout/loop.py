@@ -102,9 +102,7 @@ class Rollout:
         context: Callable[[], ContextStrategy] | None = None,
     ):
         self.env, self.engine, self.chat, self.parser, self.executor = env, engine, chat, parser, executor
-        self.limits = limits
-        self.schedule = schedule
-        self.context = context
+        self.limits, self.schedule, self.context = limits, schedule, context
         """Makes each trajectory's context strategy (rollout.context), or None for `none`."""
         self.context_tools: dict[str, Tool] = {t.name: t for t in context().tools()} if context is not None else {}
         """The tools a context strategy offers (fold's branch and return), shown in every prompt."""
@@ -234,17 +232,17 @@ class Rollout:
         return trajs
 
     async def _open(self, episode: Episode) -> StepResult | str | None:
-        """The episode's opening (Episode.open): its first user message joins the prompt; a failure is returned
-        as its one line (the trajectory fails, the others go on)."""
+        """The episode's opening (Episode.open): its first user message joins the prompt; a failure is returned as
+        its one line (that trajectory fails), a ConfigError (a task's box that cannot be built) stops the run."""
         try:
             opening = await episode.open()
+        except ConfigError:
+            raise
         except Exception as exc:  # a simulated user whose model is down, say
             return first_line(exc) or type(exc).__name__
-        if opening is None:
-            return None
-        if not isinstance(opening, StepResult) or not isinstance(opening.user_message, str):
+        if opening is not None and (not isinstance(opening, StepResult) or not isinstance(opening.user_message, str)):
             raise ConfigError(f"env {self.env.name}: episode.open must return None or a StepResult with a user_message")
-        episode.messages = [*episode.messages, {"role": "user", "content": opening.user_message}]
+        episode.messages = episode.messages + ([{"role": "user", "content": opening.user_message}] if opening else [])
         return opening
 
     def _user_failed(self, traj: Trajectory, why: str) -> _Turn:
@@ -317,7 +315,9 @@ class Rollout:
         params = SamplingParams(s.temperature, s.top_p, s.top_k, budget, traj.seed, purpose=purpose)
         started = time.perf_counter()
         images = {"images": traj.images} if traj.images else {}  # only a vision engine is given images
+        version = self.engine.weights_version  # what its tokens were sampled by, where it does not say (inflight.py)
         sampled = await self.engine.generate(run.seq, traj.token_ids, params, **images)
+        sampled.versions = sampled.versions or [version] * len(sampled.ids)
         traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + time.perf_counter() - started
         return sampled
 
@@ -325,7 +325,7 @@ class Rollout:
         """Record the turn and decide: the episode replies (no tool call), done, or run its tool calls."""
         traj = run.traj
         text = self.tokenizer.decode(sampled.ids, skip_special_tokens=True)
-        traj.add_model_turn(sampled.ids, sampled.logprobs, text)
+        traj.add_model_turn(sampled.ids, sampled.logprobs, text, sampled.versions)
         run.turns, run.ended = run.turns + 1, sampled.ended
         run.tools = run.episode.available(self.executor.tools)  # an episode may offer more at a later turn
         known = {name: list(tool.parameters.get("properties", {}))

@@ -246,7 +246,7 @@ class VLLMServers(OpenAIEngine):
         self.weights_dir = Path(weights_dir) if weights_dir else shared_folder("toolrl-weights-")
         self.weights_dir.mkdir(parents=True, exist_ok=True)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int | None = None) -> None:
         write_weights(weights, self.weights_dir)
         loaded = 0
         for server in self.servers:

@@ -155,3 +155,12 @@ def attention_mask(positions: torch.Tensor, kv_len: int, scratch: int, dtype: to
     mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values a token takes in a cache of `model` (every layer, at the weights' dtype)."""
+    cfg = model.config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * heads * dim * next(model.parameters()).element_size()

@@ -105,6 +105,12 @@ class Trajectory:
     """The environment's reward for each model turn, in order (StepResult.reward of the step that followed it:
     a process reward after tool calls, a request's reward when the user spoke next); the last turn has none
     when a limit ended the trajectory. Its tokens are the turn's model span (`model_spans()[k]`)."""
+    role: str | None = None
+    """The role the policy played in this trajectory (solver, judge, a player), set by an environment with roles:
+    its group's statistics are taken over the trajectories of the same role; None: the one role."""
+    turn_credit: list[float] | None = None
+    """Dense turn credit of each model turn (train.turn_credit): the change of a frozen model's log-probability of
+    the gold answer over the turn; None where not scored."""
     infos: list[dict[str, Any]] = field(default_factory=list)
     """StepResult.info of each step, in order."""
     user_messages: list[str] = field(default_factory=list)
@@ -127,6 +133,9 @@ class Trajectory:
     truncated: bool = False
     reward: float = 0.0
     rewards: dict[str, float] = field(default_factory=dict)
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    """The weight of each component of `rewards` that the reward pays (weight not 0), as the rubric that scored it
+    gave it: `reward` is their weighted sum (estimators that normalize components apart read both)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent waiting for generation (generate_s) and for tool calls (tools_s)."""
     seed: int | None = None
@@ -138,6 +147,9 @@ class Trajectory:
     """The segments a compaction closed, in order; the open one is the trajectory's own fields (`sequences`)."""
     summaries: list[str] = field(default_factory=list)
     """Decoded text of each span the policy wrote for a context strategy (kind summary), in order; logs only."""
+    versions: list[int] = field(default_factory=list)
+    """The version (optimizer steps) of the weights that sampled each trained token, over every segment in order (as
+    `trained_logprobs`); empty where the engine did not say (a trajectory made elsewhere: the rollout's version)."""
 
     @classmethod
     def start(cls, task: Task, prompt_ids: list[int], images: list[Any] | None = None) -> Trajectory:
@@ -218,20 +230,22 @@ class Trajectory:
     def final_text(self) -> str:
         return self.texts[-1] if self.texts else ""
 
-    def _append(self, kind: str, ids: list[int], logprobs: list[float] | None) -> None:
+    def _append(self, kind: str, ids: list[int], logprobs: list[float] | None, versions: list[int] = ()) -> None:
+        if versions and len(versions) == len(ids) and len(self.versions) == self.trained_count:
+            self.versions.extend(versions)  # a trained span's: kept only while every trained token has one
         start = len(self.token_ids)
         self.token_ids.extend(ids)
         self.loss_mask.extend([1 if kind in TRAINED_KINDS else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
         self.spans.append((kind, start, len(self.token_ids)))
 
-    def add_model_turn(self, ids: list[int], logprobs: list[float], text: str) -> None:
-        self._append(MODEL, ids, logprobs)
+    def add_model_turn(self, ids: list[int], logprobs: list[float], text: str, versions: list[int] = ()) -> None:
+        self._append(MODEL, ids, logprobs, versions)
         self.texts.append(text)
 
-    def add_summary(self, ids: list[int], logprobs: list[float], text: str) -> None:
+    def add_summary(self, ids: list[int], logprobs: list[float], text: str, versions: list[int] = ()) -> None:
         """What the policy wrote for a context strategy (a summary, a branch's return): trained, not a turn."""
-        self._append(SUMMARY, ids, logprobs)
+        self._append(SUMMARY, ids, logprobs, versions)
         self.summaries.append(text)
 
     def drop_tail(self, n: int) -> None:
@@ -349,20 +363,23 @@ class Trajectory:
 
     def _update_values(self, update: UpdateValues) -> dict[tuple[int, int], dict[str, list[float]]]:
         """(segment, trained span start) -> its share of the update's per-token values (advantages, trainer
-        log-probs) that are known; a trained span is trained throughout, so spans take the trained tokens' values in
-        order, segment after segment."""
+        log-probs) that are known, and of the sampling weights' versions; a trained span is trained throughout, so
+        spans take the trained tokens' values in order, segment after segment."""
         count = self.trained_count
         known = {
             key: values
             for key, values in (("advantages", update.advantages), ("trainer_logprobs", update.trainer_logprobs))
             if values is not None and len(values) == count
         }
+        versions = self.versions if len(self.versions) == count else None
         out: dict[tuple[int, int], dict[str, list[float]]] = {}
         offset = 0
         for index, seq in enumerate(self.sequences()):
             for _, start, end in seq.trained_spans():
                 out[(index, start)] = {key: [round(float(v), 5) for v in values[offset : offset + end - start]]
                                        for key, values in known.items()}  # fmt: skip
+                if versions is not None:  # the weights that sampled each token (partial rollouts: several)
+                    out[(index, start)]["versions"] = versions[offset : offset + end - start]
                 offset += end - start
         return out
 

@@ -77,19 +77,22 @@ class VLLMEngine(Engine):
         thread-safe caller: see generate_stream)."""
         from vllm.inputs import TokensPrompt
 
-        final, told = None, 0
+        final, told, versions = None, 0, []
         request_id = f"toolrl-{next(self._ids)}"
         prompt, sampling = TokensPrompt(prompt_token_ids=tokens), self.sampling(params, len(tokens))
         async for output in self.llm.generate(prompt, sampling, request_id):
             final = output
-            if tell is not None and len(output.outputs[0].token_ids) > told:  # cumulative outputs, per step
+            if len(output.outputs[0].token_ids) > told:  # cumulative outputs, per step
                 ids = list(output.outputs[0].token_ids)
-                tell(ids[told:])
+                versions += [self.weights_version] * (len(ids) - told)  # as they arrive (partial rollouts)
+                if tell is not None:
+                    tell(ids[told:])
                 told = len(ids)
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True)]
-        return Sampled(ids, logprobs, ended=bool(ids) and ids[-1] in self.stop_ids)
+        versions = versions[: len(ids)] + [self.weights_version] * (len(ids) - len(versions))
+        return Sampled(ids, logprobs, ended=bool(ids) and ids[-1] in self.stop_ids, versions=versions)
 
     async def generate(self, seq: Hashable, tokens: list[int], params: SamplingParams) -> Sampled:
         return await self._loop.run(self._generate(list(tokens), params))
@@ -102,15 +105,19 @@ class VLLMEngine(Engine):
 
         return await self._loop.run(self._generate(list(tokens), params, tell))
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int | None = None) -> None:
         """The trainer's weights into the running engine (checkpoint names, as a HF state dict has them). They go
         through a safetensors file in shared memory that the workers reload from (`reload_weights` with a
         path): vLLM's engine core runs in another process and its messages carry no tensors nested in
-        arguments, and a file keeps pickle out of it."""
+        arguments, and a file keeps pickle out of it. Requests in flight go on with the new weights (the engine
+        core reloads between its steps: partial rollouts, `continue`); `version` tags the tokens that arrive
+        after the reload (those of the engine step under way when it came may be tagged one version late)."""
         write_weights(weights, self._sync_dir)
 
         async def reload() -> None:
             await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._sync_dir)})
+            if version is not None:  # on the loop that reads the outputs: later chunks are the new weights'
+                self.weights_version = version
             await self.llm.reset_prefix_cache()  # cached blocks hold keys and values of the old weights
 
         self._loop.submit(reload()).result()

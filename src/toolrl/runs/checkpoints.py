@@ -126,7 +126,7 @@ def resume(run: RunDir | None, dist: Dist, state: PolicyState, folder: Path | No
     if owner:
         run.truncate_logs(state.step)
     log.info("resumed %s at step %d", run.path, state.step)
-    return {"order": kept["order"], "rng": kept["rng"]}
+    return {key: value for key, value in kept.items() if key not in ("step", "best")}  # all the task order wrote
 
 
 def _load_weights_and_optimizer(dist: Dist, state: PolicyState, last: Path) -> dict:

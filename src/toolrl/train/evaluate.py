@@ -4,6 +4,7 @@ and Solve-P/R/F1 over tasks that carry sub-problems."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,14 +39,68 @@ def summarize(trajs: Sequence[Trajectory], success: str | None) -> dict[str, flo
         successes = sum(t.rewards.get(success, 0.0) >= 1.0 for t in trajs)
         stats["suspect_successes"] = sum(t.suspect is not None for t in trajs) / max(successes, 1)
         stats |= category_success(trajs, success)
-    for name in trajs[0].rewards if trajs else []:
-        stats[f"reward/{name}"] = sum(t.rewards[name] for t in trajs) / n
+    for name in dict.fromkeys(name for t in trajs for name in t.rewards):  # a mix's environments name their own
+        having = [t.rewards[name] for t in trajs if name in t.rewards]
+        stats[f"reward/{name}"] = sum(having) / len(having)
+    stats |= environment_stats(trajs, success)
+    if success is not None:
+        stats |= pass_at_k(trajs, success)
     reasons = Counter(t.stop_reason for t in trajs)
     for reason in (*STOP_REASONS, *(r for r in reasons if r not in STOP_REASONS)):
         stats[f"stop/{reason}"] = reasons[reason] / n  # every reason, so each step has the same columns
     outcomes = Counter(user_outcome(t) for t in trajs if t.stop_reason == "user_ended")
     for outcome, count in sorted(outcomes.items()):  # how a simulated user ended (users.UserPrompt.stop)
         stats[f"user_outcome/{outcome}"] = count / n
+    return stats
+
+
+def environment_stats(trajs: Sequence[Trajectory], success: str | None) -> dict[str, float]:
+    """`env/LABEL/share`, `/reward` and `/success` of each environment of a mix (tasks' meta["env"], envs/mix), and
+    `role/NAME/...` of each role the policy played (trajectories' `role`, where an environment gives roles)."""
+    stats: dict[str, float] = {}
+    for prefix, name_of in (("env", lambda t: t.task.meta.get("env")), ("role", lambda t: t.role)):
+        groups: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in trajs:
+            if name_of(t) is not None:
+                groups[str(name_of(t))].append(t)
+        for key, group in sorted(groups.items()):
+            stats[f"{prefix}/{key}/share"] = len(group) / len(trajs)
+            stats[f"{prefix}/{key}/reward"] = sum(t.reward for t in group) / len(group)
+            if success is not None:
+                stats[f"{prefix}/{key}/success"] = sum(t.rewards.get(success, 0.0) for t in group) / len(group)
+    return stats
+
+
+def pass_counts(trajs: Sequence[Trajectory], success: str) -> list[tuple[int, int]]:
+    """(trials, successes) of each task that `trajs` sampled (several trajectories of one task: eval.trials), in
+    the order first seen; a trajectory succeeds when its success criterion is 1."""
+    counts: dict[str, list[int]] = {}
+    for t in trajs:
+        seen = counts.setdefault(t.task.id, [0, 0])
+        seen[0] += 1
+        seen[1] += t.rewards.get(success, 0.0) >= 1.0
+    return [(n, c) for n, c in counts.values()]
+
+
+def pass_ks(trials: int) -> list[int]:
+    """The k reported for `trials` samples per task: every k up to 8, then powers of 2, and `trials` itself."""
+    ks = [k for k in range(1, min(trials, 8) + 1)] + [2**p for p in range(4, trials.bit_length()) if 2**p < trials]
+    return sorted({*ks, trials})
+
+
+def pass_at_k(trajs: Sequence[Trajectory], success: str) -> dict[str, float]:
+    """`pass@k` (at least one of k samples of a task succeeds) and `pass^k` (all k do: tau-bench's reliability)
+    for every k the fewest trials of a task allow, each the unbiased estimate from a task's n trials with c
+    successes, averaged over tasks: pass@k = 1 - C(n - c, k) / C(n, k), pass^k = C(c, k) / C(n, k) (Chen et al.
+    2021; Yao et al. 2024). Empty where a task has one trial (pass@1 = pass^1 = success)."""
+    counts = pass_counts(trajs, success)
+    least = min((n for n, _ in counts), default=0)
+    if least < 2:
+        return {}
+    stats: dict[str, float] = {}
+    for k in pass_ks(least):
+        stats[f"pass@{k}"] = sum(1 - math.comb(n - c, k) / math.comb(n, k) for n, c in counts) / len(counts)
+        stats[f"pass^{k}"] = sum(math.comb(c, k) / math.comb(n, k) for n, c in counts) / len(counts)
     return stats
 
 
@@ -139,6 +194,10 @@ def breakdown(trajs: Sequence[Trajectory], success: str | None) -> dict[str, Any
         categories = by_category(trajs)
         if categories:
             report["by_category"] = {name: _category(group, success) for name, group in sorted(categories.items())}
+        environments = Counter(str(t.task.meta["env"]) for t in trajs if "env" in t.task.meta)
+        if environments:  # a mix: each environment's success
+            report["by_env"] = {key: _category([t for t in trajs if t.task.meta.get("env") == key], success)
+                                for key in sorted(environments)}  # fmt: skip
     requests: dict[str, list[float]] = defaultdict(list)
     kinds: dict[str, list[float]] = defaultdict(list)
     for t in trajs:

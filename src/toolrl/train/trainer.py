@@ -11,12 +11,11 @@ aggregation and KL estimator run is configuration (registries in toolrl.algos, a
 
 from __future__ import annotations
 
-import copy
 import gc
 import logging
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from toolrl.models.policy import (
     ValueHead,
     adamw,
     check_teacher_tokenizer,
-    exported,
     lr_factor,
     make_reference,
     prepare_policy,
@@ -52,7 +50,10 @@ from toolrl.scoring.rollout_prefix import attach
 from toolrl.train.collect import Collector, TaskOrder, curriculum_metrics
 from toolrl.train.embedding_grad import sparse_tied_embedding
 from toolrl.train.evaluate import summarize
+from toolrl.train.generation import Generation
+from toolrl.train.staleness import offpolicy_metrics, staleness
 from toolrl.train.teacher import endpoint_teacher
+from toolrl.train.turn_credit import make_turn_credit
 from toolrl.train.update import LossFunctions, StepRows, advantage_inputs, backward, select, step_batch
 from toolrl.train.workbench import Workbench
 
@@ -92,11 +93,8 @@ class Trainer:
                 f"train.prompts_per_step: {t.prompts_per_step} prompts do not split over {self.dist.world} "
                 "ranks; give a multiple of the number of processes"
             )
-        self.generator = model  # what the rollout engine samples from: the policy itself in one process
-        if self.dist.on or t.async_steps:
-            self.generator = copy.deepcopy(model).eval()  # unsharded, refreshed after each update
-            bench.model = self.generator
-            bench.engines.clear()
+        Generation.check(t, bench.engine_name)
+        self.generation = Generation(bench, model, t, self.dist, lambda: self.state.step)
         if t.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         value_head = None
@@ -107,6 +105,8 @@ class Trainer:
         # in every process (no collectives): a teacher behind an endpoint, a local teacher or the initial model
         m = self.config.model
         self.reference = endpoint_teacher(bench, self.config) or make_reference(model, t, m.dtype, m.cpu_linear)
+        self.credit = make_turn_credit(t.turn_credit, model, None if t.kl.teacher else self.reference, bench.chat,
+                                       bench.device, m.dtype, m.cpu_linear)  # fmt: skip
         if self.dist.on:
             distributed.shard(model, self.dist)
             if value_head is not None:
@@ -119,11 +119,13 @@ class Trainer:
         self.rollout = bench.rollout(self.config.rollout.sampling, seed=seeds.engine(self.config.seed, "train"))
         train_tasks = list(bench.env.tasks("train"))
         self.rollout.refuse_long_prompts(train_tasks, bench.context_length)
-        self.generator_version = 0  # optimizer steps in the generator's weights
-        order = TaskOrder(train_tasks, self.config.seed, curriculum=t.curriculum)
+        order = TaskOrder(
+            train_tasks, self.config.seed, curriculum=t.curriculum, mix=getattr(bench.env, "draw_weights", None)
+        )
         kept = attach(bench.engines.get("train"), model, t.share_prompt_pass and not self.dist.on)
-        self.collector = Collector(self.rollout, order, t, self.config.seed, self.dist, self.refresh_generator,
-                                   lambda: self.generator_version, kept)  # fmt: skip
+        self.generation.attach(self.rollout.engine)
+        self.collector = Collector(self.rollout, order, t, self.config.seed, self.dist,
+                                   self.generation.before_rollout, lambda: self.generation.version, kept)  # fmt: skip
         self.scorer = Scorer(
             self.reference, self.config.rollout.sampling.temperature, t.micro_batch_tokens, self.dist,
             VocabBlocks.of(t), kept)  # fmt: skip
@@ -149,27 +151,15 @@ class Trainer:
 
     # ---- weights the rollouts sample from ---------------------------------------------------------------
 
-    def refresh_generator(self, version: int | None = None) -> None:
-        """The generation copy and the engines that load weights get the policy's weights of `version` optimizer
-        steps (default: done). No rollout may run on the copy; under torchrun every rank calls it (weights gathered)."""
-        version = self.state.step if version is None else version
-        if self.generator_version == version:
-            return
-        if self.generator is not self.model:
-            state = distributed.full_state(self.model) if self.dist.on else self.model.state_dict()
-            self.generator.load_state_dict(state)
-        self.publish_weights()
-        self.generator_version = version
+    @property
+    def generator(self):
+        """What the rollout engines sample from: the policy itself, or its copy (train/generation.py)."""
+        return self.generation.copy
 
-    def publish_weights(self) -> None:
-        """Engines that sample from weights of their own (vLLM) get the generation copy's, LoRA merged."""
-        engines = self.bench.distinct_engines()
-        if not engines or not ENGINES.capability(self.bench.engine_name, "loads_weights"):
-            return
-        with exported(self.generator) as plain:
-            weights = {name: tensor.detach() for name, tensor in plain.state_dict().items()}
-        for engine in engines:
-            engine.load_weights(weights)
+    def refresh_generator(self, version: int | None = None) -> None:
+        """The generation copy and the engines get the policy's weights of `version` optimizer steps (default:
+        done). No rollout may run on the copy; under torchrun every rank calls it (weights gathered)."""
+        self.generation.refresh(version)
 
     # ---- one step -----------------------------------------------------------------------------------------
 
@@ -181,8 +171,10 @@ class Trainer:
             part = self.collector.for_step(step, self.config.train.steps)
         trajs = part.trajs
         waited = time.perf_counter() - started
+        bound, now = self.config.train.async_steps, self.state.step  # now: the optimizer steps the update starts from
+        too_stale = [s > bound for s in staleness(trajs, now, part.version)]  # none, by the collector's order
         with meter.phase("update"):
-            update = self.update(trajs)
+            update = self.update(trajs, too_stale)
             self.state.optimizer.zero_grad(set_to_none=True)  # the rollout and evaluation to come hold no gradient
         generated = sum(traj.trained_count for traj in trajs)
         metrics = {
@@ -199,8 +191,8 @@ class Trainer:
             "step_s": time.perf_counter() - started,
             **meter.metrics(("rollout", "update")),
         }
-        if self.collector.pool is not None:
-            metrics["offpolicy/staleness"] = step - 1 - part.version  # optimizer steps since its weights
+        if self.collector.asynchronous:  # optimizer steps since the weights that sampled the tokens
+            metrics |= offpolicy_metrics(trajs, now, part.version, bound)
             metrics["offpolicy/rollout_wait_s"] = waited
         order = self.collector.order
         if order.by_pass_rate:
@@ -212,18 +204,21 @@ class Trainer:
         self.journal.step(step, metrics, trajs, update.values)
         return metrics
 
-    def update(self, trajs: list[Trajectory]) -> StepUpdate:
+    def update(self, trajs: list[Trajectory], leave_out: Sequence[bool] = ()) -> StepUpdate:
         """One optimizer step over the step's trajectories: per-token inputs, advantages, the trajectories that
-        enter the loss, the loss over micro-batches, the optimizer and the schedule."""
+        enter the loss, the loss over micro-batches, the optimizer and the schedule. `leave_out`: trajectories out
+        of the loss and of their group's statistics (staler than train.async_steps)."""
         t, device, state = self.config.train, self.bench.device, self.state
+        leave_out = list(leave_out) or [False] * len(trajs)
         started = time.perf_counter()
+        credited = self.credit.assign(trajs) if self.credit is not None else {}  # dense turn credit: turn rewards
         rows = StepRows.of(trajs)  # every segment of every trajectory, scored as a prefix tree where they link
         sharing = "tree" if rows.linked else "group"
         ref_parts, value_parts = self.scorer.before_update(state.model, state.value_head, rows.rows, t.kl.coef > 0,
                                                            sharing)  # fmt: skip
         scored = time.perf_counter()
         refs, values = rows.per_trajectory(ref_parts, len(trajs)), rows.per_trajectory(value_parts, len(trajs))
-        batch = step_batch(trajs, refs, values, t, self.kl, device)
+        batch = step_batch(trajs, refs, values, t, self.kl, device, leave_out)
         inputs = advantage_inputs(batch, t, device, state.value_head is not None, self.estimator_options)
         est = distributed.step_advantages(self.dist, self.estimate, inputs) if self.dist.on else self.estimate(inputs)
         only_policy = (t.kl.coef == 0 or t.kl.mode == "reward") and not t.entropy_coef and state.value_head is None
@@ -248,11 +243,9 @@ class Trainer:
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         lr = state.optimizer.param_groups[0]["lr"]
         if any_work:
-            state.optimizer.step()
-        if not self.collector.pool and any_work:  # the new weights reach the generation copy (and engines)
-            self.refresh_generator(state.step + 1)  # before the next rollout; off-policy, when it starts
-        elif not self.collector.pool:
-            self.generator_version = state.step + 1  # nothing stepped: the copy and engines are current
+            with self.generation.inbox.writing():  # a rollout taking weights meanwhile waits for the whole step
+                state.optimizer.step()
+        self.generation.updated(state.step + 1, any_work)  # to the copy and engines now, or for the next to take
         with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step(); the schedule goes on
             warnings.simplefilter("ignore", UserWarning)
             state.scheduler.step()
@@ -269,11 +262,12 @@ class Trainer:
             "segments": len(rows.rows) - len(trajs),
             "segments_left_out": chosen.left_out,
             "kept_fraction": sum(chosen.keep[: len(trajs)]) / max(len(trajs), 1),
-            "fault_masked": sum(not v for v in batch.valid[: len(trajs)]),
+            "fault_masked": sum(not v and not out for v, out in zip(batch.valid, leave_out, strict=False)),
             "advantage_abs": float(est.advantages.abs().mean()) if len(est.advantages) else 0.0,
             **mismatch.metrics(),
             **(corrections.metrics() if self.loss_fns.corrects else {}),
             **self.scorer.prompt_pass_metrics(),
+            **credited,
         }
         optional = {
             "kl": t.kl.coef > 0,
@@ -342,8 +336,7 @@ class Trainer:
             self.on_note(progress_line(line))
 
         def sync() -> None:  # the engines sample from the tuned weights (a copy or vLLM gets them)
-            self.generator_version = -1
-            self.refresh_generator(0)
+            self.generation.refresh(0, force=True)
 
         self.journal.status(state="running", step=0, phase="sft")
         with meter.phase("warm_start"):
@@ -406,8 +399,7 @@ class Trainer:
     def resume(self, folder: Path | None = None) -> int:
         """Continue from the run's last checkpoint (`folder`: the run directory, for ranks without one)."""
         self.collector.order.load(checkpoints.resume(self.run, self.dist, self.state, folder))
-        self.generator_version = -1  # the generation copy and engines start from the loaded weights
-        self.refresh_generator()
+        self.generation.refresh(force=True)  # the generation copy and engines start from the loaded weights
         return self.state.step
 
     def write_model(self, folder: Path) -> None:

@@ -10,7 +10,7 @@ segment is a row (a sequence) to scoring and to the loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -67,17 +67,19 @@ def episode_tokens(rows: list[Segment], owners: list[int]) -> int:
     return max(totals.values(), default=0)
 
 
-def turn_inputs(traj: Trajectory) -> list[TurnInput]:
+def turn_inputs(traj: Trajectory, credit: float = 0.0, env_rewards: bool = True) -> list[TurnInput]:
     """A trajectory's trained spans, segment after segment, for turn-level estimators: trained tokens, reward (a
-    model turn's from the environment, 0 where it gave none; a summary's 0), and the state the turn started from:
-    the environment's `info["state"]` of the step before it when it gives one, else the exact context (prompt,
-    calls, results) the turn was generated from in its segment."""
+    model turn's from the environment, 0 where it gave none, plus `credit` times its dense turn credit; a summary's
+    0), and the state the turn started from: the environment's `info["state"]` of the step before it when it gives
+    one, else the exact context (prompt, calls, results) the turn was generated from in its segment."""
     turns, k = [], 0
+    credits = traj.turn_credit or []
     for segment in traj.sequences():
         for kind, start, end in segment.trained_spans():
             reward, given = 0.0, None
             if kind == MODEL:
-                reward = traj.turn_rewards[k] if k < len(traj.turn_rewards) else 0.0
+                reward = traj.turn_rewards[k] if env_rewards and k < len(traj.turn_rewards) else 0.0
+                reward += credit * credits[k] if k < len(credits) else 0.0
                 given = traj.infos[k - 1].get("state") if 0 < k <= len(traj.infos) else None
                 k += 1
             state = ("env", given) if given is not None else ("context", hash(tuple(segment.token_ids[:start])))
@@ -123,20 +125,27 @@ class StepBatch:
     token_rewards: torch.Tensor | None = None
 
 
-def step_batch(trajs, refs, values, t, kl, device) -> StepBatch:
+def step_batch(trajs, refs, values, t, kl, device, leave_out: Sequence[bool] = ()) -> StepBatch:
     """Per-token rewards: the KL penalty when it is applied as a reward, and each turn's reward at its last
-    token with train.turn_rewards: tokens. `refs` and `values`: per trajectory (StepRows.per_trajectory)."""
+    token with train.turn_rewards: tokens. `refs` and `values`: per trajectory (StepRows.per_trajectory);
+    `leave_out`: trajectories not valid whatever their faults (too stale)."""
     old = [torch.tensor(traj.trained_logprobs, device=device) for traj in trajs]
     token_rewards = None
     if t.kl.coef > 0 and t.kl.mode == "reward":  # KL to the reference, per token, at sampling time
         token_rewards = torch.cat(
             [-t.kl.coef * kl(o, r) if r is not None else o for o, r in zip(old, refs, strict=True)]
         )
-    turns = [turn_inputs(traj) for traj in trajs]
-    if t.turn_rewards == "tokens":
-        placed = torch.cat([turn_reward_tokens(traj_turns) for traj_turns in turns]).to(device)
+    coef = t.turn_credit.coef if t.turn_credit.model else 0.0
+    turns = [turn_inputs(traj, coef) for traj in trajs]
+    placing = turns if t.turn_rewards == "tokens" else None  # else dense credit alone, where it is on
+    if placing is None and coef and any(traj.turn_credit for traj in trajs):
+        placing = [turn_inputs(traj, coef, env_rewards=False) for traj in trajs]
+    if placing is not None:
+        placed = torch.cat([turn_reward_tokens(traj_turns) for traj_turns in placing]).to(device)
         token_rewards = placed if token_rewards is None else token_rewards + placed
     valid = [not (t.infra_faults == "mask" and (traj.num_tool_faults or traj.env_fault)) for traj in trajs]
+    if leave_out:
+        valid = [v and not out for v, out in zip(valid, leave_out, strict=True)]
     counts = [traj.trained_count for traj in trajs]
     return StepBatch(trajs, counts, old, refs, values, turns, valid, token_rewards)
 
@@ -146,6 +155,7 @@ def advantage_inputs(batch: StepBatch, t, device, with_values: bool, options: An
     if with_values:
         flat_values = torch.cat([v if v is not None else o for v, o in zip(batch.values, batch.old, strict=True)])
     valid = None if all(batch.valid) else torch.tensor(batch.valid, device=device)
+    components, weights, names = reward_components(batch.trajs, t.kl.task_reward, device)
     return AdvantageInputs(
         torch.tensor([traj.reward * t.kl.task_reward for traj in batch.trajs], device=device),
         t.group_size,
@@ -159,7 +169,33 @@ def advantage_inputs(batch: StepBatch, t, device, with_values: bool, options: An
         batch.turns,
         t.step_weight,
         options,
+        components,
+        weights,
+        names,
+        step_roles(batch.trajs),
     )
+
+
+def step_roles(trajs) -> list[str] | None:
+    """Each trajectory's role where a step's trajectories played more than one (None: one role, as usual)."""
+    roles = [traj.role or "" for traj in trajs]
+    return roles if len(set(roles)) > 1 else None
+
+
+def reward_components(trajs, scale: float, device):
+    """[trajectories, K] the paid components of the step's rewards (unweighted; 0 where a trajectory's rubric has
+    no such component: a mix's environments pay their own), [K] their weights times `scale` and their names;
+    None, None, None where no rubric paid a component."""
+    weights: dict[str, float] = {}
+    for traj in trajs:
+        for name, weight in traj.reward_weights.items():
+            weights.setdefault(name, weight)
+    if not weights:
+        return None, None, None
+    names = list(weights)
+    values = [[traj.rewards.get(name, 0.0) if name in traj.reward_weights else 0.0 for name in names] for traj in trajs]
+    scaled = torch.tensor([weights[n] * scale for n in names], device=device)
+    return torch.tensor(values, device=device), scaled, names
 
 
 @dataclass
@@ -227,7 +263,8 @@ def select(batch: StepBatch, rows: StepRows, est: Advantages, t, only_policy: bo
     keep = [n > 0 and v for n, v in zip(batch.counts, batch.valid, strict=True)]
     if t.dynamic_sampling:
         rewards = torch.tensor([traj.reward for traj in batch.trajs])
-        informative = informative_groups(rewards, t.group_size, torch.tensor(batch.valid)).tolist()
+        informative = informative_groups(rewards, t.group_size, torch.tensor(batch.valid), step_roles(batch.trajs))
+        informative = informative.tolist()
         keep = [k and i for k, i in zip(keep, informative, strict=True)]
     if t.mask_truncated:  # cut by a token limit: its last turn is unfinished, leave it out of the loss
         keep = [k and not traj.truncated for k, traj in zip(keep, batch.trajs, strict=True)]

@@ -269,6 +269,7 @@ class Workbench:
             if left:
                 log.warning("%d of %d tasks have no reference to play: left out", len(left), len(tasks) + len(left))
         sampling = e.sampling if temperature is None else e.sampling.model_copy(update={"temperature": temperature})
+        tasks = [task for task in tasks for _ in range(e.trials)]  # each trial its own seed (run_tasks)
         rollout = self.rollout(sampling, seed=seeds.engine(self.config.seed, "eval"), purpose="eval")
         rollout.refuse_long_prompts(tasks, self.context_length)
         if progress is None:

@@ -191,26 +191,37 @@ class AgentEnv(Environment):
 
     async def _run_command(self, task: Task, base_url: str, api_key: str) -> Any:
         assert self.options.command is not None
-        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
-               "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": api_key,
-               "TOOLRL_TASK": json.dumps({"id": task.id, "question": task.question, "meta": task.meta}),
-               "TOOLRL_QUESTION": task.question}  # fmt: skip
-        process = await asyncio.create_subprocess_exec(
-            *self.options.command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), self.options.timeout_s)
-        except TimeoutError:
-            os.killpg(process.pid, signal.SIGKILL)  # the agent and whatever it started
-            await process.wait()
-            raise
-        if process.returncode != 0:
-            tail = clip((err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"])[0], 200)
-            raise AgentFailed(f"the agent exited with {process.returncode}: {tail}", f"exit {process.returncode}", tail)
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        last = lines[-1] if lines else ""
-        try:
-            return json.loads(last)
-        except ValueError:
-            return last
+        return await run_program(self.options.command, program_env(task, base_url, api_key), self.options.timeout_s)
+
+
+def program_env(task: Task, base_url: str, api_key: str, **more: str) -> dict[str, str]:
+    """The environment an agent program runs with: where its model is (OpenAI's and Anthropic's variables), its
+    task, and `more`."""
+    return {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
+            "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": api_key,
+            "TOOLRL_TASK": json.dumps({"id": task.id, "question": task.question, "meta": task.meta}),
+            "TOOLRL_QUESTION": task.question, **more}  # fmt: skip
+
+
+async def run_program(command: list[str], env: dict[str, str], timeout_s: float) -> Any:
+    """Run an agent program to its end: its result is the last line it printed (JSON when it parses); a non-zero
+    exit is AgentFailed with its stderr's last line; past `timeout_s` it and all it started are killed
+    (TimeoutError)."""
+    process = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    except TimeoutError:
+        os.killpg(process.pid, signal.SIGKILL)  # the agent and whatever it started
+        await process.wait()
+        raise
+    if process.returncode != 0:
+        tail = clip((err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"])[0], 200)
+        raise AgentFailed(f"the agent exited with {process.returncode}: {tail}", f"exit {process.returncode}", tail)
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    last = lines[-1] if lines else ""
+    try:
+        return json.loads(last)
+    except ValueError:
+        return last

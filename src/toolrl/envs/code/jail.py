@@ -7,8 +7,8 @@ pivot into it, detach the old root, then run the command as the child of an init
 
 SPEC_JSON: {"root": mount point, "ro": [paths bound read-only], "tmpfs": {"path": "/sandbox", "size": bytes}
 (the only writable place, world-writable with the sticky bit), "links": {"/bin": "usr/bin"},
-"files": ["/etc/ld.so.cache"], "cwd": ..., "env": {...}}. Only the standard library: it runs before anything
-else is visible.
+"files": ["/etc/ld.so.cache"], "rw": {inside path: host folder} (writable binds), "cwd": ..., "env": {...}}.
+Only the standard library: it runs before anything else is visible.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     _check(_libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {target}")
 
 
-def bind(root: str, path: str, writable: bool) -> None:
-    target = root + path
+def bind(root: str, path: str, writable: bool, source: str | None = None) -> None:
+    """Bind `source` (default: the same path on the host) at `path` inside the new root."""
+    target, path = root + path, source or path
     if os.path.isdir(path):
         os.makedirs(target, mode=0o755, exist_ok=True)
     else:
@@ -64,6 +65,8 @@ def build(root: str, spec: dict) -> None:
         work = root + spec["tmpfs"]["path"]
         os.makedirs(work, mode=0o755, exist_ok=True)
         mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(spec['tmpfs']['size'])}")
+    for inside, host in spec.get("rw", {}).items():  # a box's folders, kept between calls
+        bind(root, inside, writable=True, source=host)
     for link, target in spec.get("links", {}).items():
         os.symlink(target, root + link)
     os.makedirs(root + "/dev", mode=0o755, exist_ok=True)

@@ -11,6 +11,9 @@ env:
     timeout_s: 300
 ```
 
+A verifiers 0.4 (v1) environment names its taskset in place of `environment` (`taskset: ID`, `args`: its config,
+`harness: {id: "null"}`, `runtime: {type: subprocess}`); the bridge runs each sample as one of its episodes.
+
 verifiers pins versions of openai and mcp that toolrl's do not meet, so it lives in a virtual environment of its
 own: toolrl starts `python bridge.py` there once for the run (toolrl/envs/verifiers/bridge.py, which imports
 nothing of toolrl) and the two speak JSON lines. The environment's dataset gives the tasks (its eval dataset the
@@ -27,6 +30,7 @@ import atexit
 import json
 import logging
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -35,7 +39,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from toolrl.envs.agent.env import AgentReward, AgentRunOptions
 from toolrl.envs.base import Environment, Task, register_env
@@ -51,10 +55,18 @@ CLOSE_GRACE_S = 30.0
 
 
 class VerifiersOptions(AgentRunOptions):
-    environment: str = Field(min_length=1)
+    environment: str | None = Field(None, min_length=1)
     """An installed verifiers environment's id (verifiers.load_environment), or package.module:function."""
+    taskset: str | None = Field(None, min_length=1)
+    """A verifiers 0.4 (v1) taskset's id, in place of `environment`: a built-in one, an installed package, or a
+    module in the run's folder (or on PYTHONPATH) exporting its Taskset in `__all__`."""
+    harness: dict[str, Any] = Field(default_factory=dict)
+    """With `taskset`: the harness config that plays it ({id: null}, {id: bash, edit: false}, ...); the taskset's
+    default harness when empty."""
+    runtime: dict[str, Any] = Field(default_factory=lambda: {"type": "subprocess"})
+    """With `taskset`: where the harness and the tasks' tool servers run (verifiers' runtime config)."""
     args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the environment's load_environment."""
+    """Keyword arguments of the environment's load_environment (with `taskset`: the taskset's config fields)."""
     python: str = sys.executable
     """The interpreter whose packages include verifiers (and the environment)."""
     sampling_args: dict[str, Any] = Field(default_factory=dict)
@@ -67,6 +79,22 @@ class VerifiersOptions(AgentRunOptions):
     8) of its dataset."""
     timeout_s: float = Field(300.0, gt=0)
     start_timeout_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VerifiersOptions:
+        if (self.environment is None) == (self.taskset is None):
+            raise ValueError("give env.options.environment (a verifiers environment) or env.options.taskset (a "
+                             "verifiers 0.4 taskset), one of them")  # fmt: skip
+        return self
+
+    @property
+    def field(self) -> str:
+        """The option naming what is played, as errors name it."""
+        return "taskset" if self.taskset is not None else "environment"
+
+    @property
+    def target(self) -> str:
+        return str(self.taskset or self.environment)
 
 
 class BridgeFailed(RuntimeError):
@@ -88,10 +116,15 @@ class Bridge:
         threading.Thread(target=self._read, daemon=True, name="verifiers-bridge").start()
 
     def _spawn(self) -> subprocess.Popen:
+        # A v1 taskset's tool servers run as `python -m MODULE` and its harness's programs through uv: the run's
+        # folder on their path, the interpreter's own scripts (uv) on PATH.
+        path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        scripts = os.pathsep.join(p for p in (str(Path(self.options.python).parent), os.environ.get("PATH")) if p)
         try:
             process = subprocess.Popen(
                 [self.options.python, str(BRIDGE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace", bufsize=1,
+                env={**os.environ, "PYTHONPATH": path, "PATH": scripts},
             )  # fmt: skip
         except OSError as exc:
             raise ConfigError(
@@ -111,7 +144,9 @@ class Bridge:
         return clip(lines[-1], 300) if lines else "(nothing on stderr)"
 
     def _handshake(self) -> dict[str, Any]:
-        spec = {"environment": self.options.environment, "args": self.options.args}
+        options = self.options
+        spec = {"environment": options.environment, "taskset": options.taskset, "harness": options.harness,
+                "runtime": options.runtime, "args": options.args}  # fmt: skip
         self.process.stdin.write(json.dumps(spec) + "\n")
         self.process.stdin.flush()
         reply: list[str] = []
@@ -120,7 +155,7 @@ class Bridge:
         reader.join(self.options.start_timeout_s)
         if not reply:
             self.process.kill()
-            raise ConfigError(f"env.options.environment: {self.options.environment!r} did not load within "
+            raise ConfigError(f"env.options.{self.options.field}: {self.options.target!r} did not load within "
                               f"env.options.start_timeout_s ({self.options.start_timeout_s:g} s)")  # fmt: skip
         try:
             message = json.loads(reply[0])
@@ -131,7 +166,7 @@ class Bridge:
                               f"({clip(str(message['fatal']), 200)}); give the interpreter of the virtual environment "
                               "that has it (pip install verifiers there)")  # fmt: skip
         if "fatal" in message:
-            raise ConfigError(f"env.options.environment: {self.options.environment!r} did not load: "
+            raise ConfigError(f"env.options.{self.options.field}: {self.options.target!r} did not load: "
                               f"{clip(str(message['fatal']), 300)}")  # fmt: skip
         if "ready" not in message:
             time.sleep(0.2)  # let stderr arrive: the likeliest reason is an interpreter without verifiers
@@ -265,24 +300,26 @@ class VerifiersEnv(Environment):
         return self._splits["test" if split == "test" else "train"]
 
     def _make_splits(self, ready: dict[str, Any]) -> dict[str, list[Task]]:
+        for note in ready.get("notes") or []:  # what the bridge did not take as given (an endless taskset cut)
+            log.warning("env verifiers: %s: %s", self.options.target, clip(str(note), 200))
         train, test = list(ready.get("train") or []), list(ready.get("test") or [])
         if not train and not test:
-            raise ConfigError(f"env.options.environment: {self.options.environment!r} has no dataset and no eval "
+            raise ConfigError(f"env.options.{self.options.field}: {self.options.target!r} has no dataset and no eval "
                               "dataset: there is nothing to train on")  # fmt: skip
         if not test:
             held = min(self.options.num_test or 8, max(len(train) // 4, 1))
             train, test = train[:-held], train[-held:]
             log.info("env verifiers: %s has no eval dataset; the last %d examples of its dataset are the test split",
-                     self.options.environment, held)  # fmt: skip
+                     self.options.target, held)  # fmt: skip
         elif not train:
-            raise ConfigError(f"env.options.environment: {self.options.environment!r} has only an eval dataset; "
+            raise ConfigError(f"env.options.{self.options.field}: {self.options.target!r} has only an eval dataset; "
                               "give it a training dataset (its `dataset`)")  # fmt: skip
         if self.options.num_train is not None:
             train = train[: self.options.num_train]
         if self.options.num_test is not None:
             test = test[: self.options.num_test]
         log.info("env verifiers: %s (verifiers %s): %d training and %d test examples",
-                 self.options.environment, ready.get("version"), len(train), len(test))  # fmt: skip
+                 self.options.target, ready.get("version"), len(train), len(test))  # fmt: skip
         return {"train": [_task("train", row) for row in train], "test": [_task("test", row) for row in test]}
 
     def messages(self, task: Task) -> list[dict[str, Any]]:

@@ -8,9 +8,25 @@ const PANELS = [
   ["stop/*", "stop reasons (share)"], ["step_s", "step time (s)"],
   ["suspect_successes", "suspect successes (share rejected by the task's check)"],
   ["curriculum/*", "curriculum: tried tasks by recent pass rate (share)"],
+  ["env/*/success", "success by environment (a mix)"], ["env/*/reward", "reward by environment (a mix)"],
+  ["env/*/share", "prompts by environment (share, a mix)"],
+  ["role/*/success", "success by role (roles of one policy)"], ["role/*/reward", "reward by role"],
+  ["pass^*", "pass^k at evaluations: all k samples of a task succeed (eval.trials)"],
+  ["pass@*", "pass@k at evaluations: any of k samples succeeds (eval.trials)"],
 ];
 const EVAL_PANELS = new Set(["reward", "success", "tool_calls", "response_tokens"]);
-const KEEP_ZERO = new Set(["success/*"]); // a category never solved is a line at 0, not left out (a stop reason at 0 is)
+const EVAL_ONLY = new Set(["pass^*", "pass@*"]); // logged by evaluations alone: their points, one line per k
+const KEEP_ZERO = new Set(["success/*", "env/*/success", "env/*/reward", "role/*/success", "role/*/reward"]); // never solved: a line at 0, not left out
+// a panel's key with "*" stands for every metric it matches, the "*" part naming each line: "success/*" (after a
+// prefix), "env/*/success" (one environment of a mix)
+const PATTERNS = new Map();
+const pattern = (key) => {
+  if (!PATTERNS.has(key)) {
+    const parts = key.split("*").map((part) => part.replace(/[.+?^${}()|[\]\\]/g, "\\$&"));
+    PATTERNS.set(key, new RegExp(`^${parts.join("(.+)")}$`));
+  }
+  return PATTERNS.get(key);
+};
 
 const SETTINGS = "toolrl.charts";
 const saved = (() => { try { return JSON.parse(localStorage.getItem(SETTINGS)) || {}; } catch { return {}; } })();
@@ -290,7 +306,7 @@ const Runs = {
     this.drewGroups = groups !== null;
     const charts = this.panels().map(([key, title]) => {
       const series = [];
-      if (groups && !key.endsWith("*")) {
+      if (groups && !key.includes("*")) {
         // grouped: each group's mean as its line, its runs faint beside it in the group's colour
         groups.forEach(([label, members], i) => {
           for (const name of members) {
@@ -302,15 +318,18 @@ const Runs = {
         });
       } else names.forEach((name, i) => {
         const lines = this.linesOf(name);
-        const keys = key.endsWith("*")
-          ? [...lines.train.keys()].filter((k) => k.startsWith(key.slice(0, -1)) && (lines.nonzero.has(k) || KEEP_ZERO.has(key))).sort()
+        const evalOnly = EVAL_ONLY.has(key);
+        const source = evalOnly ? lines.evals : lines.train;
+        const keys = key.includes("*")
+          ? [...source.keys()].filter((k) => pattern(key).test(k) && (evalOnly || lines.nonzero.has(k) || KEEP_ZERO.has(key)))
+            .sort((a, b) => (parseInt(a.match(pattern(key))[1], 10) || 0) - (parseInt(b.match(pattern(key))[1], 10) || 0) || a.localeCompare(b))
           : [key];
         keys.forEach((k, j) => {
-          const raw = lines.train.get(k) || [];
-          const label = key.endsWith("*") ? `${names.length > 1 ? `${name} ` : ""}${k.slice(key.length - 1)}` : name;
-          const c = key.endsWith("*") ? color(j + i * keys.length) : color(i);
-          if (this.smooth) series.push({ label, color: c, points: raw, faint: true, run: name });
-          series.push({ label, color: c, points: this.smoothed(raw), run: name });
+          const raw = source.get(k) || [];
+          const label = key.includes("*") ? `${names.length > 1 ? `${name} ` : ""}${evalOnly ? k : k.match(pattern(key))[1]}` : name;
+          const c = key.includes("*") ? color(j + i * keys.length) : color(i);
+          if (this.smooth && !evalOnly) series.push({ label, color: c, points: raw, faint: true, run: name });
+          series.push({ label, color: c, points: evalOnly ? raw : this.smoothed(raw), run: name, dots: evalOnly });
           this.drawn.push({ run: name, metric: k, points: raw });
         });
         if (EVAL_PANELS.has(key)) series.push({ label: `${name} eval`, color: color(i), points: lines.evals.get(key) || [], dots: true });

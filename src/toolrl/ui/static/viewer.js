@@ -184,18 +184,27 @@ const Viewer = {
       const lp = segment.logprobs[i];
       const adv = segment.advantages ? segment.advantages[i] : undefined;
       const own = segment.trainer_logprobs ? segment.trainer_logprobs[i] : undefined;
+      const version = segment.versions ? segment.versions[i] : undefined;
       const info = [`token ${JSON.stringify(token)} (id ${segment.ids[i]})`, `log-prob ${fmt(lp, 4)} (p ${fmt(Math.exp(lp), 3)})`];
       if (adv !== undefined) info.push(`advantage ${fmt(adv, 4)}`);
       if (own !== undefined) info.push(`trainer log-prob ${fmt(own, 4)} (diff ${fmt(own - lp, 5)})`);
+      if (version !== undefined) info.push(`sampled by the weights after ${version} updates`);
       return h("span", {
         class: "tok trained", title: info.join("\n"), style: `background:${this.colour(heat, lp, adv, own)}`,
-        dataset: { lp: lp, adv: adv ?? "", info: info.join(" · ") },
+        dataset: { lp: lp, adv: adv ?? "", version: version ?? "", info: info.join(" · ") },
       }, this.visible(token));
     });
-    const label = segment.kind === "summary" ? "summary for the context strategy · trained (loss mask 1)"
-      : "model · trained (loss mask 1)";
+    const label = (segment.kind === "summary" ? "summary for the context strategy · trained (loss mask 1)"
+      : "model · trained (loss mask 1)") + this.sampledBy(segment.versions);
     return h("div", { class: `segment ${segment.kind}` }, h("span", { class: "segment-label" }, label),
       h("div", { class: "tokens" }, tokens));
+  },
+
+  // the weights' versions that sampled a span: one, or where new weights came mid-turn (partial rollouts) the range
+  sampledBy(versions) {
+    if (!versions || !versions.length) return "";
+    const low = Math.min(...versions), high = Math.max(...versions);
+    return low === high ? ` · sampled by version ${low}` : ` · sampled by versions ${low}-${high} (new weights mid-turn)`;
   },
 
   visible(token) {

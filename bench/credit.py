@@ -1,0 +1,88 @@
+"""Benchmark: dense turn credit (train.turn_credit) against outcome-only GRPO. For each recipe, the same training
+twice, each over the same seeds: `outcome` (the recipe as it is) and `dense` (train.turn_credit.model: reference,
+the run's initial policy scoring log p(gold | context) at each tool boundary). Greedy and sampled success on the
+test split before and after, per seed, from bench/learning.py (one process per arm, so each arm's results and log
+are its own); reported whether dense credit helps or not.
+
+    python bench/credit.py                                     # search-r1 and built, seeds 0 1 2, 20 steps
+    python bench/credit.py --recipes search-r1 --seeds 0       # one recipe, one seed (seeds merge across runs)
+    python bench/credit.py --quick                             # the tiny model, 1 seed, 2 steps: the suite's sample
+
+Writes bench/results/credit.json: {recipe: {outcome: {...}, dense: {...}, greedy_after_delta, sampled_after_delta,
+machine, load_before, load_after}}, each arm learning.py's entry (means over seeds, each seed's values, spread).
+A seed run again, or in another process, merges by seed as learning.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import ROOT, machine, write_results
+
+ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"]}
+
+
+def run_arm(arm: str, recipes: list[str], args, out: Path) -> dict:
+    """bench/learning.py for one arm; its results file."""
+    command = [sys.executable, str(ROOT / "bench" / "learning.py"), "--recipes", *recipes,
+               "--seeds", *map(str, args.seeds), "--out", str(out), "--runs", str(Path(args.runs) / arm)]  # fmt: skip
+    if args.steps is not None:
+        command += ["--steps", str(args.steps)]
+    if args.quick:
+        command.append("--quick")
+    for override in [*ARMS[arm], *args.set]:
+        command += ["--set", override]
+    print(f"credit: {arm}: {' '.join(command[1:])}", flush=True)
+    subprocess.run(command, check=True, cwd=ROOT)
+    return json.loads(out.read_text())
+
+
+def delta(dense: dict, outcome: dict, key: str) -> float | None:
+    if key not in dense or key not in outcome:
+        return None
+    return round(dense[key] - outcome[key], 4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipes", nargs="+", default=["search-r1", "built"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--set", action="append", default=[], help="a config override for both arms")
+    parser.add_argument("--quick", action="store_true", help="the tiny model, 1 seed, 2 steps (learning.py --quick)")
+    parser.add_argument("--out", default=None, help="default: bench/results/credit.json (--quick: a temporary one)")
+    parser.add_argument("--runs", default=str(ROOT / "runs" / "credit"))
+    args = parser.parse_args()
+    if args.quick:
+        args.recipes, args.out = args.recipes[:1], args.out or str(Path(tempfile.mkdtemp()) / "credit.json")
+    out = Path(args.out or ROOT / "bench" / "results" / "credit.json")
+    load_before = os.getloadavg()[0]
+    arms = {arm: run_arm(arm, args.recipes, args, out.with_name(f"{out.stem}.{arm}.json")) for arm in ARMS}
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    for recipe in args.recipes:
+        outcome, dense = arms["outcome"][recipe], arms["dense"][recipe]
+        results[recipe] = {"outcome": outcome, "dense": dense,
+                           "greedy_after_delta": delta(dense, outcome, "greedy_after"),
+                           "sampled_after_delta": delta(dense, outcome, "sampled_after"),
+                           "machine": machine(), "load_before": round(load_before, 2),
+                           "load_after": round(os.getloadavg()[0], 2), "steps": args.steps,
+                           "seeds": args.seeds}  # fmt: skip
+    write_results(out, results)
+    print(f"\n{'recipe':<12}{'arm':<9}{'greedy before':>15}{'greedy after':>14}{'sampled after':>15}")
+    for recipe in args.recipes:
+        for arm in ARMS:
+            row = results[recipe][arm]
+            print(f"{recipe:<12}{arm:<9}{row['greedy_before']:>15.3f}{row['greedy_after']:>14.3f}"
+                  f"{row['sampled_after']:>15.3f}")  # fmt: skip
+        print(f"{recipe:<12}{'dense - outcome, greedy after':>38} {results[recipe]['greedy_after_delta']:+.3f}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

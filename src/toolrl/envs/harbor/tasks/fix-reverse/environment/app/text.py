@@ -1,0 +1,2 @@
+def reverse_words(sentence):
+    return " ".join(sentence.split())

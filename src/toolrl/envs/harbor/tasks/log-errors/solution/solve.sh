@@ -1,0 +1,2 @@
+#!/bin/bash
+grep -c ERROR /app/app.log > /app/errors.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+tr '[:lower:]' '[:upper:]' < /app/input.txt > /app/output.txt

@@ -1,0 +1,155 @@
+"""Dense turn credit (TRACE; IGPO, Wang et al. 2025, arXiv:2510.14967): how much each turn made the gold answer
+more likely. A frozen model (the run's initial policy, or a named one) reads the context the policy had before each
+of its turns, and after its last, and scores the gold answer written as the final answer would be
+(`train.turn_credit.template`): lp_k = log p(gold | context before turn k), lp_T = log p(gold | the whole
+trajectory). Turn k's credit is lp_{k+1} - lp_k, so a trajectory's credits sum to lp_T - lp_0 (they telescope): a
+call whose result holds the answer gains, a turn that wanders loses. The credits are turn rewards (times `coef`):
+at each turn's last generated token, for every estimator (summed into the sequence score by grpo, credited per
+token by reinforce_pp and gae, per turn by gigpo).
+
+The contexts of one segment are prefixes of each other: the model reads each segment once, keeping its keys and
+values, and scores the answer from the cache at each boundary (then drops the answer's entries), so a trajectory of
+T turns costs one pass over its tokens and T + 1 short ones. A task without a gold answer gets no credit (counted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from toolrl.errors import ConfigError
+from toolrl.rollout.trajectory import MODEL, Trajectory
+
+
+def boundary_contexts(traj: Trajectory, closing: list[int]) -> list[list[int]]:
+    """The ids the policy had before each of its model turns (its segment up to the turn's first generated token),
+    then the whole last segment followed by `closing` (what opens the next assistant turn)."""
+    contexts = []
+    segments = traj.sequences()
+    for segment in segments:
+        for kind, start, _ in segment.trained_spans():
+            if kind == MODEL:
+                contexts.append(list(segment.token_ids[:start]))
+    contexts.append([*segments[-1].token_ids, *closing])
+    return contexts
+
+
+@torch.no_grad()
+def answer_logprobs(model, contexts: list[list[int]], probe: list[int], target: list[int]) -> list[float]:
+    """log p(target | context + probe) for each context, summed over the target's tokens. A context that extends
+    the one before it is read from that one's cache; the probe and target's entries are dropped after each."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    scores: list[float] = []
+    cache, fed, last = None, [], None
+    for context in contexts:
+        if cache is None or context[: len(fed)] != fed or len(context) < len(fed):
+            cache, fed, last = DynamicCache(), [], None
+        new = context[len(fed) :]
+        if new:
+            out = model(input_ids=torch.tensor([new], device=device), past_key_values=cache, use_cache=True)
+            last = out.logits[0, -1]
+            fed = list(context)
+        tail = probe + target
+        out = model(input_ids=torch.tensor([tail], device=device), past_key_values=cache, use_cache=True)
+        logits = torch.cat([last[None], out.logits[0, :-1]]) if last is not None else out.logits[0, :-1]
+        predicted = logits[len(logits) - len(target) :].float().log_softmax(-1)
+        ids = torch.tensor(target, device=device)
+        scores.append(float(predicted.gather(1, ids[:, None]).sum()))
+        cache.crop(-len(tail))  # the probe's entries dropped (a negative count: every transformers version's way)
+    return scores
+
+
+def naive_answer_logprobs(model, contexts: list[list[int]], probe: list[int], target: list[int]) -> list[float]:
+    """The same, each context read whole (the check of answer_logprobs's cache)."""
+    device = next(model.parameters()).device
+    scores = []
+    with torch.no_grad():
+        for context in contexts:
+            ids = torch.tensor([context + probe + target], device=device)
+            logits = model(input_ids=ids).logits[0, -len(target) - 1 : -1].float().log_softmax(-1)
+            scores.append(float(logits.gather(1, torch.tensor(target, device=device)[:, None]).sum()))
+    return scores
+
+
+def telescoped(scores: list[float]) -> list[float]:
+    """Each turn's credit: the change of the answer's log-probability over it."""
+    return [after - before for before, after in itertools.pairwise(scores)]
+
+
+@dataclass
+class TurnCredit:
+    """Scores a step's trajectories (`assign`) with a frozen model, in place: `traj.turn_credit`."""
+
+    model: object
+    chat: object
+    template: str
+    coef: float
+    context: object = None
+    """A context manager the model is read under (LoRA's adapters off), or None."""
+
+    def __post_init__(self) -> None:
+        if self.template.count("{answer}") != 1:
+            raise ConfigError("train.turn_credit.template: write {answer} once, where the gold answer goes")
+        self.prefix, self.suffix = self.template.split("{answer}")
+
+    def _read(self) -> AbstractContextManager:
+        return self.context() if callable(self.context) else nullcontext()
+
+    def assign(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """Each trajectory's per-turn credits (None where its task has no gold answer), and the step's metrics."""
+        started = time.perf_counter()
+        probe = self.chat.encode(self.prefix) if self.prefix else []
+        starts, ends, scored = [], [], 0
+        with self._read():
+            for traj in trajs:
+                traj.turn_credit = None
+                answer = str(traj.task.answer or "").strip()
+                if not answer or not traj.token_ids:
+                    continue
+                last = traj.sequences()[-1].token_ids
+                closing = self.chat.continuation_ids([], bool(last) and last[-1] == self.chat.end_of_turn_id)
+                target = self.chat.encode(answer + self.suffix)
+                scores = answer_logprobs(self.model, boundary_contexts(traj, closing), probe, target)
+                traj.turn_credit = telescoped(scores)
+                starts.append(scores[0])
+                ends.append(scores[-1])
+                scored += 1
+        credits = [c for traj in trajs for c in (traj.turn_credit or [])]
+        return {"credit/scored": scored, "credit/no_answer": len(trajs) - scored,
+                "credit/gold_logprob_start": sum(starts) / max(len(starts), 1),
+                "credit/gold_logprob_end": sum(ends) / max(len(ends), 1),
+                "credit/turn_mean": sum(credits) / max(len(credits), 1),
+                "credit/turn_mean_abs": sum(abs(c) for c in credits) / max(len(credits), 1),
+                "credit_s": time.perf_counter() - started}  # fmt: skip
+
+
+def make_turn_credit(config, policy, reference, chat, device, dtype: str, cpu_linear: str) -> TurnCredit | None:
+    """The credit `train.turn_credit` asks for (None when off): `reference` scores with the run's reference copy
+    when it has one (a frozen copy of the initial policy), LoRA's adapters off, or a frozen copy made here; a name
+    loads that model, which must read the policy's token ids (its tokenizer)."""
+    import copy
+
+    from toolrl.models.policy import check_teacher_tokenizer, is_lora
+
+    if not config.model:
+        return None
+    context = None
+    if config.model == "reference":
+        if reference is not None and not getattr(reference, "served", False) and isinstance(reference, torch.nn.Module):
+            model = reference
+        elif is_lora(policy):
+            model, context = policy, policy.disable_adapter
+        else:
+            model = copy.deepcopy(policy).eval().requires_grad_(False)
+    else:
+        from toolrl.models import load_model
+
+        check_teacher_tokenizer(chat.tokenizer, config.model)
+        model = load_model(config.model, device, dtype, cpu_linear).eval().requires_grad_(False)
+    return TurnCredit(model, chat, config.template, config.coef, context)

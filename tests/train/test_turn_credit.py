@@ -1,0 +1,101 @@
+"""Dense turn credit (train.turn_credit): a frozen model's log-probability of the gold answer before each turn and
+after the last; each turn credited with the change over it. Read from one cache per segment, it equals reading
+each context whole; the credits telescope; they are turn rewards at each turn's last token."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from toolrl.config import load_config
+from toolrl.envs.base import Task
+from toolrl.errors import ConfigError
+from toolrl.rollout import Trajectory
+from toolrl.rollout.trajectory import Carry
+from toolrl.train import Trainer, Workbench
+from toolrl.train.turn_credit import (
+    TurnCredit,
+    answer_logprobs,
+    boundary_contexts,
+    naive_answer_logprobs,
+)
+from toolrl.train.update import step_batch
+
+
+def three_turns(chat, answer: str = "1458", compact: bool = False) -> Trajectory:
+    """A call, its result, a second call, its result, the answer; `compact` closes a segment after the first round
+    (its prompt and last round carried), so the last two contexts are another segment's."""
+    prompt = chat.encode("<|im_start|>user\nWhat is 964 + 494?<|im_end|>\n<|im_start|>assistant\n")
+    traj = Trajectory.start(Task("t", "What is 964 + 494?", answer), prompt)
+    for k, (call, result) in enumerate([("add(964, 494)", "1458"), ("check(1458)", "ok")]):
+        ids = chat.encode(f"<tool_call>{call}</tool_call>") + [chat.end_of_turn_id]
+        traj.add_model_turn(ids, [-0.1] * len(ids), call)
+        traj.record_step(0.0, {})
+        traj.add_observation(chat.observation_ids([result], True))
+        if compact and k == 0:
+            n = len(traj.token_ids)
+            traj.compact([Carry(0, len(prompt)), Carry(len(prompt), n)], "sliding_window")
+    ids = chat.encode("<answer>1458</answer>") + [chat.end_of_turn_id]
+    traj.add_model_turn(ids, [-0.1] * len(ids), "<answer>1458</answer>")
+    return traj
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_the_cache_read_equals_each_context_read_whole_and_the_credits_telescope(tiny_model, chat, compact):
+    traj = three_turns(chat, compact=compact)
+    closing = chat.continuation_ids([], True)
+    contexts = boundary_contexts(traj, closing)
+    assert len(contexts) == 4 and contexts[-1][-len(closing) :] == closing  # 3 turns, then after the last
+    probe, target = chat.encode("<answer>"), chat.encode("1458</answer>")
+    cached = answer_logprobs(tiny_model, contexts, probe, target)
+    naive = naive_answer_logprobs(tiny_model, contexts, probe, target)
+    assert cached == pytest.approx(naive, abs=1e-4) and all(s < 0 for s in cached)
+    credit = TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0)
+    metrics = credit.assign([traj])
+    assert len(traj.turn_credit) == 3
+    assert sum(traj.turn_credit) == pytest.approx(naive[-1] - naive[0], abs=1e-4)  # lp(end) - lp(prompt)
+    assert traj.turn_credit[1] == pytest.approx(naive[2] - naive[1], abs=1e-4)
+    assert metrics["credit/scored"] == 1 and metrics["credit/gold_logprob_start"] == pytest.approx(naive[0], abs=1e-4)
+
+
+def test_a_task_without_a_gold_answer_gets_no_credit_and_is_counted(tiny_model, chat):
+    trajs = [three_turns(chat), three_turns(chat, answer="")]
+    metrics = TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0).assign(trajs)
+    assert trajs[1].turn_credit is None and metrics["credit/no_answer"] == 1 and metrics["credit/scored"] == 1
+    with pytest.raises(ConfigError, match=r"train\.turn_credit\.template: write \{answer\} once"):
+        TurnCredit(tiny_model, chat, "the answer", 1.0)
+
+
+def test_credits_are_turn_rewards_at_each_turns_last_token(chat):
+    """With turn_rewards: rubric (the default) the environment's turn rewards stay out of the tokens; the credit
+    (times coef) goes in, at each model turn's last generated token; gigpo's turns carry it too."""
+    traj = three_turns(chat)
+    traj.turn_rewards = [0.5, 0.5]
+    traj.turn_credit = [0.25, -1.0, 2.0]
+    kl = SimpleNamespace(coef=0.0, mode="loss", task_reward=1.0)
+    credit = SimpleNamespace(model="reference", coef=2.0)
+    t = SimpleNamespace(kl=kl, turn_rewards="rubric", infra_faults="mask", turn_credit=credit)
+    batch = step_batch([traj], [None], [None], t, None, "cpu")
+    lengths = [b - a for _, a, b in traj.sequences()[0].trained_spans()]
+    ends = [sum(lengths[: k + 1]) - 1 for k in range(3)]
+    placed = batch.token_rewards
+    assert [float(placed[e]) for e in ends] == [0.5, -2.0, 4.0] and float(placed.sum()) == pytest.approx(2.5)
+    assert [turn.reward for turn in batch.turns[0]] == [0.5 + 0.5, 0.5 - 2.0, 4.0]
+    off = SimpleNamespace(**{**vars(t), "turn_credit": SimpleNamespace(model=None, coef=2.0)})
+    assert step_batch([traj], [None], [None], off, None, "cpu").token_rewards is None
+
+
+def test_the_trainer_credits_turns_with_the_reference_when_configured(tiny_model_dir, tmp_path):
+    config = load_config(overrides=[f"model.name={tiny_model_dir}", "device=cpu", "env.name=calculator",
+                                    "rollout.max_new_tokens=8", "train.group_size=2", "train.prompts_per_step=1",
+                                    "train.turn_credit.model=reference", "train.turn_credit.coef=0.5",
+                                    f"output_dir={tmp_path}"])  # fmt: skip
+    bench = Workbench.load(config)
+    trainer = Trainer(bench)
+    assert trainer.credit is not None and trainer.credit.model is not bench.model  # a frozen copy
+    trajs = trainer.rollout.run([bench.env.tasks("train")[0]] * 2, seed=3)
+    metrics = trainer.update(trajs).metrics
+    assert metrics["credit/scored"] == 2 and math.isfinite(metrics["credit/gold_logprob_end"])
+    assert all(len(t.turn_credit) == t.num_turns for t in trajs)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
