@@ -67,6 +67,14 @@ def from_env() -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), local, backend)
 
 
+def close(ctx: Dist) -> None:
+    """End the process group once every rank is done: a rank that exits with it open can leave gloo's threads
+    running into the interpreter's exit (seen as `terminate called without an active exception`, SIGABRT)."""
+    if ctx.on and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def device_for(ctx: Dist, device: torch.device) -> torch.device:
     return torch.device(f"cuda:{ctx.local_rank}") if ctx.on and device.type == "cuda" else device
 

@@ -27,6 +27,9 @@ from toolrl.tools.call import ToolCall, ToolResult
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FIXTURES = Path(__file__).parents[1] / "fixtures"
+# The launched run: steps enough that a stop after step 2 lands before its end, few enough that the resumed rest
+# finishes in minutes on a loaded CI machine (150 steps did not, in 600 s).
+LAUNCH_STEPS = 30
 if not CHROMIUM:
     if os.environ.get("TOOLRL_BROWSER_TESTS") == "required":
         raise RuntimeError("Chromium is not installed: `make install-test` installs Debian's chromium package")
@@ -149,7 +152,7 @@ def site(tiny_model_dir, tokenizer, tmp_path_factory):
     recipes.mkdir()
     (recipes / "tiny.yaml").write_text(
         f"# a tiny run\nmodel:\n  name: {tiny_model_dir}\nrollout:\n  max_new_tokens: 16\n"
-        "train:\n  steps: 150\n  prompts_per_step: 2\n  group_size: 3\n  save_every: 1\n"
+        f"train:\n  steps: {LAUNCH_STEPS}\n  prompts_per_step: 2\n  group_size: 3\n  save_every: 1\n"
         "eval:\n  num_tasks: 3\n  batch_size: 3\n  at_start: false\n"
     )
     tools = write_tool_config(
@@ -892,21 +895,22 @@ def test_launch_follow_stop_and_resume_a_run(site):
     page.goto(site["url"] + "#launch")
     page.select_option("#launch-recipe", "tiny")
     text = page.locator("#launch-config").input_value()
-    page.fill("#launch-config", text.replace("steps: 150", "stepz: 150"))
+    page.fill("#launch-config", text.replace(f"steps: {LAUNCH_STEPS}", f"stepz: {LAUNCH_STEPS}"))
     page.click("#launch-validate")
     page.wait_for_selector("#launch-check.error-text")
     assert page.locator("#launch-check").inner_text().startswith("config: unknown key 'train.stepz'")
     page.fill("#launch-config", text)
     page.fill("#launch-name", "from-the-page")
     page.click("#launch-start")
-    page.wait_for_function("document.querySelector('#follow-log').textContent.includes('step 2/150')", timeout=300_000)
+    second = f"document.querySelector('#follow-log').textContent.includes('step 2/{LAUNCH_STEPS}')"
+    page.wait_for_function(second, timeout=300_000)
     page.click("#follow-stop")
     page.wait_for_selector("#follow-state.state-stopped", timeout=120_000)
     stopped = "document.querySelector('#follow-log').textContent.includes('stopped after step')"
     page.wait_for_function(stopped, timeout=60_000)
     run = RunDir(root / "from-the-page")
     stopped_at = run.read_status()["step"]
-    assert run.pointed("last").name == f"step-{stopped_at:06d}" and stopped_at < 150
+    assert run.pointed("last").name == f"step-{stopped_at:06d}" and stopped_at < LAUNCH_STEPS
     shot(site, "launch")
     pid, deadline = run.read_status()["pid"], time.monotonic() + 300
     while _alive(pid) and time.monotonic() < deadline:  # "stopped" is written before the process exits
@@ -915,9 +919,9 @@ def test_launch_follow_stop_and_resume_a_run(site):
     # the resumed run's remaining steps: a generous wait, for a shared CI machine under load
     page.wait_for_selector("#follow-state.state-finished", timeout=600_000)
     steps = [m["step"] for m in run.read_metrics() if "eval" not in m]
-    assert steps == list(range(1, 151))  # every step once, across the stop
+    assert steps == list(range(1, LAUNCH_STEPS + 1))  # every step once, across the stop
     expect(page.locator("#follow-resume")).to_be_disabled(timeout=10_000)  # finished: resume says why it cannot
-    expect(page.locator("#follow-why")).to_contain_text("the run finished all its 150 steps")
+    expect(page.locator("#follow-why")).to_contain_text(f"the run finished all its {LAUNCH_STEPS} steps")
 
 
 def _alive(pid: int) -> bool:

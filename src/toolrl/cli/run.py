@@ -126,6 +126,7 @@ def _train(config, set_, resume, quiet: bool, as_json: bool, trust_run: bool) ->
                 summary = trainer.train(report)
             finally:
                 bench.close()
+        distributed.close(ctx)
     except BaseException as exc:  # status.json says why a run failed or never started (the UI shows it)
         if run is not None and run.read_status().get("state") in (None, "running"):
             run.write_status(state="failed" if isinstance(exc, Exception) else "stopped", error=first_line(exc))
