@@ -14,6 +14,7 @@ BUILTIN_ENVIRONMENTS = (
     "harbor",
     "images",
     "mix",
+    "nim",
     "nl2sql",
     "openenv",
     "search",

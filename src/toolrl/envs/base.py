@@ -122,6 +122,9 @@ class Episode:
         self.tools = {tool.name: tool for tool in tools or ()}
         self.offered = list(offered) if offered is not None else None
         self.ordered = ordered
+        self.role: str | None = None
+        """The role the policy plays in this episode (a game's first or second seat, a solver or a judge): its
+        trajectory's role, whose advantages are taken within the group's trajectories of that role."""
 
     def offer(self, *tools: Tool) -> None:
         """Offer more tools from now on (a tool added at a later turn); say so in the next message."""
@@ -156,7 +159,9 @@ class Episode:
     async def open(self) -> StepResult | None:
         """Before the first model turn: None when `messages` is the whole prompt (the default), or a StepResult
         whose `user_message` the prompt ends with: a simulated user's opening message, written while other
-        episodes start. A failure fails this trajectory alone (stop reason `user_failed`, an environment fault)."""
+        episodes start (and play: under rollout.schedule async an opening may wait for another episode's move).
+        With `done` the trajectory ends there, before any model turn. A failure fails this trajectory alone (stop
+        reason `user_failed`, an environment fault)."""
         return None
 
     async def reply(self, text: str) -> StepResult:
@@ -166,6 +171,10 @@ class Episode:
     def process_reward(self, results: Sequence[ToolResult]) -> float:
         """Reward of one tool step from its results; 0 unless an environment says otherwise."""
         return 0.0
+
+    def finish(self, stop_reason: str) -> None:
+        """The trajectory stopped (`stop_reason`: env_done, length, max_turns, ...), whatever stopped it, before its
+        rubric scores it: an episode another one waits on (a game's other seat) lets it go on here."""
 
     def close(self) -> None:
         """Free per-trajectory state (databases, directories, backends)."""

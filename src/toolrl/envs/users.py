@@ -27,7 +27,7 @@ import re
 import string
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from toolrl import seeds
 from toolrl.envs.base import StepResult
 from toolrl.errors import ConfigError
-from toolrl.tools.model import Completion, ModelBackend, chat_backend
+from toolrl.tools.model import Batcher, ModelBackend, chat_backend
 
 STOP = "###STOP###"
 """What a simulated user writes to end the conversation (tau-bench's marker): stop reason `user_ended`."""
@@ -208,46 +208,6 @@ class ScriptedUser(User):
         return UserTurn("", ended=True)
 
 
-class _Batcher:
-    """Gathers the conversations that arrive together (within `window_s`) into one call of a
-    `complete_batch(conversations, seeds)` function, run in a thread: a local model answers a group's users in
-    one generate, not one by one. One flush task runs while anything is pending: conversations that arrive
-    while a batch is being answered go in the next batch (they had waited for a later ask to flush them, and
-    when none came, forever)."""
-
-    def __init__(self, batch: Callable[..., list[Completion]], window_s: float = 0.01):
-        self.batch, self.window_s = batch, window_s
-        self.pending: list[tuple[list[dict[str, str]], int | None, asyncio.Future]] = []
-        self.flush: asyncio.Task | None = None
-
-    async def ask(self, messages: list[dict[str, str]], seed: int | None = None) -> Completion:
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((messages, seed, future))
-        if self.flush is None or self.flush.done():
-            self.flush = asyncio.ensure_future(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        while self.pending:
-            await asyncio.sleep(self.window_s)
-            batch, self.pending = self.pending, []
-            await self._answer(batch)
-
-    async def _answer(self, batch: list[tuple[list[dict[str, str]], int | None, asyncio.Future]]) -> None:
-        conversations, seeds = [m for m, _, _ in batch], [s for _, s, _ in batch]
-        try:
-            given = any(seed is not None for seed in seeds)
-            replies = await asyncio.to_thread(self.batch, conversations, seeds if given else None)
-        except Exception as exc:  # every user of the batch failed: each trajectory ends as user_failed
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-        else:
-            for (_, _, future), reply in zip(batch, replies, strict=True):
-                if not future.done():  # its conversation was cancelled meanwhile
-                    future.set_result(reply)
-
-
 class SimulatedUser(User):
     """A model playing the user, tau-bench style: it reads its scenario's instructions and the whole
     conversation from the user's side, writes the next message, and ends the conversation with the stop
@@ -257,7 +217,7 @@ class SimulatedUser(User):
 
     def __init__(self, model: Any, prompt: UserPrompt | None = None):
         self.model, self.prompt = model, prompt or UserPrompt()
-        self._batcher = _Batcher(model.complete_batch) if hasattr(model, "complete_batch") else None
+        self._batcher = Batcher(model.complete_batch) if hasattr(model, "complete_batch") else None
         self._takes_seed = "seed" in inspect.signature(model.complete).parameters
 
     async def respond(self, scenario: Scenario, transcript: Transcript, seed: int | None = None) -> UserTurn:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from toolrl import seeds
+from toolrl.aio import all_or_none
 from toolrl.chat.format import ChatFormat
 from toolrl.context.base import ContextStrategy, ContextView
 from toolrl.envs.base import Environment, Episode, StepResult, Task, start_episode
@@ -34,9 +35,10 @@ from toolrl.parsers.base import Parser, ParseResult
 from toolrl.rewards.rubric import mark_suspects
 from toolrl.rollout.engine import Engine, Sampled
 from toolrl.rollout.limits import RolloutLimits, answer_reason, out_of_turns, over_token_budget
+from toolrl.rollout.preflight import refuse_long_prompts
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.text import clip, first_line
+from toolrl.text import first_line
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.function import Tool
 from toolrl.tools.images import name_images
@@ -129,31 +131,9 @@ class Rollout:
         return None
 
     def refuse_long_prompts(self, tasks: Sequence[Task], context: int) -> None:
-        """Before anything runs: a task whose prompt (its messages, the tool schemas it offers, the call syntax)
-        leaves no room in the model's context for one generated token is a DataError naming it. Each task counts
-        the tools it offers (Environment.offered: a built environment's task shows its few tools of hundreds). A
-        prompt whose text is at most `context` UTF-8 bytes is not tokenized (no token is shorter than a byte)."""
-        import json
-
-        syntax = len(str(getattr(self.parser, "instructions", "")))
-        sizes: dict[str, int] = {}
-        for name, tool in self.executor.tools.items():
-            sizes[name] = len(json.dumps(tool.to_openai()).encode()) if self.env.show_tool_schemas else 0
-        for task in tasks:
-            names = self.env.offered(task)
-            tools = None if names is None else {n: self.executor.tools[n] for n in names if n in self.executor.tools}
-            messages = self.env.messages(task)
-            shown = sum(sizes.values()) if tools is None else sum(sizes[n] for n in tools)
-            size = syntax + shown + sum(len(str(m.get("content", "")).encode()) + 32 for m in messages) + 256
-            if size <= context:
-                continue
-            length = len(self.prompt_ids(task, messages, tools))
-            if length >= context:
-                raise DataError(
-                    f"env {self.env.name}, task {clip(str(task.id), 80)}: its prompt is {length:,} tokens (messages, "
-                    f"tool schemas and call syntax), the model's context {context:,}: nothing could be generated; "
-                    "shorten the task or offer fewer tools"
-                )
+        """Before anything runs: a task whose prompt leaves no room for one generated token is a DataError naming
+        it (rollout/preflight.py)."""
+        refuse_long_prompts(self, tasks, context)
 
     def prompt(self, task: Task, messages: list[dict[str, str]] | None = None, tools=None) -> tuple[list[int], list]:
         """The prompt's ids and, for a vision-language policy, the task's images in them."""
@@ -189,7 +169,7 @@ class Rollout:
                 "{'role': str, 'content': str} messages"
             )
         traj = Trajectory.start(episode.task, *self.prompt(episode.task, episode.messages, tools))
-        traj.episode = episode
+        traj.episode, traj.role = episode, episode.role
         self.engine.begin(seq, episode.task)
         context = self.context() if self.context is not None else None
         return _Run(seq, traj, episode, tools, self.env.limits_for(episode.task, self.limits), context)
@@ -205,20 +185,12 @@ class Rollout:
         try:
             for task, traj_seed in zip(tasks, own, strict=True):
                 episodes.append(start_episode(self.env, task, seeds.episode(traj_seed)))
-            opened = await asyncio.gather(*(self._open(episode) for episode in episodes))
-            runs = [self._start(episode, seq) for episode, seq in zip(episodes, seqs, strict=True)]
-            for run, traj_seed, opening in zip(runs, own, opened, strict=True):
-                run.traj.seed = traj_seed
-                if isinstance(opening, str):  # the user's opening failed: this trajectory alone fails
-                    self._user_failed(run.traj, opening)
-                elif opening is not None:
-                    _count_user(run.traj, opening)
-            playing = [run for run in runs if not run.traj.stop_reason]
-            self._finished(len(runs) - len(playing))
             if self.schedule == "lockstep":
-                await self._lockstep(playing)
-            else:
-                await asyncio.gather(*(self._run_one(run) for run in playing))
+                opened = await asyncio.gather(*(self._open(episode) for episode in episodes))
+                runs = [self._begin(*args) for args in zip(episodes, seqs, own, opened, strict=True)]
+                await self._lockstep([run for run in runs if not self._ended_early(run)])
+            else:  # each trajectory plays once its episode has opened: one may wait for another to move first
+                runs = await all_or_none([self._open_and_play(*a) for a in zip(episodes, seqs, own, strict=True)])
             trajs = [run.traj for run in runs]
             await self.env.rubric.score_all(trajs)  # before close: criteria may read the episode's final state
             mark_suspects(self.env, trajs)
@@ -230,6 +202,29 @@ class Rollout:
             for run in runs:
                 run.traj.episode = None  # closed: its state is no longer there to read
         return trajs
+
+    async def _open_and_play(self, episode: Episode, seq: object, seed: int | None) -> _Run:
+        run = self._begin(episode, seq, seed, await self._open(episode))
+        if not self._ended_early(run):
+            await self._run_one(run)
+        return run
+
+    def _begin(self, episode: Episode, seq: object, seed: int | None, opening: StepResult | str | None) -> _Run:
+        run = self._start(episode, seq)
+        run.traj.seed = seed
+        if isinstance(opening, str):  # the user's opening failed: this trajectory alone fails
+            self._user_failed(run.traj, opening)
+        elif opening is not None:
+            _count_user(run.traj, opening)
+            if opening.done:  # the episode ended before the policy's first turn (an opponent that gave up)
+                self._stop(run.traj, opening.stop_reason or "env_done")
+        return run
+
+    def _ended_early(self, run: _Run) -> bool:
+        """Whether the trajectory ended at its opening (then it is counted as finished here)."""
+        if run.traj.stop_reason:
+            self._finished(run)
+        return bool(run.traj.stop_reason)
 
     async def _open(self, episode: Episode) -> StepResult | str | None:
         """The episode's opening (Episode.open): its first user message joins the prompt; a failure is returned as
@@ -266,11 +261,13 @@ class Rollout:
                 turn = await self._run_tools(run, turn)
             else:
                 turn = await self._reply(run, turn)
-        self._finished()
+        self._finished(run)
 
-    def _finished(self, n: int = 1) -> None:
-        if self.on_finished is not None:
-            for _ in range(n):
+    def _finished(self, *runs: _Run) -> None:
+        """The trajectories of `runs` ended: their episodes are told (Episode.finish), then the progress."""
+        for run in runs:
+            run.episode.finish(run.traj.stop_reason or "")
+            if self.on_finished is not None:
                 self.on_finished()
 
     async def _lockstep(self, runs: list[_Run]) -> None:
@@ -289,7 +286,7 @@ class Rollout:
             replies = await asyncio.gather(*(self._reply(runs[i], turns[i]) for i in replying))
             turns.update(zip(replying, replies, strict=True))
             still = [i for i in active if turns[i].state is State.GENERATING]
-            self._finished(len(active) + len(full) - len(still))
+            self._finished(*(runs[i] for i in [*active, *full] if i not in still))
             active = still
 
     def _view(self, run: _Run) -> ContextView:

@@ -6,6 +6,7 @@ Hugging Face model loaded on first use. Both are synchronous and run in the exec
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -228,3 +229,43 @@ class SeededDraw:
         tokens, _ = sample_tokens(scores, self.params, positions=[drawn] * len(self.params))
         only = torch.full_like(scores, float("-inf"))
         return only.scatter_(1, tokens[:, None], 0.0)
+
+
+class Batcher:
+    """Gathers the conversations that arrive together (within `window_s`) into one call of a
+    `complete_batch(conversations, seeds)` function, run in a thread: a local model answers what a rollout's
+    simulated users (or a game's model opponents) ask at the same moment in one generate, not one by one. One
+    flush task runs while anything is pending: conversations that arrive while a batch is being answered go in
+    the next batch (they had waited for a later ask to flush them, and when none came, forever)."""
+
+    def __init__(self, batch: Callable[..., list[Completion]], window_s: float = 0.01):
+        self.batch, self.window_s = batch, window_s
+        self.pending: list[tuple[list[dict[str, str]], int | None, asyncio.Future]] = []
+        self.flush: asyncio.Task | None = None
+
+    async def ask(self, messages: list[dict[str, str]], seed: int | None = None) -> Completion:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((messages, seed, future))
+        if self.flush is None or self.flush.done():
+            self.flush = asyncio.ensure_future(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self.pending:
+            await asyncio.sleep(self.window_s)
+            batch, self.pending = self.pending, []
+            await self._answer(batch)
+
+    async def _answer(self, batch: list[tuple[list[dict[str, str]], int | None, asyncio.Future]]) -> None:
+        conversations, seeds = [m for m, _, _ in batch], [s for _, s, _ in batch]
+        try:
+            given = any(seed is not None for seed in seeds)
+            replies = await asyncio.to_thread(self.batch, conversations, seeds if given else None)
+        except Exception as exc:  # every ask of the batch failed (a user's trajectory ends as user_failed)
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        else:
+            for (_, _, future), reply in zip(batch, replies, strict=True):
+                if not future.done():  # its conversation was cancelled meanwhile
+                    future.set_result(reply)
