@@ -160,22 +160,10 @@ def test_roles_of_an_environment_of_ones_own_train_on_their_own_baselines(chat, 
 def test_self_play_runs_from_the_command_line(tmp_path, tiny_model_dir):
     """`toolrl train` of nim: a step's seats are paired (roles first and second, half each), and each role's
     metrics are written; the tiny model gives its games up, so the second seats win them."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from tests.harness.cli_train import train_steps
 
-    from tests.gateway.test_agent_env import ROOT
-
-    command = [sys.executable, "-m", "toolrl", "train", "--set", "env.name=nim", f"--set=model.name={tiny_model_dir}",
-               "--set=device=cpu", "--set=train.steps=2", "--set=train.prompts_per_step=2", "--set=train.group_size=4",
-               "--set=rollout.max_new_tokens=8", "--set=eval.at_start=false", "--set=eval.at_end=false",
-               f"--set=output_dir={tmp_path / 'runs'}", "--set=run_name=run"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()
-    steps = [s for s in map(json.loads, lines) if "step" in s and "eval" not in s]
+    steps = train_steps(tmp_path, tiny_model_dir, "env.name=nim", "train.prompts_per_step=2", "train.group_size=4",
+                        "rollout.max_new_tokens=8")  # fmt: skip
     assert [s["step"] for s in steps] == [1, 2]
     for s in steps:
         assert s["role/first/share"] == s["role/second/share"] == 0.5

@@ -89,12 +89,14 @@ def test_ten_megabyte_result_arrives_whole(server):
 
 def test_a_server_that_exits_at_start_fails_fast_with_its_exit_code_and_stderr_and_is_not_relaunched(tmp_path):
     log = tmp_path / "ghost.log"
-    srv = MCPStdioServer("ghost", sys.executable, [str(SERVER), "--fail-start"], connect_timeout_s=30, log_path=log)
+    srv = MCPStdioServer("ghost", sys.executable, [str(SERVER), "--fail-start"], connect_timeout_s=300, log_path=log)
     try:
         started = time.monotonic()
         with pytest.raises(ToolError) as info:
             srv.tools()
-        assert time.monotonic() - started < 5  # the exit is seen at once, not after the 30 s connect timeout
+        # the exit is seen when it happens, not after the 300 s connect timeout (a loaded CI machine took 5.1 s
+        # to start the server and see it exit)
+        assert time.monotonic() - started < 120
         message = str(info.value)
         assert message.startswith("MCP server ghost failed to start: the server exited before answering initialize")
         assert "exit code 3" in message and "RuntimeError: the config of this server is broken" in message

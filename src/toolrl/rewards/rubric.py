@@ -45,8 +45,12 @@ class Rubric:
     """Weighted criteria; `success` names the one whose value (1 or 0) is the task's success, reported as
     `success` in training and evaluation (None: the environment reports no success rate)."""
 
-    def __init__(self, criteria: Sequence[Criterion], success: str | None = None):
+    def __init__(
+        self, criteria: Sequence[Criterion], success: str | None = None, counted: Mapping[str, Mapping[str, int]] = {}
+    ):
         self.criteria = list(criteria)
+        self.counted = dict(counted)
+        """The environment's own running counts, by prefix (nim: games without a partner): `PREFIX/NAME` metrics."""
         names = [c.name for c in self.criteria]
         if len(set(names)) != len(names):
             raise ValueError(f"rubric criteria need distinct names, got {names}")
@@ -89,6 +93,9 @@ class Rubric:
         for c in self.criteria:
             for key, value in getattr(c.fn, "stats", {}).items():
                 counts[f"{c.name}/{key}"] = value
+        for prefix, kept in self.counted.items():
+            for key, value in kept.items():
+                counts[f"{prefix}/{key}"] = value
         return counts
 
     def with_weights(self, weights: Mapping[str, float], extra: Sequence[Criterion] = ()) -> Rubric:
@@ -104,7 +111,7 @@ class Rubric:
                 f"(registered criteria: {registered})"
             )
         criteria = [*self.criteria, *extra, *added]
-        return Rubric([replace(c, weight=weights.get(c.name, c.weight)) for c in criteria], self.success)
+        return Rubric([replace(c, weight=weights.get(c.name, c.weight)) for c in criteria], self.success, self.counted)
 
 
 def process_reward(trajectory, task) -> float:

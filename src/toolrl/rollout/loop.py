@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from toolrl import seeds
-from toolrl.aio import all_or_none
+from toolrl.aio import all_or_none, result_or_line
 from toolrl.chat.format import ChatFormat
 from toolrl.context.base import ContextStrategy, ContextView
 from toolrl.envs.base import Environment, Episode, StepResult, Task, start_episode
@@ -38,7 +38,6 @@ from toolrl.rollout.limits import RolloutLimits, answer_reason, out_of_turns, ov
 from toolrl.rollout.preflight import refuse_long_prompts
 from toolrl.rollout.sampling import SamplingParams
 from toolrl.rollout.trajectory import Trajectory
-from toolrl.text import first_line
 from toolrl.tools.executor import ToolExecutor
 from toolrl.tools.function import Tool
 from toolrl.tools.images import name_images
@@ -229,15 +228,14 @@ class Rollout:
     async def _open(self, episode: Episode) -> StepResult | str | None:
         """The episode's opening (Episode.open): its first user message joins the prompt; a failure is returned as
         its one line (that trajectory fails), a ConfigError (a task's box that cannot be built) stops the run."""
-        try:
-            opening = await episode.open()
-        except ConfigError:
-            raise
-        except Exception as exc:  # a simulated user whose model is down, say
-            return first_line(exc) or type(exc).__name__
-        if opening is not None and (not isinstance(opening, StepResult) or not isinstance(opening.user_message, str)):
-            raise ConfigError(f"env {self.env.name}: episode.open must return None or a StepResult with a user_message")
-        episode.messages = episode.messages + ([{"role": "user", "content": opening.user_message}] if opening else [])
+        opening = await result_or_line(episode.open())  # a failure's line: a simulated user whose model is down
+        if isinstance(opening, str):
+            return opening
+        said = opening.user_message if isinstance(opening, StepResult) else None
+        if opening is not None and (not isinstance(opening, StepResult) or not (isinstance(said, str) or opening.done)):
+            raise ConfigError(f"env {self.env.name}: episode.open must return None, a StepResult with a user_message, "
+                              "or one with done")  # fmt: skip
+        episode.messages = episode.messages + ([{"role": "user", "content": said}] if said is not None else [])
         return opening
 
     def _user_failed(self, traj: Trajectory, why: str) -> _Turn:
@@ -397,10 +395,9 @@ class Rollout:
     async def _reply(self, run: _Run, turn: _Turn) -> _Turn:
         """A turn without tool calls: the episode answers with the user's next message, or ends it."""
         traj = run.traj
-        try:
-            step = await run.episode.reply(turn.text)
-        except Exception as exc:  # a simulated user that failed (its model down, say): this trajectory ends
-            return self._user_failed(traj, first_line(exc) or type(exc).__name__)
+        step = await result_or_line(run.episode.reply(turn.text))  # a user that failed: this trajectory ends
+        if isinstance(step, str):
+            return self._user_failed(traj, step)
         if not isinstance(step, StepResult) or not (step.user_message is None or isinstance(step.user_message, str)):
             raise ConfigError(f"env {self.env.name}: episode.reply must return a StepResult with a str user_message")
         traj.record_step(step.reward, step.info)

@@ -192,12 +192,13 @@ class NimEnv(Environment):
     def __init__(self, config, options: NimOptions):
         super().__init__(config, options)
         played = Criterion("played", _played, options.played_weight)
-        self.rubric = Rubric([Criterion("win", win, 1.0), played], success="win")
+        self.counts = {"unpaired": 0, "opponent_gave_up": 0}
+        """Episodes that found no partner; games a fixed opponent gave up (no legal move in its tries): metrics
+        nim/unpaired, nim/opponent_gave_up."""
+        self.rubric = Rubric([Criterion("win", win, 1.0), played], success="win", counted={"nim": self.counts})
         self.opponents = Opponents(self.syntax)
         self.waiting: dict[str, Table] = {}
         """Self-play tables with one seat taken, by task id."""
-        self.counts = {"unpaired": 0, "opponent_gave_up": 0}
-        """Episodes that found no partner; games a fixed opponent gave up (no legal move in its tries)."""
 
     def tasks(self, split: str) -> list[Task]:
         o = self.options

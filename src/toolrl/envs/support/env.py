@@ -8,22 +8,27 @@ the agent's replies (`outputs`); both are logged.
 
 With `user: simulated` a model plays the user from its scenario (who it is, what it wants, what it knows), which
 the agent never sees, and writes the opening message itself (Episode.open); `user: scripted` opens with the
-task's question and ends after the agent's first answer.
+task's question and ends after the agent's first answer. With `user: policy` the policy plays the user too: a
+task's samples are seated in pairs as they are reset (the first an agent, role `agent`; the second its user, role
+`user`: envs/seated_user.py), the user trained for agreement with its scenario (`correct` of a user seat: the
+errand it was given was done, nothing else, and it said nothing its scenario does not give: `faithful`).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from toolrl.envs.base import Environment, Episode, StepResult, Task, register_env
 from toolrl.envs.reference import ReferenceRequest
+from toolrl.envs.seated_user import Conversation, UserSeat
 from toolrl.envs.support.desk import HANDBOOK, Desk
 from toolrl.envs.support.shop import Shop, canonical, draw_case, make_database
 from toolrl.envs.tasks import GeneratedTasks, TaskSplits, unique_seeded_tasks
-from toolrl.envs.users import Scenario, Transcript, User, UserModel, UserPrompt, hear, make_user
+from toolrl.envs.users import Scenario, ScriptedUser, Transcript, User, UserModel, UserPrompt, hear, make_user
 from toolrl.rewards.rubric import Criterion, Rubric
 from toolrl.tools.call import ToolCall
 from toolrl.tools.function import Tool
@@ -54,14 +59,17 @@ class SupportOptions(GeneratedTasks):
     num_train: int = Field(200, ge=1)
     num_test: int = Field(40, ge=1)
     customers: int = Field(24, ge=2)
-    user: Literal["scripted", "simulated"] = "scripted"
+    user: Literal["scripted", "simulated", "policy"] = "scripted"
     """scripted: the task's opening message, then the conversation ends after the agent answers; simulated: a
-    model plays the user from the task's scenario (user_model)."""
+    model plays the user from the task's scenario (user_model); policy: the policy plays it, a trajectory of its
+    own in the role `user` (a task's odd sample out talks with the scripted user, counted: support/unpaired)."""
     user_model: UserModel | None = None
     """The simulated user's model and sampling (base_url + model, or path; temperature, max_tokens)."""
     user_prompt: UserPrompt = Field(default_factory=lambda: SUPPORT_USER)
     """How the simulated user plays (users.UserPrompt): a customer's guidelines, and three ways to end: done,
     transfer (to a human agent), out_of_scope (the scenario does not say what to answer). Any of it from config."""
+    wait_s: float = Field(600.0, gt=0)
+    """With user: policy, how long one side of a conversation waits for the other's turn before the run stops."""
     handbook: bool = False
     """The help desk at a real benchmark's size: the policy as a full handbook (handbook.md) and thirteen tools
     described as a published benchmark describes its own (desk.py): ~5k tokens of prompt before the customer's
@@ -72,18 +80,43 @@ def _said(trajectory) -> str:
     return " ".join(trajectory.texts)
 
 
+IDS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\bO\d{4}(?:-\d+)?\b|\b\d{5}\b")
+"""What a customer could make up: an email, an order or item id, a zip code."""
+
+
+def _shop_of(trajectory) -> Shop:
+    """The database the conversation worked on (a user seat's: its agent's)."""
+    episode = trajectory.episode
+    return episode.conversation.agent.shop if isinstance(episode, UserSeat) else episode.shop
+
+
 def database_matches(trajectory, task: Task) -> float:
     """The final database equals the one the reference actions leave (tau-bench's state check)."""
-    return float(canonical(trajectory.episode.shop.db) == task.meta["final_db"])
+    return float(canonical(_shop_of(trajectory).db) == task.meta["final_db"])
 
 
 def outputs_said(trajectory, task: Task) -> float:
-    """The share of what the user had to hear (amounts) that the agent's turns said."""
+    """The share of what the user had to hear (amounts) that the agent's turns said (a user seat: 1)."""
     outputs = task.meta["outputs"]
-    return sum(o in _said(trajectory) for o in outputs) / len(outputs) if outputs else 1.0
+    if isinstance(trajectory.episode, UserSeat) or not outputs:
+        return 1.0
+    return sum(o in _said(trajectory) for o in outputs) / len(outputs)
+
+
+def faithful(trajectory, task: Task) -> float:
+    """A user seat said no email, id or zip code its scenario does not give (an agent: 1)."""
+    episode = trajectory.episode
+    if not isinstance(episode, UserSeat):
+        return 1.0
+    said = " ".join(episode.conversation.said)
+    return float(all(found in task.meta["instructions"] for found in IDS.findall(said)))
 
 
 def correct(trajectory, task: Task) -> float:
+    """An agent: the database and the outputs are right. A user seat, its agreement with the scenario: the errand
+    it was given was done (the database is the scenario's), and it made nothing up."""
+    if isinstance(trajectory.episode, UserSeat):
+        return float(database_matches(trajectory, task) == 1.0 and faithful(trajectory, task) == 1.0)
     return float(database_matches(trajectory, task) == 1.0 and outputs_said(trajectory, task) == 1.0)
 
 
@@ -94,12 +127,23 @@ class SupportEpisode(Episode):
         self.scenario = Scenario(task.meta["instructions"])
         self.transcript = Transcript()
         self.simulated = messages[-1]["role"] != "user"
+        if isinstance(user, Conversation):
+            self.role, user.agent = "agent", self
 
     async def open(self) -> StepResult | None:
+        if isinstance(self.user, Conversation) and not self.user.seated:  # no user seat came: the scripted user
+            waiting, counts = self.seating
+            waiting.pop(self.task.id, None)
+            counts["unpaired"] += 1
+            self.user = ScriptedUser()
+            self.transcript.user(self.task.question)
+            return StepResult(user_message=self.task.question)
         if not self.simulated:
             self.transcript.user(self.task.question)
             return None
         opening = await hear(self.user, self.scenario, self.transcript, self.seed)
+        if opening.user_message is None and isinstance(self.user, Conversation):
+            return opening  # the policy's user seat ended it at once (its trajectory pays): no turn of the agent
         if opening.user_message is None:
             raise RuntimeError("the simulated user ended the conversation before saying anything")
         return opening
@@ -107,6 +151,10 @@ class SupportEpisode(Episode):
     async def reply(self, text: str) -> StepResult:
         self.transcript.assistant(text)
         return await hear(self.user, self.scenario, self.transcript, self.seed)
+
+    def finish(self, stop_reason: str) -> None:
+        if isinstance(self.user, Conversation):
+            self.user.agent_stopped()  # its user seat, waiting for a reply, ends
 
 
 @register_env("support")
@@ -119,15 +167,23 @@ class SupportEnv(Environment):
     def __init__(self, config, options: SupportOptions):
         super().__init__(config, options)
         self.db = make_database(config.seed, options.customers)
-        self.user = make_user(options.user, options.user_model, options.user_prompt)
+        self.user = (
+            None if options.user == "policy" else make_user(options.user, options.user_model, options.user_prompt)
+        )
+        self.waiting: dict[str, Conversation] = {}
+        """With user: policy, conversations whose agent is seated and whose user is not yet, by task id."""
+        self.counts = {"unpaired": 0}
+        """With user: policy, agents that found no user seat (metric support/unpaired)."""
         self.splits = TaskSplits(config, self._tasks())
         self.rubric = Rubric(
             [
                 Criterion("correct", correct, 1.0),
                 Criterion("db", database_matches, 0.0),
                 Criterion("outputs", outputs_said, 0.0),
+                Criterion("faithful", faithful, 0.0),
             ],
             success="correct",
+            counted={"support": self.counts},
         )
 
     def _tasks(self) -> dict[str, list[Task]]:
@@ -153,7 +209,7 @@ class SupportEnv(Environment):
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         system = {"role": "system", "content": HANDBOOK if self.options.handbook else POLICY}
-        if self.options.user == "simulated":  # the user writes its opening itself (SupportEpisode.open)
+        if self.options.user != "scripted":  # the user writes its opening itself (SupportEpisode.open)
             return [system]
         return [system, {"role": "user", "content": task.question}]
 
@@ -163,5 +219,18 @@ class SupportEnv(Environment):
         outputs = " ".join(task.meta["outputs"])
         return [ReferenceRequest(rounds, f"Done. {outputs}".strip())]
 
-    def reset(self, task: Task, seed: int | None = None) -> SupportEpisode:
-        return SupportEpisode(task, self.messages(task), self._shop(), self.user, seed)
+    def reset(self, task: Task, seed: int | None = None) -> SupportEpisode | UserSeat:
+        if self.options.user != "policy":
+            return SupportEpisode(task, self.messages(task), self._shop(), self.user, seed)
+        if (conversation := self.waiting.pop(task.id, None)) is not None:
+            return UserSeat(task, conversation)
+        o = self.options
+        scenario = Scenario(task.meta["instructions"])
+        conversation = Conversation(scenario, o.user_prompt, o.wait_s, "env support (user: policy)")
+        self.waiting[task.id] = conversation
+        episode = SupportEpisode(task, self.messages(task), self._shop(), conversation, seed)
+        episode.seating = (self.waiting, self.counts)  # every sample of a rollout is reset before any opens
+        return episode
+
+    def close(self) -> None:
+        self.waiting.clear()
