@@ -8,6 +8,8 @@ import json
 import os
 import platform
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +48,13 @@ ISA_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX-512-
 
 
 def write_results(path: str, result: dict[str, Any]) -> None:
+    """Write a results file, and name it to bench/run.py (TOOLRL_BENCH_WRITTEN), which stamps what its own run
+    wrote and not what a benchmark running beside it wrote meanwhile."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(result, indent=2) + "\n")
+    if listing := os.environ.get("TOOLRL_BENCH_WRITTEN"):
+        with open(listing, "a") as f:
+            f.write(f"{Path(path).resolve()}\n")
 
 
 def measured_here(load_before: tuple[float, ...], rows: dict[str, Any]) -> dict[str, Any]:
@@ -188,3 +195,64 @@ def cpu_since(before) -> dict[str, float]:
     now = resource.getrusage(resource.RUSAGE_SELF)
     return {"user_s": round(now.ru_utime - before.ru_utime, 2), "sys_s": round(now.ru_stime - before.ru_stime, 2),
             "minor_faults": now.ru_minflt - before.ru_minflt}  # fmt: skip
+
+
+class SeedLog:
+    """A benchmark's progress lines, each with the time: to stdout and to a log file beside its results."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+
+    def open_beside(self, out: str) -> None:
+        self.path = Path(out).with_suffix(".log")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, text: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {text}"
+        print(line, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+
+
+def quick_setup(args: Any, name: str) -> Path | None:
+    """Where a seeded benchmark writes (`args.out`: its results file, a temporary one under --quick), and under
+    --quick the tiny test model made beside it (its folder; None otherwise)."""
+    if args.out is None:
+        args.out = str(Path(tempfile.mkdtemp()) / f"{name}.json") if args.quick else f"bench/results/{name}.json"
+    if not args.quick:
+        return None
+    from tests.harness.tiny import make_tiny_model
+
+    return make_tiny_model(Path(args.out).parent / "tiny-model")
+
+
+def merged_seeds(out: str, rows: dict[str, Any], args: Any, same: tuple[str, ...]) -> dict[str, Any]:
+    """The seeds of the results at `out` and `rows`: a seed run later as a process of its own merges into the
+    results of the same measurement (the `same` arguments agree), else `rows` alone."""
+    path = Path(out)
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    agree = all(previous.get(key) == getattr(args, key) for key in same)
+    return {**(previous.get("seeds", {}) if agree else {}), **rows}
+
+
+def seeded_arguments(parser: Any, name: str, quick: str) -> None:
+    """The arguments every seeded training benchmark takes: --seeds, --steps, --set, --quick (`quick` says what
+    it runs), --out, --runs, --threads."""
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=None, help="train.steps (default: the recipe's)")
+    parser.add_argument("--set", action="append", default=[], help="a config override")
+    parser.add_argument("--quick", action="store_true", help=f"the tiny model, 1 seed, 2 steps, {quick}")
+    parser.add_argument("--out", default=None, help=f"default: bench/results/{name}.json (--quick: a temporary one)")
+    parser.add_argument("--runs", default=str(ROOT / "runs" / name))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def start(args: Any, say: SeedLog) -> tuple[float, ...]:
+    """Torch's threads as asked, the log beside the results; the load average now."""
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    say.open_beside(args.out)
+    return os.getloadavg()

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine, side_by_side
+from common import ROOT, machine, side_by_side, write_results
 
 OUT = ROOT / "bench" / "results" / "long_horizon.json"
 BEFORE = "594976a"
@@ -310,7 +310,7 @@ def main() -> None:
             say(f"{part}: load average before {results['runs'][part]['load_avg_before']}, after "
                 f"{results['runs'][part]['load_avg_after']}")  # fmt: skip
     results["machine"] = machine()
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     say(f"wrote {args.out}")
 
 

@@ -6,7 +6,8 @@
 A benchmark is a script in bench/ (what a user runs: learning, speed against TRL and vLLM, memory, faults, the
 gateway, the builder, the UI) or in bench/kernels/ (micro-benchmarks of one kernel or one piece of a step), whose
 docstring starts with "Benchmark:". Each writes JSON under bench/results/. Run through this script, every results
-file it wrote (or rewrote) also gets a `run` block, the one format all results share: the benchmark, its
+file it wrote (or rewrote) also gets a `run` block (the files it names through common.write_results; a script that
+names none: every results file changed while it ran), the one format all results share: the benchmark, its
 arguments, the commit, the machine, the load average before and after, the seconds, and what ran beside it
 (TOOLRL_BENCH_BESIDE). `make bench` lists them; `make bench B=NAME ARGS='...'` runs one.
 """
@@ -20,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,7 +85,10 @@ def main(argv: list[str]) -> int:
     script = known[name][0]
     before = {p: p.stat().st_mtime for p in RESULTS.glob("*.json")}
     load_before, started = os.getloadavg(), time.perf_counter()
-    code = subprocess.call([sys.executable, str(script), *args])
+    with tempfile.NamedTemporaryFile("r", suffix=".written") as written:
+        env = {**os.environ, "TOOLRL_BENCH_WRITTEN": written.name}  # common.write_results names its files there
+        code = subprocess.call([sys.executable, str(script), *args], env=env)
+        named = {Path(line).resolve() for line in written.read().splitlines() if line}
     if code == 0:
         sys.path.insert(0, str(BENCH))
         from common import machine
@@ -93,10 +98,10 @@ def main(argv: list[str]) -> int:
                "load_avg_after": [round(x, 2) for x in os.getloadavg()],
                "seconds": round(time.perf_counter() - started, 1),
                "beside": os.environ.get("TOOLRL_BENCH_BESIDE", "")}  # fmt: skip
-        for path in sorted(RESULTS.glob("*.json")):
-            if before.get(path) != path.stat().st_mtime:
-                stamp(path, run)
-                print(f"bench/run.py: {path.name} in {path.parent} stamped with its run")
+        changed = [p for p in sorted(RESULTS.glob("*.json")) if before.get(p) != p.stat().st_mtime]
+        for path in [p for p in changed if p.resolve() in named] if named else changed:
+            stamp(path, run)
+            print(f"bench/run.py: {path.name} in {path.parent} stamped with its run")
     return code
 
 

@@ -20,26 +20,15 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-import torch
-from common import ROOT, machine, write_results
+from common import ROOT, SeedLog, machine, merged_seeds, quick_setup, seeded_arguments, start, write_results
 
 from toolrl.config import load_config
 from toolrl.train import RunDir, Trainer, Workbench
 
 GOAL = 0.6
-LOG: Path | None = None
-
-
-def say(text: str) -> None:
-    line = f"{time.strftime('%H:%M:%S')} {text}"
-    print(line, flush=True)
-    if LOG is not None:
-        with LOG.open("a") as f:
-            f.write(line + "\n")
+say = SeedLog()
 
 
 def games(bench: Workbench, num: int, temperature: float) -> dict:
@@ -96,38 +85,17 @@ def one_seed(seed: int, args) -> dict:
 
 
 def main() -> None:
-    global LOG
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=None, help="train.steps (default: the recipe's 30)")
+    seeded_arguments(parser, "selfplay", "8 games")
     parser.add_argument("--games", type=int, default=200)
-    parser.add_argument("--set", action="append", default=[], help="a config override")
-    parser.add_argument("--quick", action="store_true", help="the tiny model, 1 seed, 2 steps, 8 games")
-    parser.add_argument("--out", default=None, help="default: bench/results/selfplay.json (--quick: a temporary one)")
-    parser.add_argument("--runs", default=str(ROOT / "runs" / "selfplay"))
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
-    if args.out is None:
-        args.out = str(Path(tempfile.mkdtemp()) / "selfplay.json") if args.quick else "bench/results/selfplay.json"
-    if args.quick:
-        from tests.harness.tiny import make_tiny_model
-
-        tiny = make_tiny_model(Path(args.out).parent / "tiny-model")
+    if (tiny := quick_setup(args, "selfplay")) is not None:
         args.seeds, args.steps, args.games = args.seeds[:1], 2, 8
         args.set += [f"model.name={tiny}", "device=cpu", "train.prompts_per_step=2", "rollout.max_new_tokens=8"]
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    LOG = Path(args.out).with_suffix(".log")
-    LOG.parent.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
+    load_before = start(args, say)
     say(f"selfplay: seeds {args.seeds}, {args.games} games, load {load_before}")
     rows = {str(seed): one_seed(seed, args) for seed in args.seeds}
-    out = Path(args.out)
-    previous = json.loads(out.read_text()) if out.is_file() else {}
-    same = (
-        previous.get("steps") == args.steps and previous.get("games") == args.games and previous.get("set") == args.set
-    )
-    seeds = {**(previous.get("seeds", {}) if same else {}), **rows}  # seeds of the same measurement merge
+    seeds = merged_seeds(args.out, rows, args, ("steps", "games", "set"))  # seeds of one measurement merge
     result = {
         "win_rate_after": round(statistics.fmean(r["win_rate_after"] for r in seeds.values()), 4),
         "win_rate_before": round(statistics.fmean(r["win_rate_before"] for r in seeds.values()), 4),

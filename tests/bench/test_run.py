@@ -41,20 +41,26 @@ def test_an_unknown_name_is_one_line_with_the_near_one():
     assert "did you mean kernels/heap?" in done.stderr
 
 
-def test_a_run_stamps_the_results_it_wrote_and_leaves_the_others(tmp_path, monkeypatch):
+def bench_of(tmp_path, monkeypatch, name: str, script: str):
+    """bench/run.py over a folder of one benchmark `name` (its source `script`), results in its results/."""
     run = load_run()
     bench, results = tmp_path / "bench", tmp_path / "bench" / "results"
     results.mkdir(parents=True)
-    (results / "old.json").write_text('{"kept": 1}\n')
-    (bench / "tiny.py").write_text(
+    (bench / f"{name}.py").write_text(script)
+    monkeypatch.setattr(run, "FOLDERS", {"": bench})
+    monkeypatch.setattr(run, "RESULTS", results)
+    monkeypatch.setattr(run, "BENCH", ROOT / "bench")  # common.machine() and git come from the repository
+    return run, results
+
+
+def test_a_run_stamps_the_results_it_wrote_and_leaves_the_others(tmp_path, monkeypatch):
+    run, results = bench_of(tmp_path, monkeypatch, "tiny", (
         '"""Benchmark: writes one number."""\n'
         "import json, sys, pathlib\n"
         "out = pathlib.Path(__file__).with_name('results') / 'tiny.json'\n"
         "out.write_text(json.dumps({'n': sys.argv[1:]}))\n"
-    )
-    monkeypatch.setattr(run, "FOLDERS", {"": bench})
-    monkeypatch.setattr(run, "RESULTS", results)
-    monkeypatch.setattr(run, "BENCH", ROOT / "bench")  # common.machine() and git come from the repository
+    ))  # fmt: skip
+    (results / "old.json").write_text('{"kept": 1}\n')
     monkeypatch.setenv("TOOLRL_BENCH_BESIDE", "make test")
     assert run.main(["tiny", "--x", "1"]) == 0
     stamped = json.loads((results / "tiny.json").read_text())
@@ -64,3 +70,20 @@ def test_a_run_stamps_the_results_it_wrote_and_leaves_the_others(tmp_path, monke
     )
     assert stamped["run"]["bench"] == "tiny" and stamped["run"]["beside"] == "make test"
     assert json.loads((results / "old.json").read_text()) == {"kept": 1}
+
+
+def test_a_run_beside_another_stamps_only_what_it_named(tmp_path, monkeypatch):
+    """Two benchmarks run at once: each stamps the results it wrote through common.write_results, not the file the
+    other wrote meanwhile (its run block would say the wrong benchmark, arguments and seconds)."""
+    run, results = bench_of(tmp_path, monkeypatch, "mine", (
+        '"""Benchmark: writes its result, while another benchmark writes its own."""\n'
+        "import json, pathlib, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        "from common import write_results\n"
+        "here = pathlib.Path(__file__).with_name('results')\n"
+        "(here / 'other.json').write_text(json.dumps({'other': 1}))  # the benchmark beside it\n"
+        "write_results(str(here / 'mine.json'), {'n': 2})\n"
+    ))  # fmt: skip
+    assert run.main(["mine"]) == 0
+    assert json.loads((results / "mine.json").read_text())["run"]["bench"] == "mine"
+    assert json.loads((results / "other.json").read_text()) == {"other": 1}

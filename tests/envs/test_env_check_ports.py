@@ -4,6 +4,7 @@ against it, printing both; every rollout limit that cut a reference is named, on
 would fit. The port is a plug-in environment outside the package (tests/fixtures/airline_env.py)."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -153,6 +154,27 @@ def test_a_reference_that_succeeds_but_stumbles_fails_the_check_naming_the_limit
     assert code == 1 and reference["flaw_counts"] == {"failed calls": 6} and verdict["limits_cut"] == [], verdict
 
 
+def test_a_reference_shown_its_results_in_part_fails_the_check_naming_the_limit(tiny_model_dir, monkeypatch, capsys):
+    """Issue 77 item 2: with rollout.max_observation_tokens so low that the tool results lost what the task needs,
+    the reference still answered (from its own knowledge) and the check passed. The results cut are counted, the
+    check fails, and the limit is named with the value that fits; raised to it, the check passes."""
+    argv = ["env", "check", "--set", f"model.name={tiny_model_dir}", *STUMBLE, "--set", "env.options.echo=true",
+            "--set", "env.options.note_chars=200", "--set", "rollout.max_new_tokens=256"]  # fmt: skip
+    code, out, err = run([*argv, "--set", "rollout.max_observation_tokens=8"], monkeypatch, capsys)
+    assert code == 1 and "Traceback" not in err, out
+    said = " ".join(out.split())
+    assert ("rollout.max_observation_tokens 8 cut 6 of the 6 tool results the reference was shown: what a task needs "
+            "may be in the part cut off") in said  # fmt: skip
+    assert "reference policy stumbled in 6 of 6 tasks (observations cut in 6; want none)" in said
+    fits = re.search(r"rollout.max_observation_tokens 8 cut 6 of 6 reference trajectories: (\d+) would fit", said)
+    assert fits, said
+    code, out, _ = run([*argv, "--set", f"rollout.max_observation_tokens={fits.group(1)}", "--json"], monkeypatch,
+                       capsys)  # fmt: skip
+    verdict = json.loads(out)
+    reference = next(p for p in verdict["policies"] if p["policy"] == "reference")
+    assert code == 0 and reference["observations_cut"] == [0, 6], verdict
+
+
 def test_a_stumble_no_limit_explains_says_where_to_look(tiny_model_dir, monkeypatch, capsys):
     argv = ["env", "check", "--set", f"model.name={tiny_model_dir}", *STUMBLE, "--set", "env.options.fail=true"]
     code, out, _ = run(argv, monkeypatch, capsys)
@@ -160,3 +182,22 @@ def test_a_stumble_no_limit_explains_says_where_to_look(tiny_model_dir, monkeypa
     assert ("env stumble is wrong: reference policy stumbled in 6 of 6 tasks (failed calls in 6; want none); no "
             "rollout limit explains where it stumbled: read its trajectories (toolrl eval --policy reference --out "
             "DIR)") in " ".join(out.split())  # fmt: skip
+
+
+def test_the_check_says_where_each_rollout_limit_came_from(tiny_model_dir, monkeypatch, capsys):
+    """Issue 77 item 3: a config's rollout.max_turns had silently overridden the environment's rollout_defaults.
+    The check names each limit it played under and where it came from: the config, the environment, or toolrl's
+    default."""
+    argv = ["env", "check", "--set", f"model.name={tiny_model_dir}", "--set", "env.name=support", "--num-tasks", "2",
+            "--set", "rollout.max_observation_tokens=200"]  # fmt: skip
+    code, out, _ = run(argv, monkeypatch, capsys)
+    assert code == 0, out
+    assert (
+        "rollout limits: max_turns 6 (environment), max_new_tokens 96 (environment), max_calls_per_turn 16 "
+        "(default), max_observation_tokens 200 (config), max_response_tokens 768 (environment)"
+    ) in out
+    code, out, _ = run([*argv, "--set", "rollout.max_turns=2", "--json"], monkeypatch, capsys)
+    limits = json.loads(out)["rollout_limits"]
+    assert limits["max_turns"] == {"value": 2, "from": "config"}  # the config's choice wins, and says so
+    assert limits["max_new_tokens"] == {"value": 96, "from": "environment"}
+    assert limits["max_context_tokens"] == {"value": None, "from": "default"}

@@ -93,6 +93,8 @@ def test_a_reference_in_task_data_may_open_its_turns_with_notes():
     first, second, reply = request.turns()
     assert isinstance(first, Said) and first.text == "Two steps.\n" and second.text == "One more.\n"
     assert reply == "<answer>a</answer>"  # past the notes: no text added
+    glued = reference_from_meta("t", {"reference": [{**entry, "notes": ["Two steps.", "Done:"]}]})[0].turns()
+    assert glued[0].text == "Two steps.\n" and glued[1].text == "Done:\n"  # a line of its own before its calls
     with pytest.raises(DataError, match=r"task t, reference of request 1: 'notes' is a list of strings"):
         reference_from_meta("t", {"reference": [{**entry, "notes": "Two steps."}]})
 

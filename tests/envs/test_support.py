@@ -105,6 +105,7 @@ def test_a_simulated_user_opens_reads_everything_ends_and_costs(chat):
         assert "I need help with an order." in prompt  # the opening the user model wrote, the prompt's end
         assert task.meta["instructions"] not in prompt and task.meta["instructions"].split("\n")[1] not in prompt
         assert traj.stop_reason == "user_ended" and traj.rewards["correct"] == 1.0
+        assert traj.rewards["faithful"] == 1.0  # its user said nothing its scenario does not give
         assert traj.user_tokens == 112 + 125 and traj.timings["user_s"] > 0
     scenario_shown = [m[0]["content"] for m in model.seen]
     assert all(any(t.meta["instructions"] in s for s in scenario_shown) for t in tasks)
@@ -113,6 +114,22 @@ def test_a_simulated_user_opens_reads_everything_ends_and_costs(chat):
     assert [m["role"] for m in ending] == ["system", "user", "assistant", "user"] and "Done." in ending[-1]["content"]
     stats = summarize(trajs, "correct")
     assert stats["user_tokens"] == 237 and stats["user_s"] > 0 and stats["stop/user_ended"] == 1.0
+
+
+class MakesUpAnEmail(UserModelStub):
+    def complete(self, messages, seed=None):
+        done = super().complete(messages, seed)
+        return Completion(done.text.replace("an order.", "an order; my email is made.up@nowhere.org."), 100, 12)
+
+
+def test_a_simulated_user_that_makes_up_an_email_is_seen_on_its_agents_trajectory(chat):
+    """`faithful` of an agent's trajectory is its user's: a model user that says what its scenario does not give is
+    caught (weight 0: the agent's reward is not changed), so a run can watch its simulated user invent things."""
+    env = support("env.options.user=simulated", "env.options.user_model={base_url: 'http://127.0.0.1:9/v1', model: m}")
+    env.user = SimulatedUser(MakesUpAnEmail())
+    trajs = play(env, chat, tasks=env.tasks("test")[:2], seed=5)
+    assert [t.rewards["faithful"] for t in trajs] == [0.0, 0.0]
+    assert [t.rewards["correct"] for t in trajs] == [1.0, 1.0] and [t.reward for t in trajs] == [1.0, 1.0]
 
 
 def test_a_failing_simulated_user_fails_only_its_samples_as_environment_faults(chat):

@@ -18,7 +18,7 @@ from tests.harness.cli_train import train_steps
 from toolrl.config import load_config
 from toolrl.envs import make_env
 from toolrl.envs.seated_user import Conversation, UserSeat
-from toolrl.envs.support.env import SUPPORT_USER
+from toolrl.envs.support.env import SUPPORT_USER, told
 from toolrl.envs.users import Scenario, Transcript
 from toolrl.errors import ConfigError
 from toolrl.rollout import Rollout, RolloutLimits
@@ -78,6 +78,8 @@ def test_the_policy_plays_the_user_as_a_trajectory_of_its_own_scored_on_its_scen
     assert (agent.role, user.role) == ("agent", "user")
     assert agent.rewards["correct"] == 1.0 and agent.stop_reason == "user_ended"
     assert (user.rewards["correct"], user.rewards["faithful"], user.stop_reason) == (1.0, 1.0, "user_ended")
+    assert (user.rewards["told"], user.reward) == (1.0, 1.5)  # it gave its order, email and zip: told, weighted 0.5
+    assert (agent.rewards["told"], agent.reward) == (0.0, 1.0)  # the agent's reward is its own
     agent_text, user_text = chat.tokenizer.decode(agent.token_ids), chat.tokenizer.decode(user.token_ids)
     assert task.meta["instructions"] not in agent_text  # the scenario is the user's alone
     assert task.meta["instructions"] in user_text and "Please cancel order" in agent_text
@@ -92,12 +94,23 @@ def test_a_user_that_makes_up_an_id_or_goes_silent_is_scored_and_ends_the_conver
     tasks = cancels(env, 2)
     made_up = "Please cancel order {order}; my email is {email}, zip 00000."
     agent, user = rollout(chat, env, player(made_up)).run([tasks[0]] * 2, seed=0)
-    assert user.rewards["faithful"] == 0.0 and user.rewards["correct"] == 0.0
+    assert user.rewards["faithful"] == user.rewards["correct"] == user.rewards["told"] == 0.0  # a made-up zip: 0
+    assert agent.rewards["faithful"] == 0.0  # the agent's trajectory shows what its user made up
     assert agent.rewards["correct"] == 0.0  # no such customer: nothing cancelled
 
     agent, user = rollout(chat, env, player(" ")).run([tasks[1]] * 2, seed=0)  # an empty message ends it
     assert (agent.stop_reason, agent.num_turns, user.stop_reason) == ("user_ended", 0, "user_ended")
     assert user.rewards["correct"] == 0.0
+
+
+def test_told_is_the_share_of_the_scenarios_facts_a_user_gave_and_nothing_made_up():
+    instructions = "You are Ann. Your email is ann@x.org and your zip code is 12345.\nYou want to cancel order O1002."
+    assert told(["Hi, cancel O1002 please."], instructions) == pytest.approx(1 / 3)
+    assert told(["I am ann@x.org, zip 12345.", "Order O1002."], instructions) == 1.0  # over all its messages
+    assert told(["ann@x.org, 12345, O1002, and O1003"], instructions) == 0.0  # an order it does not have
+    assert told(["Hello!"], instructions) == 0.0
+    names = [[c.name for c in policy_users(f"env.options.user={u}").rubric.criteria] for u in ("policy", "scripted")]
+    assert "told" in names[0] and "told" not in names[1]  # only a policy-played user is paid for it
 
 
 def test_either_side_that_stops_lets_the_other_stop(chat):
@@ -119,7 +132,7 @@ def test_an_odd_sample_out_talks_with_the_scripted_user_and_is_counted(chat):
     task = cancels(env, 1)[0]
     trajs = rollout(chat, env, player()).run([task] * 3, seed=0)
     assert [t.role for t in trajs] == ["agent", "user", "agent"]
-    assert trajs[2].rewards["correct"] == 1.0  # the task's own question, from the scripted user
+    assert trajs[2].rewards["correct"] == trajs[2].rewards["faithful"] == 1.0  # the task's question, scripted
     assert env.rubric.stats()["support/unpaired"] == 1 and env.waiting == {}
     assert env.rubric.with_weights({"faithful": 0.5}).stats()["support/unpaired"] == 1  # a config's weights keep it
 

@@ -154,7 +154,11 @@ def test_an_episode_offers_its_own_tools_only_and_can_add_one_later(chat, tokeni
     assert '"name": "cd"' in prompt and "shared_only" not in prompt  # the episode's tools, not the run's
     _, a, b = traj.spans[2]  # the parser already refuses a tool the episode does not offer
     assert "Error: unknown tool 'shared_only'; available tools: cd, mv" in tokenizer.decode(traj.token_ids[a:b])
-    assert traj.num_format_errors == 1 and [r.call.name for r in traj.results] == ["cd", "mv", "check"]
+    assert [r.call.name for r in traj.results] == ["cd", "mv", "check"]
+    # a well-formed call of a tool not offered is a failed call, not a format error (issue 77 item 4): it counts in
+    # tool_calls and tool_errors (the UI's badge and "tool errors" filter read them), as the executor counts one
+    assert (traj.num_format_errors, traj.num_tool_calls, traj.num_tool_errors) == (0, 4, 1)
+    assert rollout.executor.metrics["errors_unknown_tool"] == 1
     assert traj.results[-1].content == "notes.txt" and traj.stop_reason == "answer"
     # And the executor too: an episode's step never falls through to the run's tool of that name.
     episode = env.reset(env.tasks("test")[0])

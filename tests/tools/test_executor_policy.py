@@ -149,7 +149,10 @@ def test_rate_limit_spaces_call_starts():
     run(ex.invoke_all([ToolCall("api", {"x": i}) for i in range(5)]))
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert gaps[1] >= 0.08, gaps
-    assert min(gaps) >= 0.05 - 2e-3, gaps  # the one after the late one waited its full turn; ~0 without a limit
+    # the one after the late one waited its full turn (~0 without a limit; ~0.02 when slots were counted from when
+    # each was due); 10 ms for the loop's hand-over from a granted slot to the call's first line on a busy machine
+    # (0.045 seen beside two training runs)
+    assert min(gaps) >= 0.05 - 10e-3, gaps
 
 
 def test_a_rate_limited_tool_in_its_own_loop_is_spaced_too():

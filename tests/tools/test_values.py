@@ -141,3 +141,24 @@ def test_hostile_tool_values_become_text_not_a_crash():
             return "opaque thing"
 
     assert json.loads(to_text({"thing": Opaque(), "when": {1, 2}})) == {"thing": "opaque thing", "when": [1, 2]}
+
+
+def test_an_injected_parameter_is_filled_hidden_and_cannot_be_overridden_by_the_model():
+    """docs/tools.md, `inject` (issue 77 item 5): the parameter is out of the schema, filled on every call, and a
+    call that names it is the model's invalid-arguments error, never a way to swap the state."""
+    from toolrl.tools import ToolCall, ToolExecutor, tool_from_function
+
+    def lookup(key: str, db: dict) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        return str(db.get(key))
+
+    tool = tool_from_function(lookup, inject={"db": {"a": 1}})
+    assert list(tool.parameters["properties"]) == ["key"]
+    executor = ToolExecutor([tool])
+    assert asyncio.run(executor.invoke(ToolCall("lookup", {"key": "a"}))).content == "1"
+    swapped = asyncio.run(executor.invoke(ToolCall("lookup", {"key": "a", "db": {"a": 2}})))
+    assert swapped.outcome == "invalid_arguments" and "db: not a parameter" in swapped.content

@@ -13,7 +13,7 @@ import torch
 
 from tests.fixtures.http_server import LocalHTTPServer
 from toolrl.config import load_config
-from toolrl.errors import ConfigError
+from toolrl.errors import ConfigError, DataError
 from toolrl.gateway import Gateway
 from toolrl.parsers import get_parser
 from toolrl.scoring import score_tokens
@@ -139,22 +139,49 @@ def test_a_conversation_file_renders_as_the_gateway_records_the_same_turns(tmp_p
     assert (played["played"], played["kept"], played["unreadable"]) == (1, 1, 2)
 
 
-def test_rejection_sampling_keeps_only_successes_and_a_round_without_one_is_said(tmp_path, tiny_model_dir, caplog):
-    """The tiny random policy never answers right: every round keeps nothing, says so, and the run goes on; with
-    keep: all it learns from every sample."""
+def test_rejection_sampling_that_keeps_nothing_says_which_limit_cut_it_and_writes_no_model(
+    tmp_path, tiny_model_dir, caplog
+):
+    """The tiny random policy never answers right: each round says it kept nothing, the next samples again, and a
+    warm start that kept nothing over all its rounds is a one-line error naming the limit that cut its samples
+    (issue 77 item 1): no model is written as if trained."""
     from toolrl.runs.rundir import RunDir
 
     config = sft_config(tmp_path, tiny_model_dir, "sft.source=self", "sft.samples_per_task=2", "sft.rounds=2",
                         "rollout.max_new_tokens=8")  # fmt: skip
     bench = Workbench.load(config)
     try:
-        Trainer(bench, RunDir.create(config)).train()
+        with pytest.raises(DataError) as raised:
+            Trainer(bench, RunDir.create(config)).train()
     finally:
         bench.close()
     played = [line for line in lines(tmp_path) if "played" in line]
     assert [(p["sft_round"], p["played"], p["kept"]) for p in played] == [(1, 8, 0), (2, 8, 0)]
     assert "round 1 kept no trajectory (8 played, none successful)" in caplog.text
     assert not [line for line in lines(tmp_path) if "sft_step" in line]
+    message = str(raised.value)
+    assert message.startswith("sft: kept none of the 16 trajectories sft.source self played (2 round(s))")
+    assert "rollout.max_new_tokens 8 cut" in message and "sft.keep: all" in message and "\n" not in message
+    assert not (tmp_path / "sft" / "final").exists()
+    assert json.loads((tmp_path / "sft" / "status.json").read_text())["state"] == "failed"
+
+
+@pytest.mark.parametrize("command", ["sft", "train"])
+def test_a_warm_start_whose_reference_a_limit_cut_fails_from_the_command_line(tmp_path, tiny_model_dir, command):
+    """`toolrl sft`, and a warm start inside `toolrl train`, whose reference trajectories all stop at max_turns
+    (the calculator's reference needs a turn to call and one to answer): exit 1 with the one line that names the
+    limit (exit 2), and no final model (issue 77 item 1: it had warned, exited 0 and written an unchanged one)."""
+    run = [sys.executable, "-m", "toolrl", command, "--set", "env.name=calculator", "--set", "device=cpu",
+           "--set", f"model.name={tiny_model_dir}", "--set", "rollout.max_turns=1", "--set", "sft.num_tasks=4",
+           "--set", "eval.num_tasks=2", "--set", f"output_dir={tmp_path}", "--set", "run_name=warm",
+           "--set", "train.warm_start=true", "--set", "train.steps=1"]  # fmt: skip
+    done = subprocess.run(run, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]  # the CLI's exit for a ToolRLError
+    said = [line for line in done.stderr.splitlines() if "kept none" in line]
+    assert len(said) == 1 and "rollout.max_turns 1 cut 4 of them" in said[0] and "no model was written" in said[0]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "warm" / "final").exists()
 
 
 def test_a_teacher_endpoint_plays_the_tasks_and_its_successes_are_learned(tmp_path, tiny_model_dir, tokenizer):

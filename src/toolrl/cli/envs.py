@@ -81,11 +81,12 @@ def env_check(
 ) -> None:
     """Check an environment without a model: its reference policy (each task's reference calls, turn by turn)
     must score about 100%, its idle policy (no call) about 0, or what the environment declares (tasks that pass
-    without action by design, an idle bound). Prints the table, and each rollout limit that cut a reference with
-    the value that would fit; exit 1 when either policy is off."""
+    without action by design, an idle bound). Prints the table, the rollout limits and where each came from
+    (config, environment, default), the reference's tool results cut by rollout.max_observation_tokens, and each
+    rollout limit that cut a reference with the value that would fit; exit 1 when either policy is off."""
     from toolrl.cli.app import _quiet_libraries
     from toolrl.config import resolve_config
-    from toolrl.envs.check import IdleExpectation, idle_line, problems
+    from toolrl.envs.check import LIMIT_WORDS, IdleExpectation, idle_line, limits_line, observations_line, problems
     from toolrl.train import Workbench
 
     cfg = resolve_config(config_given(config, config_option), set_)
@@ -110,7 +111,7 @@ def env_check(
             trajs = bench.evaluation(
                 tasks=tasks, progress=_progress(quiet or as_json), what=f"env check, {policy} policy"
             )
-            stumbles = _stumbles(bench, trajs) if policy == "reference" else ([], {})
+            stumbles = _stumbles(bench, trajs) if policy == "reference" else ([], {}, None)
             scores.append(_score(bench, policy, tasks, left, trajs, stumbles))
             if policy == "reference":
                 cut = _limits_that_cut(bench, trajs, stumbles[0], quiet or as_json)
@@ -119,7 +120,9 @@ def env_check(
     verdicts = {s.policy: problems(s, min_reference, idle) for s in scores}
     said = idle_line(next(s for s in scores if s.policy == "idle"), idle)
     if as_json:
+        limits = {key: {"value": getattr(cfg.rollout, key), "from": cfg.rollout.source(key)} for key in LIMIT_WORDS}
         print(json.dumps({"env": cfg.env.name, "split": split, "ok": not any(verdicts.values()), "limits_cut": cut,
+                          "rollout_limits": limits,
                           "idle": said, "hint": "; ".join(cut),
                           "policies": [{**asdict(s), "problems": verdicts[s.policy]} for s in scores]}))  # fmt: skip
         if any(verdicts.values()):
@@ -137,7 +140,8 @@ def env_check(
             f"{s.tool_calls:.2f}", f"{s.format_errors:.2f}", "WRONG" if verdicts[s.policy] else "ok",
         )  # fmt: skip
     console.print(table)
-    for line in [said, *cut]:  # one line each, whatever the width
+    shown = observations_line(scores[0], cfg.rollout.max_observation_tokens)
+    for line in [limits_line(cfg.rollout), said, *([shown] if shown else []), *cut]:  # a line each, whatever the width
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     failed = [p for found in verdicts.values() for p in found]
     if failed:
@@ -164,7 +168,7 @@ def _progress(silent: bool):
     return progress
 
 
-def _score(bench, policy: str, tasks, left, trajs, stumbles: tuple[list, dict[str, int]]):
+def _score(bench, policy: str, tasks, left, trajs, stumbles: tuple[list, dict[str, int], tuple[int, int] | None]):
     """A policy's PolicyScore; for the idle policy, the tasks the env marks as passing without action apart; for
     the reference, the trajectories it stumbled in (_stumbles)."""
     from toolrl.envs.check import STOP_LIMITS, PolicyScore
@@ -184,22 +188,27 @@ def _score(bench, policy: str, tasks, left, trajs, stumbles: tuple[list, dict[st
         marked = [t for t, m in zip(trajs, marks, strict=True) if m]
         rest = [t for t, m in zip(trajs, marks, strict=True) if not m]
         by_design, others = (len(marked), round(rate(marked) * len(marked))), (len(rest), rate(rest))
-    stumbled, counts = stumbles
+    stumbled, counts, observations_cut = stumbles
     return PolicyScore(policy, len(tasks), len(left), stats.get("success", stats["reward"]), stats["reward"],
                        stats["tool_calls"], stats["format_errors"], solve,
                        {k: stats.get(f"stop/{k}", 0.0) for k in STOP_LIMITS}, by_design, others, len(stumbled),
-                       counts or None)  # fmt: skip
+                       counts or None, observations_cut)  # fmt: skip
 
 
-def _stumbles(bench, trajs) -> tuple[list, dict[str, int]]:
-    """The reference's trajectories that stumbled (envs/check.py flaws), and how many had each flaw."""
+def _stumbles(bench, trajs) -> tuple[list, dict[str, int], tuple[int, int]]:
+    """The reference's trajectories that stumbled (envs/check.py flaws), how many had each flaw, and (tool results
+    cut by rollout.max_observation_tokens, tool results)."""
     from toolrl.envs.check import flaws
+    from toolrl.tools.observation import clipped
 
     def planned(task) -> int:
         return sum(len(round_) for request in bench.env.reference(task) or () for round_ in request.rounds)
 
-    found = [(t, flaws(t, planned(t.task))) for t in trajs]
-    return [t for t, kinds in found if kinds], dict(Counter(kind for _, kinds in found for kind in kinds))
+    limit, tokenizer = bench.config.rollout.max_observation_tokens, bench.chat.tokenizer
+    cut = [sum(clipped(r.content, tokenizer, limit) for r in t.results) for t in trajs]
+    found = [(t, flaws(t, planned(t.task), n)) for t, n in zip(trajs, cut, strict=True)]
+    results = (sum(cut), sum(len(t.results) for t in trajs))
+    return [t for t, kinds in found if kinds], dict(Counter(kind for _, kinds in found for kind in kinds)), results
 
 
 def _limits_that_cut(bench, trajs, stumbled, silent: bool) -> list[str]:

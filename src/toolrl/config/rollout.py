@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from toolrl.config.section import Section
 
@@ -73,5 +73,15 @@ class RolloutConfig(Section):
     max_response_tokens (and the model's context, which a prompt must fit)."""
     context: ContextConfig = ContextConfig()
     """Context management when a trajectory's context fills up (toolrl/context, docs/context.md)."""
+    _from_environment: set[str] = PrivateAttr(default_factory=set)
+    """The keys the environment's rollout_defaults filled (the config set none): `toolrl env check` says where
+    each limit came from."""
+
+    def source(self, key: str) -> str:
+        """Where the value of `key` came from: config, environment (its rollout_defaults) or default."""
+        if key in self._from_environment:
+            return "environment"
+        return "config" if key in self.model_fields_set else "default"
+
     openai: OpenAIConfig = OpenAIConfig()
     sampling: SamplingConfig = SamplingConfig()

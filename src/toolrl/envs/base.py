@@ -334,6 +334,7 @@ def apply_rollout_defaults(config) -> None:
     for key, value in defaults.items():
         if key not in config.rollout.model_fields_set:
             setattr(config.rollout, key, value)
+            config.rollout._from_environment.add(key)
             continue
         section = getattr(config.rollout, key)
         if isinstance(value, dict) and isinstance(section, BaseModel):  # a section the config set in part takes

@@ -41,6 +41,9 @@ class PolicyScore:
     """Reference policy: trajectories with one flaw or more (FLAWS)."""
     flaw_counts: dict[str, int] | None = None
     """Reference policy: trajectories with each flaw."""
+    observations_cut: tuple[int, int] | None = None
+    """Reference policy: (tool results cut by rollout.max_observation_tokens, tool results): a result shown in part
+    may have lost what the task needs, and a reference that answers from its own knowledge still succeeds."""
 
 
 @dataclass(frozen=True)
@@ -84,15 +87,25 @@ def idle_line(score: PolicyScore, idle: IdleExpectation) -> str:
     return f"{line} (want <= {idle.bound:.0%}: {idle.declared_by})"
 
 
-FLAWS = ("format errors", "failed calls", "fewer calls than planned")
+FLAWS = ("format errors", "failed calls", "fewer calls than planned", "observations cut")
 
 
-def flaws(traj: Any, planned: int) -> list[str]:
+def flaws(traj: Any, planned: int, observations_cut: int = 0) -> list[str]:
     """How a reference trajectory stumbled (FLAWS), though it may have succeeded: `planned` is the number of calls
-    its reference makes."""
+    its reference makes, `observations_cut` how many of its tool results rollout.max_observation_tokens cut."""
     found = [(traj.num_format_errors > 0, "format errors"), (traj.num_tool_errors > 0, "failed calls"),
-             (traj.num_tool_calls < planned, "fewer calls than planned")]  # fmt: skip
+             (traj.num_tool_calls < planned, "fewer calls than planned"),
+             (observations_cut > 0, "observations cut")]  # fmt: skip
     return [kind for flawed, kind in found if flawed]
+
+
+def observations_line(score: PolicyScore, limit: int) -> str | None:
+    """The check's line on the reference's tool results cut by the observation limit (None: none was)."""
+    cut, results = score.observations_cut or (0, 0)
+    if not cut:
+        return None
+    return (f"rollout.max_observation_tokens {limit} cut {cut} of the {results} tool results the reference was "
+            "shown: what a task needs may be in the part cut off")  # fmt: skip
 
 
 STOP_LIMITS = ("max_turns", "length")
@@ -118,6 +131,14 @@ LIMIT_WORDS = {
     "max_context_tokens": "its longest segment, prompt included, in tokens; or let rollout.context compact it: "
     "sliding_window, summarize, fold",
 }
+
+
+def limits_line(rollout: Any) -> str:
+    """The rollout limits a check played under, each with where it came from: 'rollout limits: max_turns 6
+    (environment), max_new_tokens 48 (default), ...' (config, the environment's rollout_defaults, or default)."""
+    said = [f"{key} {getattr(rollout, key)} ({rollout.source(key)})" for key in LIMIT_WORDS
+            if getattr(rollout, key) is not None]  # fmt: skip
+    return "rollout limits: " + ", ".join(said)
 
 
 def use_of(traj: Any, count_calls: Callable[[str], int], count_tokens: Callable[[str], int]) -> dict[str, int]:

@@ -37,6 +37,10 @@ Turn = tuple[ToolCall, ...] | Said | str
 """One model turn of a scripted policy: calls (written in the run's syntax), calls after text, or a reply."""
 
 
+NOTE_END = "\n"
+"""What follows a reference note that does not end in whitespace, before the turn's calls or reply."""
+
+
 @dataclass(frozen=True)
 class ReferenceRequest:
     """What a perfect agent does for one user request: rounds of calls, then the reply."""
@@ -46,8 +50,8 @@ class ReferenceRequest:
     reply alone)."""
     reply: str = REPLY
     notes: tuple[str, ...] = ()
-    """Text that opens each of its turns, in order (each non-empty round, then the reply); a turn past the
-    notes has none."""
+    """Text that opens each of its turns, in order (each non-empty round, then the reply), on a line of its own
+    (NOTE_END follows a note that does not end in whitespace); a turn past the notes has none."""
 
     @classmethod
     def of(cls, calls: Sequence[ToolCall] = (), reply: str = REPLY) -> ReferenceRequest:
@@ -59,6 +63,8 @@ class ReferenceRequest:
         turns: list[Turn] = [*(round_ for round_ in self.rounds if round_), self.reply]
         for k, note in enumerate(self.notes[: len(turns)]):
             turn = turns[k]
+            if note and not note[-1].isspace():  # a line of its own: never glued to the call or reply after it
+                note += NOTE_END
             turns[k] = note + turn if isinstance(turn, str) else Said(note, turn)
         return turns
 

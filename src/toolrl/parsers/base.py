@@ -17,7 +17,7 @@ from typing import Any
 
 from toolrl.registry import Registry
 from toolrl.text import clip, first_line, well_formed_text
-from toolrl.tools.call import ToolCall, unknown_tool_error
+from toolrl.tools.call import UNKNOWN_TOOL, ToolCall, unknown_tool_error
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,11 @@ class ParseResult:
     """One-line format-error observations for the model, one per malformed call."""
     more: int = 0
     """Call-like spans not run beyond those the errors tell one by one (summed up in the last error)."""
+
+    @property
+    def unknown_tools(self) -> int:
+        """Errors that are well-formed calls of a tool not offered: failed calls (tool errors), not format errors."""
+        return sum(error.startswith(UNKNOWN_TOOL) for error in self.errors)
 
     @property
     def not_run(self) -> int:

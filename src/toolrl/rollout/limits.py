@@ -72,3 +72,19 @@ def out_of_turns(traj: Trajectory, limits: RolloutLimits) -> bool:
 def answer_reason(text: str) -> str:
     """Why a turn without tool calls ended the trajectory: a final <answer>, or none."""
     return "answer" if final_answer(text) is not None else "no_tool_call"
+
+
+def limits_hit(traj: Trajectory, rollout, observations_cut: int = 0) -> list[str]:
+    """The rollout limits that cut `traj`, as its config names them with their values ('rollout.max_turns 2'):
+    the turn limit or the token budget that ended it, max_new_tokens where its last turn was cut, and
+    max_observation_tokens where `observations_cut` of its tool results were (tools/observation.py `clipped`).
+    `rollout`: the run's rollout section (config.rollout)."""
+    hit = ["max_turns"] if traj.stop_reason == "max_turns" else []
+    if traj.stop_reason == "length":  # a token budget: the segment's context, else the response's
+        roomy = traj.response_length < rollout.max_response_tokens - rollout.max_new_tokens - ROUND_FRAMING
+        hit.append("max_context_tokens" if rollout.max_context_tokens is not None and roomy else "max_response_tokens")
+    elif traj.truncated:
+        hit.append("max_new_tokens")
+    if observations_cut:
+        hit.append("max_observation_tokens")
+    return [f"rollout.{name} {getattr(rollout, name)}" for name in hit]

@@ -326,7 +326,10 @@ class Rollout:
         known = {name: list(tool.parameters.get("properties", {}))
                  for name, tool in {**run.tools, **self.context_tools}.items()}  # fmt: skip
         parsed = self.parser(text, known).within(run.limits.max_calls_per_turn)
-        traj.num_format_errors += parsed.not_run
+        unknown = parsed.unknown_tools  # calls of a tool not offered: failed calls, as the executor counts them
+        traj.num_format_errors += parsed.not_run - unknown
+        traj.num_tool_calls, traj.num_tool_errors = traj.num_tool_calls + unknown, traj.num_tool_errors + unknown
+        self.executor.count_unknown(unknown)
         if not parsed.calls and not parsed.errors:
             traj.truncated = not sampled.ended
             return _Turn(State.REPLYING, sampled=sampled, text=text)

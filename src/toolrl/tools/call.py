@@ -74,8 +74,12 @@ class ToolResult:
         return self.outcome in INFRA_FAULTS
 
 
+UNKNOWN_TOOL = "Error: unknown tool "
+"""How the observation of a call of a tool that is not offered begins (unknown_tool_error)."""
+
+
 def unknown_tool_error(name: str, known_tools: Collection[str] | None) -> str | None:
     """The observation for a call of a tool that does not exist, or None when `name` is known (or unchecked)."""
     if known_tools is None or name in known_tools:
         return None
-    return f"Error: unknown tool {clip(name, 80)!r}; available tools: {', '.join(sorted(known_tools)) or 'none'}"
+    return f"{UNKNOWN_TOOL}{clip(name, 80)!r}; available tools: {', '.join(sorted(known_tools)) or 'none'}"

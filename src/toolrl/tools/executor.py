@@ -153,6 +153,12 @@ class ToolExecutor:
             return ToolResult(call, content.text, outcome, latency, setup, tuple(content.images), content.value)
         return ToolResult(call, content, outcome, latency, setup)
 
+    def count_unknown(self, calls: int) -> None:
+        """Count `calls` a parser found to name a tool not offered (never invoked) as invoke counts them."""
+        self.metrics["calls"] += calls
+        self.metrics["errors_unknown_tool"] += calls
+        self.metrics["model_errors"] += calls  # unknown_tool is the model's error (MODEL_ERRORS)
+
     async def invoke(self, call: ToolCall, offered: Mapping[str, Tool] | None = None) -> ToolResult:
         """Run one call. `offered` is the whole set of tools the caller may use, by name (an episode's: its own,
         bound to its state, and some of the run's); a name outside it is an unknown tool, whatever the run has.

@@ -26,3 +26,8 @@ def clip_observation(text: str, tokenizer, max_tokens: int) -> str:
         same += 1
     kept = head[:same]
     return f"{kept}... [truncated {max(len(text) - len(kept), 1)} characters]"
+
+
+def clipped(text: str, tokenizer, max_tokens: int) -> bool:
+    """Whether clip_observation cuts `text` at `max_tokens` (a result the model was shown only in part)."""
+    return clip_observation(text, tokenizer, max_tokens) != well_formed_text(text)

@@ -35,9 +35,11 @@ from toolrl.files import read_text
 from toolrl.memory import meter, trim
 from toolrl.models.policy import adamw
 from toolrl.registry import Registry
+from toolrl.rollout.limits import limits_hit
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.scoring import DEFAULT_BLOCKS, Scorer, VocabBlocks
 from toolrl.text import clip, first_line
+from toolrl.tools.observation import clipped
 from toolrl.train.embedding_grad import sparse_tied_embedding
 
 log = logging.getLogger(__name__)
@@ -224,6 +226,7 @@ class WarmStart:
         tasks = bench.sample("train", cfg.num_tasks, "warm start")
         success = bench.env.rubric.success
         summary: dict[str, Any] = {"sft_rounds": cfg.rounds, "sft_kept": 0, "sft_played": 0}
+        cuts: Counter[str] = Counter()  # the rollout limits that cut what a round kept nothing of
         for round_ in range(1, cfg.rounds + 1):
             seed = self.seed + round_
             started = time.perf_counter()
@@ -245,12 +248,36 @@ class WarmStart:
             if not kept:
                 log.warning("sft: round %d kept no trajectory (%d played, none successful): nothing to learn from",
                             round_, len(played.trajs))  # fmt: skip
+                cuts.update(hit for t in played.trajs for hit in self._limits_hit(t))
                 continue
             with meter.phase("sft_train"):
                 fine_tune(model, kept, cfg, self.micro_batch_tokens, seed, partial(_tagged, record, round_),
                           self.vocab)  # fmt: skip
             sync()
+        if not summary["sft_kept"]:
+            raise DataError(nothing_kept(cfg, summary["sft_played"], cuts))
         return summary
+
+    def _limits_hit(self, traj: Trajectory) -> list[str]:
+        rollout, tokenizer = self.bench.config.rollout, self.bench.chat.tokenizer
+        cut = sum(clipped(r.content, tokenizer, rollout.max_observation_tokens) for r in traj.results)
+        return limits_hit(traj, rollout, cut)
+
+
+def nothing_kept(cfg: SFTConfig, played: int, cuts: Counter[str]) -> str:
+    """The one line of a warm start that kept nothing: what cut the trajectories (each limit, how many), or that
+    none was cut, and what to change. No model is written as if trained."""
+    what = f"sft: kept none of the {played} trajectories sft.source {cfg.source} played ({cfg.rounds} round(s))"
+    successes = cfg.keep == "success" and cfg.source != "file"  # else every trajectory with a model turn is kept
+    if cuts:
+        limits = ", ".join(f"{limit} cut {n} of them" for limit, n in cuts.most_common())
+        instead = " or set sft.keep: all" if successes else ""
+        why = f"{limits}; raise the limit (toolrl env check names the value that fits){instead}"
+    elif successes:
+        why = "none succeeded and no rollout limit cut them; set sft.keep: all, or another sft.source"
+    else:
+        why = "none had a model turn to learn from; check what the source gives (sft.file: assistant messages)"
+    return f"{what}: {why}; no model was written"
 
 
 def _tagged(record: Callable[[dict[str, Any]], None], round_: int, line: dict[str, Any]) -> None:

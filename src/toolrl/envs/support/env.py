@@ -11,7 +11,9 @@ the agent never sees, and writes the opening message itself (Episode.open); `use
 task's question and ends after the agent's first answer. With `user: policy` the policy plays the user too: a
 task's samples are seated in pairs as they are reset (the first an agent, role `agent`; the second its user, role
 `user`: envs/seated_user.py), the user trained for agreement with its scenario (`correct` of a user seat: the
-errand it was given was done, nothing else, and it said nothing its scenario does not give: `faithful`).
+errand it was given was done, nothing else, it heard what it wanted to know, and it said nothing its scenario does
+not give: `faithful`; and, weighted
+0.5, `told`: the share of its scenario's ids and email the agent needs that it said, 0 if it made one up).
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ def _said(trajectory) -> str:
     return " ".join(trajectory.texts)
 
 
+TOLD_WEIGHT = 0.5
+"""With user: policy, the weight of a user seat's `told` (env.reward_weights sets another): without it a user
+seat is paid only when its agent gets the errand done, which an untrained agent and user never do together."""
 IDS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\bO\d{4}(?:-\d+)?\b|\b\d{5}\b")
 """What a customer could make up: an email, an order or item id, a zip code."""
 
@@ -96,28 +101,50 @@ def database_matches(trajectory, task: Task) -> float:
 
 
 def outputs_said(trajectory, task: Task) -> float:
-    """The share of what the user had to hear (amounts) that the agent's turns said (a user seat: 1)."""
+    """The share of what the user had to hear (amounts) that the agent's turns said (a user seat: that it heard)."""
     outputs = task.meta["outputs"]
-    if isinstance(trajectory.episode, UserSeat) or not outputs:
+    if not outputs:
         return 1.0
-    return sum(o in _said(trajectory) for o in outputs) / len(outputs)
+    said = " ".join(trajectory.user_messages) if isinstance(trajectory.episode, UserSeat) else _said(trajectory)
+    return sum(o in said for o in outputs) / len(outputs)
 
 
 def faithful(trajectory, task: Task) -> float:
-    """A user seat said no email, id or zip code its scenario does not give (an agent: 1)."""
+    """The conversation's user said no email, id or zip code its scenario does not give: a user seat, in its own
+    messages; an agent, the user it talked with (a model or the policy playing it; a scripted user says the task's
+    own lines)."""
     episode = trajectory.episode
-    if not isinstance(episode, UserSeat):
-        return 1.0
-    said = " ".join(episode.conversation.said)
-    return float(all(found in task.meta["instructions"] for found in IDS.findall(said)))
+    if isinstance(episode, UserSeat):
+        said = episode.conversation.said
+    else:
+        said = [text for role, text in episode.transcript.turns if role == "user"]
+    return float(all(found in task.meta["instructions"] for found in IDS.findall(" ".join(said))))
+
+
+def told(said: list[str], instructions: str) -> float:
+    """A user's agreement with its scenario in what it said: the share of the facts the agent needs that the
+    scenario gives (its email, zip code, order and item ids) that it said; 0 where it said one its scenario does
+    not give (made up)."""
+    text = " ".join(said)
+    if any(found not in instructions for found in IDS.findall(text)):
+        return 0.0
+    facts = set(IDS.findall(instructions))
+    return sum(fact in text for fact in facts) / len(facts) if facts else 1.0
+
+
+def user_told(trajectory, task: Task) -> float:
+    """A user seat: `told` of its messages (a dense part of its agreement, paid before any errand is done); an
+    agent: 0, so that its reward is its own."""
+    episode = trajectory.episode
+    return told(episode.conversation.said, task.meta["instructions"]) if isinstance(episode, UserSeat) else 0.0
 
 
 def correct(trajectory, task: Task) -> float:
     """An agent: the database and the outputs are right. A user seat, its agreement with the scenario: the errand
-    it was given was done (the database is the scenario's), and it made nothing up."""
-    if isinstance(trajectory.episode, UserSeat):
-        return float(database_matches(trajectory, task) == 1.0 and faithful(trajectory, task) == 1.0)
-    return float(database_matches(trajectory, task) == 1.0 and outputs_said(trajectory, task) == 1.0)
+    it was given was done (the database is the scenario's, and it heard what it wanted to know), and it made
+    nothing up."""
+    done = database_matches(trajectory, task) == 1.0 and outputs_said(trajectory, task) == 1.0
+    return float(done and (not isinstance(trajectory.episode, UserSeat) or faithful(trajectory, task) == 1.0))
 
 
 class SupportEpisode(Episode):
@@ -175,12 +202,14 @@ class SupportEnv(Environment):
         self.counts = {"unpaired": 0}
         """With user: policy, agents that found no user seat (metric support/unpaired)."""
         self.splits = TaskSplits(config, self._tasks())
+        seated = [Criterion("told", user_told, TOLD_WEIGHT)] if options.user == "policy" else []
         self.rubric = Rubric(
             [
                 Criterion("correct", correct, 1.0),
                 Criterion("db", database_matches, 0.0),
                 Criterion("outputs", outputs_said, 0.0),
                 Criterion("faithful", faithful, 0.0),
+                *seated,
             ],
             success="correct",
             counted={"support": self.counts},
