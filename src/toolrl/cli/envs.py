@@ -86,7 +86,7 @@ def env_check(
     rollout limit that cut a reference with the value that would fit; exit 1 when either policy is off."""
     from toolrl.cli.app import _quiet_libraries
     from toolrl.config import resolve_config
-    from toolrl.envs.check import LIMIT_WORDS, IdleExpectation, idle_line, limits_line, observations_line, problems
+    from toolrl.envs.check import IdleExpectation, idle_line, limits_line, observations_line, problems, rollout_limits
     from toolrl.train import Workbench
 
     cfg = resolve_config(config_given(config, config_option), set_)
@@ -120,9 +120,8 @@ def env_check(
     verdicts = {s.policy: problems(s, min_reference, idle) for s in scores}
     said = idle_line(next(s for s in scores if s.policy == "idle"), idle)
     if as_json:
-        limits = {key: {"value": getattr(cfg.rollout, key), "from": cfg.rollout.source(key)} for key in LIMIT_WORDS}
         print(json.dumps({"env": cfg.env.name, "split": split, "ok": not any(verdicts.values()), "limits_cut": cut,
-                          "rollout_limits": limits,
+                          "rollout_limits": rollout_limits(cfg.rollout),
                           "idle": said, "hint": "; ".join(cut),
                           "policies": [{**asdict(s), "problems": verdicts[s.policy]} for s in scores]}))  # fmt: skip
         if any(verdicts.values()):
@@ -199,13 +198,13 @@ def _stumbles(bench, trajs) -> tuple[list, dict[str, int], tuple[int, int]]:
     """The reference's trajectories that stumbled (envs/check.py flaws), how many had each flaw, and (tool results
     cut by rollout.max_observation_tokens, tool results)."""
     from toolrl.envs.check import flaws
-    from toolrl.tools.observation import clipped
+    from toolrl.tools.observation import results_cut
 
     def planned(task) -> int:
         return sum(len(round_) for request in bench.env.reference(task) or () for round_ in request.rounds)
 
     limit, tokenizer = bench.config.rollout.max_observation_tokens, bench.chat.tokenizer
-    cut = [sum(clipped(r.content, tokenizer, limit) for r in t.results) for t in trajs]
+    cut = [results_cut(t.results, tokenizer, limit) for t in trajs]
     found = [(t, flaws(t, planned(t.task), n)) for t, n in zip(trajs, cut, strict=True)]
     results = (sum(cut), sum(len(t.results) for t in trajs))
     return [t for t, kinds in found if kinds], dict(Counter(kind for _, kinds in found for kind in kinds)), results

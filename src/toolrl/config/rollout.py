@@ -76,12 +76,11 @@ class RolloutConfig(Section):
     _from_environment: set[str] = PrivateAttr(default_factory=set)
     """The keys the environment's rollout_defaults filled (the config set none): `toolrl env check` says where
     each limit came from."""
+    openai: OpenAIConfig = OpenAIConfig()
+    sampling: SamplingConfig = SamplingConfig()
 
     def source(self, key: str) -> str:
         """Where the value of `key` came from: config, environment (its rollout_defaults) or default."""
         if key in self._from_environment:
             return "environment"
         return "config" if key in self.model_fields_set else "default"
-
-    openai: OpenAIConfig = OpenAIConfig()
-    sampling: SamplingConfig = SamplingConfig()

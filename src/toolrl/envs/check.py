@@ -133,11 +133,17 @@ LIMIT_WORDS = {
 }
 
 
+def rollout_limits(rollout: Any) -> dict[str, dict[str, Any]]:
+    """Each rollout limit a check plays under: its value and where it came from (config, the environment's
+    rollout_defaults, or default)."""
+    return {key: {"value": getattr(rollout, key), "from": rollout.source(key)} for key in LIMIT_WORDS}
+
+
 def limits_line(rollout: Any) -> str:
-    """The rollout limits a check played under, each with where it came from: 'rollout limits: max_turns 6
-    (environment), max_new_tokens 48 (default), ...' (config, the environment's rollout_defaults, or default)."""
-    said = [f"{key} {getattr(rollout, key)} ({rollout.source(key)})" for key in LIMIT_WORDS
-            if getattr(rollout, key) is not None]  # fmt: skip
+    """rollout_limits in a line: 'rollout limits: max_turns 6 (environment), max_new_tokens 48 (default), ...'
+    (an unbounded limit left out)."""
+    said = [f"{key} {limit['value']} ({limit['from']})" for key, limit in rollout_limits(rollout).items()
+            if limit["value"] is not None]  # fmt: skip
     return "rollout limits: " + ", ".join(said)
 
 

@@ -31,3 +31,8 @@ def clip_observation(text: str, tokenizer, max_tokens: int) -> str:
 def clipped(text: str, tokenizer, max_tokens: int) -> bool:
     """Whether clip_observation cuts `text` at `max_tokens` (a result the model was shown only in part)."""
     return clip_observation(text, tokenizer, max_tokens) != well_formed_text(text)
+
+
+def results_cut(results, tokenizer, max_tokens: int) -> int:
+    """How many of `results` (ToolResults, their content before clipping) `max_tokens` cut."""
+    return sum(clipped(r.content, tokenizer, max_tokens) for r in results)

@@ -39,7 +39,7 @@ from toolrl.rollout.limits import limits_hit
 from toolrl.rollout.trajectory import Trajectory
 from toolrl.scoring import DEFAULT_BLOCKS, Scorer, VocabBlocks
 from toolrl.text import clip, first_line
-from toolrl.tools.observation import clipped
+from toolrl.tools.observation import results_cut
 from toolrl.train.embedding_grad import sparse_tied_embedding
 
 log = logging.getLogger(__name__)
@@ -260,8 +260,7 @@ class WarmStart:
 
     def _limits_hit(self, traj: Trajectory) -> list[str]:
         rollout, tokenizer = self.bench.config.rollout, self.bench.chat.tokenizer
-        cut = sum(clipped(r.content, tokenizer, rollout.max_observation_tokens) for r in traj.results)
-        return limits_hit(traj, rollout, cut)
+        return limits_hit(traj, rollout, results_cut(traj.results, tokenizer, rollout.max_observation_tokens))
 
 
 def nothing_kept(cfg: SFTConfig, played: int, cuts: Counter[str]) -> str:

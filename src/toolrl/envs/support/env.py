@@ -12,8 +12,8 @@ task's question and ends after the agent's first answer. With `user: policy` the
 task's samples are seated in pairs as they are reset (the first an agent, role `agent`; the second its user, role
 `user`: envs/seated_user.py), the user trained for agreement with its scenario (`correct` of a user seat: the
 errand it was given was done, nothing else, it heard what it wanted to know, and it said nothing its scenario does
-not give: `faithful`; and, weighted
-0.5, `told`: the share of its scenario's ids and email the agent needs that it said, 0 if it made one up).
+not give: `faithful`; and, weighted 0.5, `told`: the share of its scenario's ids and email the agent needs that it
+said, 0 if it made one up).
 """
 
 from __future__ import annotations
@@ -118,7 +118,12 @@ def faithful(trajectory, task: Task) -> float:
         said = episode.conversation.said
     else:
         said = [text for role, text in episode.transcript.turns if role == "user"]
-    return float(all(found in task.meta["instructions"] for found in IDS.findall(" ".join(said))))
+    return float(not made_up(" ".join(said), task.meta["instructions"]))
+
+
+def made_up(text: str, instructions: str) -> bool:
+    """Whether `text` gives an email, id or zip code that the scenario's `instructions` do not."""
+    return any(found not in instructions for found in IDS.findall(text))
 
 
 def told(said: list[str], instructions: str) -> float:
@@ -126,7 +131,7 @@ def told(said: list[str], instructions: str) -> float:
     scenario gives (its email, zip code, order and item ids) that it said; 0 where it said one its scenario does
     not give (made up)."""
     text = " ".join(said)
-    if any(found not in instructions for found in IDS.findall(text)):
+    if made_up(text, instructions):
         return 0.0
     facts = set(IDS.findall(instructions))
     return sum(fact in text for fact in facts) / len(facts) if facts else 1.0
