@@ -23,8 +23,9 @@ def test_rollouts_run_up_to_n_steps_ahead_and_none_is_trained_staler_than_n(tiny
     trainer = Trainer(Workbench.load(config), RunDir.create(config))
     ahead, for_step = [], trainer.collector.for_step
 
-    def traced(step, last):
-        part = for_step(step, last)
+    def traced(step, last):  # generation as far ahead as it may go: the rollouts ahead end before the update
+        part = for_step(step, last)  # (how far it gets on its own is the machine's speed: 1 on a loaded CI machine)
+        trainer.collector.settle()
         ahead.append(sorted(trainer.collector.pending))
         return part
 
@@ -33,7 +34,7 @@ def test_rollouts_run_up_to_n_steps_ahead_and_none_is_trained_staler_than_n(tiny
     trainer.train(metrics.append)
     assert ahead[:3] == [[2, 3, 4], [3, 4, 5], [4, 5, 6]]  # started when the step before them was taken
     stale = [m["offpolicy/staleness"] for m in metrics]
-    assert stale[:2] == [0, 1] and all(0 <= s <= 3 for s in stale) and max(stale) >= 2
+    assert stale == [0, 1, 2, 3, 3, 3]  # steps 2-4 sampled before the first update; then each N updates old
     assert all(m["offpolicy/too_stale"] == 0 and m["trained_trajectories"] > 0 for m in metrics)
     for record in samples(trainer.run):  # each trained token's version, in the run's files
         for span in (s for s in record["segments"] if s["loss"]):
