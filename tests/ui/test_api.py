@@ -126,7 +126,12 @@ def test_access_rules(tmp_path):
     app = build_app(root, [], token=TOKEN)
     local = TestClient(app, base_url="http://127.0.0.1:7860")
     assert local.get("/api/runs").status_code == 401  # loopback too: any local process could call it
-    assert local.get("/").status_code == 401
+    page = local.get("/")  # a shared link without the token: a page that asks for it, with no data of the runs
+    assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
+    assert "needs its access token" in page.text and "done" not in page.text and str(root) not in page.text
+    wrong = local.get("/?token=nope")
+    assert wrong.status_code == 401 and "needs its access token" in wrong.text and not local.cookies
+    assert local.get("/api/runs").json()["error"].startswith("an access token is needed")  # the API: JSON
     assert local.get("/static/app.js").status_code == 200  # the page's code holds no data
     for wrong in ("nope", "t0kem", "tök€n"):
         assert local.get("/api/runs", headers={"Authorization": f"Bearer {wrong}".encode()}).status_code == 401

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -251,10 +252,11 @@ def test_runs_list_and_live_overlaid_curves(site):
     page.wait_for_selector("tr[data-run=alpha] .badge.state-died", timeout=10_000)  # its process is gone
 
 
-def test_a_long_live_run_is_drawn_per_pixel_and_new_steps_extend_its_lines_never_under_the_cursor(site):
+def test_a_long_live_run_is_drawn_per_pixel_and_new_steps_extend_its_lines_held_only_while_dragging(site):
     """Item 2 of the UI review: a line of 3,000 steps is drawn from at most 4 points a pixel column, hover still
-    reads the exact value of a step; a new step extends the charts in place (same nodes, longer paths), waits while
-    the pointer is on a chart, and a point outside a chart's axes draws that chart anew."""
+    reads the exact value of a step; a new step extends the charts in place (same nodes, longer paths), also under a
+    resting pointer (issue 77: 40 charts leave the pointer on one almost always); only a drag across a chart holds
+    it, with a line saying how many steps wait; a point outside a chart's axes draws that chart anew."""
     import math
 
     page, root = site["page"], site["root"]
@@ -282,18 +284,28 @@ def test_a_long_live_run_is_drawn_per_pixel_and_new_steps_extend_its_lines_never
         length = page.evaluate(
             "document.querySelector('.chart[data-metric=reward] path.series').getAttribute('d').length"
         )
-        with (run / "metrics.jsonl").open("a") as f:  # while the pointer is on the chart: nothing changes under it
+        with (run / "metrics.jsonl").open("a") as f:  # the pointer resting on the chart holds nothing (issue 77)
             f.write(json.dumps({"step": 3001, "reward": 0.1, "success": 0.5}) + "\n")
-        page.wait_for_function("Runs.metrics.long.length === 3001 && Runs.dirty", timeout=10_000)
-        assert chart.get_attribute("data-extended") is None and chart.locator(".tip").is_visible()
-        page.mouse.move(0, 0)  # the pointer leaves: what waited goes onto the chart, in place
-        expect(chart).to_have_attribute("data-extended", "1")
+        expect(chart).to_have_attribute("data-extended", "1")  # extended in place under it, its tooltip kept
+        assert chart.locator(".tip").is_visible() and page.locator("#charts-held").is_hidden()
         assert page.evaluate("window.__reward === document.querySelector('.chart[data-metric=reward]')")
         longer = page.evaluate("document.querySelector('.chart[data-metric=reward] path.series').getAttribute('d')")
         assert len(longer) > length and longer.count("L") >= drawn
+        page.mouse.down()  # a drag across the chart (a zoom being chosen) holds the redraw, and the page says so
+        page.mouse.move(box["x"] + 42 + (box["width"] - 50) * 0.6, box["y"] + 80, steps=3)
         with (run / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"step": 3002, "reward": 0.2, "success": 0.5}) + "\n")
+        held = page.locator("#charts-held")
+        expect(held).to_have_text(re.compile(r"^1 new step waits: held while a drag across a chart"), timeout=10_000)
+        assert chart.get_attribute("data-extended") == "1"
+        page.mouse.move(0, 0)
+        page.mouse.up()  # let go outside the chart: no zoom; what waited goes onto the chart, in place
         expect(chart).to_have_attribute("data-extended", "2")
+        expect(held).to_be_hidden()
+        assert (
+            page.locator("#chart-reset-zoom").is_hidden()
+            and chart.locator(".zoom-band").get_attribute("visibility") == "hidden"
+        )
         with (run / "metrics.jsonl").open("a") as f:  # far outside the y axis: this chart is drawn anew, not the rest
             f.write(json.dumps({"step": 3003, "reward": 50.0, "success": 0.5}) + "\n")
         page.wait_for_function(
@@ -560,10 +572,155 @@ def test_numbers_keep_their_significant_digits_in_the_compare_table_and_tick_lab
         y = chart.locator(f"text.tick:not({X_TICKS})").all_text_contents()
         assert len(y) == len(set(y)) >= 3, y  # 0.01, 0.012, ... each told apart
         assert chart.locator(X_TICKS).all_text_contents() == ["1", "2", "3"]  # whole steps only
+        chart.locator(".chart-log").click()  # log scale within one decade: it had read "0.00 / 0.01", then "0.01"
+        chart = page.locator(".chart[data-metric=reward][data-scale=log]")
+        y = chart.locator(f"text.tick:not({X_TICKS})").all_text_contents()
+        assert len(y) == len(set(y)) >= 2 and all(0.01 <= float(v) <= 0.02 for v in y), y
+        assert chart.locator(X_TICKS).all_text_contents() == ["1", "2", "3"]
+        chart.locator(".chart-log").click()
+        expect(page.locator(".chart[data-metric=reward]")).to_have_attribute("data-scale", "linear")
         assert not site["errors"], site["errors"]
     finally:
         for run in made:
             shutil.rmtree(run)
+
+
+def sweep(root, count: int) -> list[Path]:
+    """A learning-rate sweep of `count` runs, started one after another (status.json's started_at)."""
+    made = []
+    for i in range(count):
+        run = rewards_run(root, f"sweep-{i:02d}", [0.1 * i + 0.01 * s for s in range(5)], f"  lr: {1e-5 * (i + 1)}\n")
+        status = {"state": "finished", "step": 5, "steps": 5, "started_at": 1e9 + i}
+        (run / "status.json").write_text(json.dumps(status))
+        made.append(run)
+    return made
+
+
+def rgb(hex_colour: str) -> str:
+    """#2563eb -> rgb(37, 99, 235), as the browser reports a computed colour."""
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def test_an_18_run_sweep_sits_beside_its_charts_each_run_in_one_colour_with_a_compact_legend(site):
+    """Issue 77 item 7: with 18 runs the runs table had filled the first screen; the runs are a narrow column beside
+    the charts, each run keeps its colour whatever else is ticked (its swatch in the table is the line's colour), a
+    chart's legend names a few lines and counts the rest; ⇔ shows every column; at phone width the runs come first."""
+    page, root = site["page"], site["root"]
+    made = sweep(root, 18)
+    try:
+        show_only(page, site, "sweep-05")
+        expect(page.locator(".chart[data-metric=reward] path.series")).to_have_count(1)
+        alone = page.locator(".chart[data-metric=reward] path.series").get_attribute("stroke")
+        swatch = page.locator("tr[data-run=sweep-05] .swatch")
+        assert swatch.evaluate("(e) => getComputedStyle(e).backgroundColor") == rgb(alone)
+        for run in made:
+            page.check(f"tr[data-run={run.name}] input")
+        reward = page.locator(".chart[data-metric=reward]")
+        expect(reward.locator("path.series")).to_have_count(18)
+        strokes = reward.locator("path.series").evaluate_all("(ps) => ps.map((p) => p.getAttribute('stroke'))")
+        order = page.evaluate("[...Runs.compared]")
+        assert strokes[order.index("sweep-05")] == alone  # the same colour with 17 more runs ticked
+        assert len(set(strokes)) == 18  # 18 runs started one after another: 18 colours
+        legend = reward.locator(".legend")
+        assert legend.locator("span").count() == 6 and "+13 more" in legend.inner_text()
+        assert "sweep-17" in legend.locator(".more").get_attribute("title")
+        plot = reward.locator("svg").bounding_box()
+        assert legend.bounding_box()["height"] < plot["height"] / 2
+        side, charts = page.locator("#runs-side").bounding_box(), page.locator("#charts").bounding_box()
+        assert side["x"] + side["width"] <= charts["x"] and charts["y"] < 200  # beside: the charts on the first screen
+        assert side["width"] <= 360 and page.locator("#runs-table th[data-sort=model]").is_hidden()
+        shot(site, "sweep")
+        page.click("#runs-widen")  # every column, the table above the charts
+        expect(page.locator("#runs-table th[data-sort=model]")).to_be_visible()
+        assert page.locator("#charts").bounding_box()["y"] > page.locator("#runs-side").bounding_box()["y"] + 100
+        page.click("#runs-widen")
+        expect(page.locator("#runs-table th[data-sort=model]")).to_be_hidden()
+        page.set_viewport_size({"width": 390, "height": 844})
+        try:
+            side, charts = page.locator("#runs-side").bounding_box(), page.locator("#charts").bounding_box()
+            assert side["y"] + side["height"] <= charts["y"] and side["height"] <= 844 * 0.4 + 1
+            shot(site, "sweep-phone")
+        finally:
+            page.set_viewport_size({"width": 1360, "height": 900})
+        assert not site["errors"], site["errors"]
+    finally:
+        for run in made:
+            shutil.rmtree(run)
+
+
+def test_a_metric_search_draws_the_charts_whose_name_matches(site):
+    """Issue 77 item 8: 40 checkboxes in 9 groups to find a chart; a search box draws the charts whose metric (or
+    title) has every word typed, among the default panels and every metric the runs log; it is in the URL."""
+    page = site["page"]
+    tick_only(site, "alpha")
+    expect(page.locator(".chart[data-metric=reward]")).to_have_count(1)
+    logged = page.evaluate("Object.values(Runs.metricKeys()).flat()")
+    assert "grad_norm" in logged and "time/forward_backward_s" in logged, logged
+    page.fill("#metric-search", "grad")
+    expect(page.locator(".chart")).to_have_count(len([k for k in logged if "grad" in k]))
+    assert page.locator(".chart[data-metric=grad_norm] path.series").count() == 1  # not a default panel: found
+    expect(page.locator("#metric-search-count")).to_contain_text("match")
+    assert "q=grad" in page.url
+    page.fill("#metric-search", "time/ backward")  # every word
+    expect(page.locator(".chart[data-metric='time/forward_backward_s']")).to_have_count(1)
+    assert all(
+        "time/" in m and "backward" in m
+        for m in page.locator(".chart").evaluate_all("(cs) => cs.map((c) => c.dataset.metric)")
+    )
+    page.click("#chart-metrics summary")  # the metric list shows the matches only
+    shown = page.locator("#chart-metrics label.metric-pick:visible").all_inner_texts()
+    assert shown and all("time/" in t and "backward" in t for t in shown), shown
+    page.click("#chart-metrics summary")
+    shot(site, "metric-search")
+    page.fill("#metric-search", "no such metric")
+    expect(page.locator(".chart")).to_have_count(0)
+    expect(page.locator("#metric-search-count")).to_have_text("0 charts match")
+    hostile = "<img src=x onerror=window.__pwned=1>"  # a link's search is text: matched, never markup
+    page.goto(site["url"].split("?")[0] + "#runs?runs=alpha&q=" + urllib.parse.quote(hostile))
+    expect(page.locator("#metric-search")).to_have_value(hostile)
+    expect(page.locator("#metric-search-count")).to_have_text("0 charts match")
+    assert page.evaluate("window.__pwned") is None and page.locator("#runs-main img").count() == 0
+    page.fill("#metric-search", "")
+    expect(page.locator(".chart[data-metric=reward]")).to_have_count(1)
+    assert "grad_norm" not in page.locator("#charts").evaluate("(c) => [...c.children].map((x) => x.dataset.metric)")
+    assert not site["errors"], site["errors"]
+
+
+def test_a_pasted_link_ticks_its_runs_a_link_without_the_token_asks_for_it_and_smoothing_shows_its_value(site):
+    """Issue 77 item 10: a link pasted into an open tab changed the charts but not the ticked boxes; a shared link
+    opened without the token showed raw JSON; the smoothing slider showed no value."""
+    page = site["page"]
+    tick_only(site, "alpha")
+    page.goto(site["url"].split("?")[0] + "#runs?runs=beta&smooth=0.3")  # the same tab: only the hash changes
+    expect(page.locator("tr[data-run=beta] input")).to_be_checked()
+    expect(page.locator("tr[data-run=alpha] input")).not_to_be_checked()
+    expect(page.locator(".chart[data-metric=reward] .legend")).to_contain_text("beta")
+    expect(page.locator("#chart-smooth-value")).to_have_text("0.30")
+    page.eval_on_selector("#chart-smooth", "e => { e.value = '0.6'; e.dispatchEvent(new Event('input')); }")
+    expect(page.locator("#chart-smooth-value")).to_have_text("0.60")
+    page.eval_on_selector("#chart-smooth", "e => { e.value = '0'; e.dispatchEvent(new Event('input')); }")
+    expect(page.locator("#chart-smooth-value")).to_have_text("off")
+
+    base, token = site["url"].split("?token=")
+    other = page.context.browser.new_context().new_page()  # another browser: no cookie
+    try:
+        response = other.goto(base + "#runs?runs=alpha%2Cbeta&x=wall")
+        assert response.status == 401 and "needs its access token" in other.locator("h2").inner_text()
+        assert "access token is needed" not in other.content()  # a page, not the API's JSON error
+        expect(other.locator("#token-view")).to_contain_text("runs view")
+        other.fill("#token-value", "not-the-token")
+        other.click("#token-form button")
+        expect(other.locator("#token-wrong")).to_be_visible()
+        assert other.url.endswith("#runs?runs=alpha%2Cbeta&x=wall")  # the view kept through a wrong try
+        other.fill("#token-value", site["url"])  # the whole URL `toolrl ui` printed
+        other.click("#token-form button")
+        expect(other.locator(".chart[data-metric=reward] path.series")).to_have_count(2)
+        expect(other.locator("tr[data-run=alpha] input")).to_be_checked()
+        assert other.locator("#chart-x").input_value() == "wall" and token not in other.url  # out of the history
+    finally:
+        other.context.close()
+    assert not site["errors"], site["errors"]
 
 
 def test_success_by_category_draws_a_never_solved_category_at_zero(site):
@@ -964,9 +1121,9 @@ OVERFLOWS = """() => {
 @pytest.mark.parametrize("width,height", [(1440, 900), (390, 844)])
 def test_no_view_overflows_at_desktop_and_phone_widths(site, width, height):
     """Item 7 of the UI review: each view (runs and charts, a step's trajectories with one open, the group view,
-    tools with a result, launch), screenshot at 1440x900 and at a phone's 390x844: no element's content runs out
-    of a box that does not scroll, and the page is never wider than the window (the trajectory, 521 px, and its
-    calls table had run off a phone's screen)."""
+    tools with a result, launch, the token page), screenshot at 1440x900 and at a phone's 390x844: no element's
+    content runs out of a box that does not scroll, and the page is never wider than the window (the trajectory,
+    521 px, and its calls table had run off a phone's screen)."""
     page = site["page"]
     page.set_viewport_size({"width": width, "height": height})
     try:
@@ -1003,6 +1160,14 @@ def test_no_view_overflows_at_desktop_and_phone_widths(site, width, height):
         page.goto(site["url"] + "#launch")
         page.select_option("#launch-recipe", "tiny")
         check("launch")
+        other = page.context.browser.new_context(viewport={"width": width, "height": height}).new_page()
+        try:  # a shared link opened without the token
+            other.goto(site["url"].split("?")[0] + "#runs?runs=alpha")
+            other.wait_for_selector("#token-form")
+            other.screenshot(path=str(site["shots"] / f"ui-fit-token-{width}.png"), full_page=True)
+            found["token"] = other.evaluate(OVERFLOWS)
+        finally:
+            other.context.close()
         overflowing = {view: problems for view, problems in found.items() if problems}
         assert not overflowing, json.dumps(overflowing, indent=1)
         assert not site["errors"], site["errors"]

@@ -331,6 +331,9 @@ def _guarded(app, token: str | None, loopback_only: bool):
             problem = (401, "an access token is needed: open the URL `toolrl ui` printed (it has ?token=)")
         elif request.method not in ("GET", "HEAD") and request.headers.get("x-toolrl") != "1":
             problem = (403, "requests that change something need the header X-Toolrl: 1")
+        if problem and problem[0] == 401 and scope["path"] == "/" and request.method in ("GET", "HEAD"):
+            # a shared link opened without the token: a page that asks for it and keeps the link's view (#...)
+            return await FileResponse(STATIC / "token.html", status_code=401)(scope, receive, send)
         if problem:
             return await JSONResponse({"error": problem[1]}, status_code=problem[0])(scope, receive, send)
         return await app(scope, receive, send)

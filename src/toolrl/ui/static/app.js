@@ -39,6 +39,9 @@ async function api(path, body) {
     body: JSON.stringify(body),
   };
   const response = await fetch(path, options);
+  // the token this page had is no longer good (the UI started again with a new one): the token page, view kept
+  if (response.status === 401 && UI.hadAccess) { location.reload(); return new Promise(() => {}); }
+  if (response.ok) UI.hadAccess = true;
   const data = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
   if (!response.ok) throw new Error(data.error || `${response.status}`);
   return data;

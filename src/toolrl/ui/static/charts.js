@@ -4,6 +4,17 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+// a run's colour (Runs.colorOf): its place in the order the runs started, in 20 colours told apart
+const RUN_PALETTE = [...PALETTE, "#4338ca", "#65a30d", "#0f766e", "#9f1239", "#0284c7", "#c026d3", "#92400e",
+  "#475569", "#d97706", "#059669", "#6d28d9", "#111827"];
+const LEGEND_MAX = 6; // a chart's legend names this many lines at most, then "+N more" (every name in its tooltip)
+// A drag across a chart (a zoom being chosen) is under way: the runs view holds its redraws until it ends.
+const CHART_DRAG = { active: false };
+window.addEventListener("mouseup", () => { // released anywhere: a drag let go outside its chart zooms nothing
+  CHART_DRAG.active = false;
+  if (CHART_DRAG.release) CHART_DRAG.release();
+  CHART_DRAG.release = null;
+});
 
 function s(tag, attrs, ...children) {
   const node = document.createElementNS(SVG, tag);
@@ -34,6 +45,25 @@ function integerTicks(lo, hi, count) {
   const out = ticks(lo, hi, count).filter(Number.isInteger);
   if (out.length >= 2 || Math.floor(hi) - Math.ceil(lo) < 1) return out.length ? out : [Math.round((lo + hi) / 2)];
   return [Math.ceil(lo), Math.floor(hi)];
+}
+
+// Ticks of a log-scale axis from 10^lo to 10^hi (lo, hi in decades): powers of ten over two decades or more, else
+// 1-2-5 (then 1-9) times them, else round values as on a linear axis: never fewer than two where the values differ
+// (a chart of 0.01-0.02 had one tick, "0.01").
+function logTicks(lo, hi, count = 4) {
+  const inside = (t) => t > 0 && Math.log10(t) >= lo - 1e-9 && Math.log10(t) <= hi + 1e-9;
+  const decades = ticks(Math.floor(lo), Math.ceil(hi), count).filter(Number.isInteger).map((e) => 10 ** e).filter(inside);
+  if (decades.length >= 3) return decades;
+  for (const steps of [[1, 2, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9]]) {
+    const out = [];
+    for (let e = Math.floor(lo); e <= Math.ceil(hi); e += 1) {
+      for (const m of steps) out.push(+(m * 10 ** e).toPrecision(12));
+    }
+    const kept = out.filter(inside);
+    if (kept.length >= 2 && kept.length <= 2 * count + 2) return kept;
+  }
+  const linear = ticks(10 ** lo, 10 ** hi, count).filter(inside);
+  return linear.length ? linear : [10 ** lo];
 }
 
 // Labels for ticks, each told from its neighbours: the fewest significant digits (2 or more) that keep them apart
@@ -86,7 +116,7 @@ function lineChart(title, metric, series, opts = {}) {
   if (spansNothing(y0, y1)) { y0 -= Math.abs(y0) * 0.1 || 0.5; y1 += Math.abs(y1) * 0.1 || 0.5; }
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => H - B - ((v(y) - y0) / (y1 - y0)) * (H - T - B);
-  const yTicks = opts.log ? ticks(Math.floor(y0), Math.ceil(y1)).filter(Number.isInteger).map((e) => 10 ** e) : ticks(y0, y1);
+  const yTicks = opts.log ? logTicks(y0, y1) : ticks(y0, y1);
   const shownY = yTicks.filter((t) => v(t) >= y0 - 1e-9 && v(t) <= y1 + 1e-9);
   const yLabels = tickLabels(shownY);
   shownY.forEach((t, i) => {
@@ -158,8 +188,12 @@ function lineChart(title, metric, series, opts = {}) {
     box.dataset.extended = String(+(box.dataset.extended || 0) + 1);
     return true;
   };
-  const legend = h("div", { class: "legend" }, series.filter((o) => o.points.length && !o.faint).map((one) =>
-    h("span", {}, h("i", { class: one.dots ? "ring" : "", style: one.dots ? `border-color:${one.color}` : `background:${one.color}` }), one.label)));
+  // a compact legend: LEGEND_MAX lines named, the rest counted (a 12-run legend had been taller than its plot)
+  const named = series.filter((o) => o.points.length && !o.faint);
+  const head = named.length > LEGEND_MAX ? named.slice(0, LEGEND_MAX - 1) : named, rest = named.slice(head.length);
+  const legend = h("div", { class: "legend" }, head.map((one) =>
+    h("span", {}, h("i", { class: one.dots ? "ring" : "", style: one.dots ? `border-color:${one.color}` : `background:${one.color}` }), one.label)),
+    rest.length ? h("span", { class: "more", title: rest.map((one) => one.label).join("\n") }, `+${rest.length} more`) : null);
   box.append(legend);
   const cursor = s("line", { y1: T, y2: H - B, class: "cursor", visibility: "hidden" });
   svg.append(cursor);
@@ -189,7 +223,13 @@ function lineChart(title, metric, series, opts = {}) {
   let dragFrom = null;
   const band = s("rect", { y: T, height: H - T - B, class: "zoom-band", visibility: "hidden" });
   svg.append(band);
-  svg.addEventListener("mousedown", (event) => { dragFrom = toX(event); });
+  const release = () => { dragFrom = null; band.setAttribute("visibility", "hidden"); };
+  svg.addEventListener("mousedown", (event) => {
+    event.preventDefault(); // a drag chooses a zoom, it does not select the chart's text (which holds the redraws)
+    dragFrom = toX(event);
+    CHART_DRAG.active = true;
+    CHART_DRAG.release = release;
+  });
   svg.addEventListener("mousemove", (event) => {
     if (dragFrom === null) return;
     const [a, b] = [dragFrom, toX(event)].sort((p, q) => p - q);
@@ -197,6 +237,7 @@ function lineChart(title, metric, series, opts = {}) {
     band.setAttribute("visibility", "visible");
   });
   svg.addEventListener("mouseup", (event) => {
+    CHART_DRAG.active = false;
     if (dragFrom === null) return;
     const to = toX(event), from = dragFrom;
     dragFrom = null;

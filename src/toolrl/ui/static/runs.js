@@ -29,6 +29,7 @@ const pattern = (key) => {
 };
 
 const SETTINGS = "toolrl.charts";
+const SEARCH_MAX = 40; // the most charts a metric search draws
 const saved = (() => { try { return JSON.parse(localStorage.getItem(SETTINGS)) || {}; } catch { return {}; } })();
 
 const Runs = {
@@ -44,10 +45,15 @@ const Runs = {
   drewGroups: false,
   groupKey: "", // a config key: the charts draw one line per value of it (the mean of its runs), the runs faint
   sort: { key: "updated_at", dir: -1 },
+  query: "", // the metric search: the charts whose metric (or title) has every word of it
+  wide: Boolean(saved.wide), // the runs table with every column above the charts, not the narrow list beside them
+  waiting: 0, // new steps logged while the charts were held (a drag across one, text selected in them)
 
   enter() {
     if (!this.wired) this.wire();
     this.fromHash();
+    // a link pasted into this tab: its ticked runs, sort and filter shown in the table too, not only in the charts
+    if (this.runs.length) { this.table(this.runs); this.draw(); }
     every("runs", 2000, () => attempt(() => Runs.refresh()));
   },
 
@@ -66,23 +72,37 @@ const Runs = {
     if (key) this.sort = { key, dir: dir === "1" ? 1 : -1 };
     if (q.has("filter")) $("#runs-filter").value = q.get("filter");
     this.groupKey = q.get("group") || "";
+    this.query = q.get("q") || "";
+    $("#metric-search").value = this.query;
     $("#chart-x").value = this.xaxis;
+    this.showSmooth();
+  },
+
+  showSmooth() {
     $("#chart-smooth").value = this.smooth;
+    $("#chart-smooth-value").value = this.smooth ? this.smooth.toFixed(2) : "off";
   },
 
   toHash() {
     if (hashTab() !== "runs") return;
     setHash("runs", { runs: [...this.compared], x: this.xaxis === "step" ? null : this.xaxis, smooth: this.smooth || null,
       zoom: this.zoom ? this.zoom.map((v) => +v.toPrecision(6)) : null, metrics: [...this.extra], log: [...this.logScale],
-      sort: `${this.sort.key}:${this.sort.dir}`, filter: $("#runs-filter").value, group: this.groupKey || null });
+      sort: `${this.sort.key}:${this.sort.dir}`, filter: $("#runs-filter").value, group: this.groupKey || null,
+      q: this.query || null });
   },
 
   wire() {
     this.wired = true;
     $("#chart-x").value = this.xaxis;
-    $("#chart-smooth").value = this.smooth;
+    this.showSmooth();
+    this.widen(this.wide);
     $("#chart-x").addEventListener("change", (e) => { this.xaxis = e.target.value; this.zoom = null; this.save(); this.draw(); });
-    $("#chart-smooth").addEventListener("input", (e) => { this.smooth = +e.target.value; this.save(); this.draw(); });
+    $("#chart-smooth").addEventListener("input", (e) => { this.smooth = +e.target.value; this.showSmooth(); this.save(); this.draw(); });
+    $("#metric-search").addEventListener("input", (e) => { this.query = e.target.value.trim(); this.draw(); });
+    $("#runs-widen").addEventListener("click", () => { this.widen(!this.wide); this.save(); });
+    // what waited while the charts were held is drawn once the drag ends or the selection is gone
+    window.addEventListener("mouseup", () => { if (this.dirty) setTimeout(() => this.drawWhenIdle(), 0); });
+    document.addEventListener("selectionchange", () => { if (this.dirty && !this.selectionInCharts()) this.drawWhenIdle(); });
     $("#runs-filter").addEventListener("input", () => this.table(this.runs));
     $("#chart-reset-zoom").addEventListener("click", () => { this.zoom = null; this.draw(); });
     $("#chart-csv").addEventListener("click", () => this.csv());
@@ -97,7 +117,6 @@ const Runs = {
     $("#pr-prev").addEventListener("click", () => { this.passRates.page -= 1; this.drawPassRates(); });
     $("#pr-next").addEventListener("click", () => { this.passRates.page += 1; this.drawPassRates(); });
     $("#meta-save").addEventListener("click", () => attempt(() => this.saveMeta($("#run-meta").dataset.run)));
-    $("#charts").addEventListener("mouseleave", () => { if (this.dirty) this.drawWhenIdle(); }); // what waited
     for (const th of document.querySelectorAll("#runs-table th[data-sort]")) {
       th.addEventListener("click", () => {
         const key = th.dataset.sort;
@@ -108,7 +127,14 @@ const Runs = {
   },
 
   save() {
-    localStorage.setItem(SETTINGS, JSON.stringify({ extra: [...this.extra], xaxis: this.xaxis, smooth: this.smooth, log: [...this.logScale] }));
+    localStorage.setItem(SETTINGS, JSON.stringify({ extra: [...this.extra], xaxis: this.xaxis, smooth: this.smooth,
+      log: [...this.logScale], wide: this.wide }));
+  },
+
+  widen(on) {
+    this.wide = on;
+    $("#runs-layout").classList.toggle("wide", on);
+    $("#runs-widen").setAttribute("aria-pressed", String(on));
   },
   leave() { stop("runs"); },
 
@@ -128,16 +154,52 @@ const Runs = {
     const broken = torn();
     const pulled = await Promise.all([...this.compared].map((name) => this.pull(name)));
     if (torn() !== broken) this.table(runs); // a torn line met: named in its run's row
-    if (pulled.some(Boolean) || this.compared.size !== before || this.dirty) this.drawWhenIdle();
+    const fresh = pulled.reduce((n, p) => n + p.steps, 0);
+    if (pulled.some((p) => p.changed) || this.compared.size !== before || this.dirty) this.drawWhenIdle(fresh);
   },
 
-  // Charts are redrawn only when a run logged something new, and never under the user's hand: while the pointer
-  // is on a chart (a tooltip, a drag to zoom) or text in them is selected, the redraw waits until it leaves.
-  drawWhenIdle() {
-    const selected = window.getSelection && String(window.getSelection()) && $("#charts").contains(window.getSelection().anchorNode);
-    if (document.querySelector("#charts .chart:hover") || selected) { this.dirty = true; return; }
+  selectionInCharts() {
+    const selection = window.getSelection && window.getSelection();
+    return Boolean(selection && String(selection) && $("#charts").contains(selection.anchorNode));
+  },
+
+  // Charts are redrawn when a run logged something new: a hovered chart's lines are extended in place (its tooltip
+  // stays). Only a drag across a chart (a zoom being chosen) or text selected in them holds the redraw, and the
+  // page says how many new steps wait (a pointer resting on one of 40 charts had held them 20 s, unseen).
+  drawWhenIdle(fresh = 0) {
+    if (CHART_DRAG.active || this.selectionInCharts()) {
+      this.dirty = true;
+      this.waiting += fresh;
+      this.showHeld();
+      return;
+    }
     this.dirty = false;
+    this.waiting = 0;
+    this.showHeld();
     this.draw({ append: true });
+  },
+
+  showHeld() {
+    const held = $("#charts-held");
+    held.hidden = !this.dirty;
+    const why = CHART_DRAG.active ? "a drag across a chart" : "text selected in the charts";
+    held.textContent = this.dirty
+      ? `${this.waiting} new step${this.waiting === 1 ? "" : "s"} wait${this.waiting === 1 ? "s" : ""}: held while ${why}; drawn when it ends`
+      : "";
+  },
+
+  // each run's colour, the same in every chart whatever else is ticked: by the order the runs started in (a new run
+  // takes the next colour), from a palette of 20
+  colorOf(name) {
+    if (this.colorsFor !== this.listed || !this.colorIndex) {
+      this.colorsFor = this.listed;
+      const at = (r) => (Number.isFinite(r.started_at) ? r.started_at : Infinity);
+      const order = [...(this.runs || [])].sort((a, b) => (at(a) < at(b) ? -1 : at(a) > at(b) ? 1 : a.name.localeCompare(b.name)));
+      this.colorIndex = new Map(order.map((r, i) => [r.name, i]));
+    }
+    let index = this.colorIndex.get(name);
+    if (index === undefined) index = [...name].reduce((n, ch) => (n * 31 + ch.codePointAt(0)) >>> 0, 7);
+    return RUN_PALETTE[index % RUN_PALETTE.length];
   },
 
   table(runs) {
@@ -159,22 +221,22 @@ const Runs = {
       h("td", {}, h("input", {
         type: "checkbox", checked: this.compared.has(run.name), "aria-label": `compare ${run.name}`,
         onchange: (e) => { e.target.checked ? this.compared.add(run.name) : this.compared.delete(run.name); this.draw(); attempt(() => this.compare()); },
-      })),
+      }), h("span", { class: "swatch", style: `background:${this.colorOf(run.name)}`, title: "this run's colour in the charts" })),
       h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.show(run.name); } }, run.name),
         ...(run.tags || []).map((t) => h("span", { class: "tag" }, t))),
       h("td", { title: [run.error, run.note, ...this.problemsOf(run)].filter(Boolean).join("\n") },
         badge(run.state), this.problemsOf(run).length ? h("span", { class: "warn" }, ` ⚠ ${this.problemsOf(run).length}`) : ""),
-      h("td", {}, run.env), h("td", { class: "muted" }, run.model),
+      h("td", { class: "wide-only" }, run.env), h("td", { class: "muted wide-only" }, run.model),
       h("td", {}, `${run.step}${run.steps ? ` / ${run.steps}` : ""}`,
         run.live ? h("div", { class: "muted live", title: "the step running now (RUN/live.json)" }, livePhase(run.live)) : ""),
-      h("td", {}, fmt(run.reward)), h("td", {}, percent(run.success)),
-      h("td", { class: "muted ago", dataset: { at: String(run.updated_at) } }, ago(run.updated_at)),
+      h("td", {}, fmt(run.reward)), h("td", { class: "wide-only" }, percent(run.success)),
+      h("td", { class: "muted ago wide-only", dataset: { at: String(run.updated_at) } }, ago(run.updated_at)),
     )));
   },
 
   offsets: {}, // run -> byte offset in its metrics.jsonl after the records the page has (the server reads on from it)
 
-  // the run's new metrics records; whether there were any
+  // the run's new metrics records: whether there were any (or the file was rewritten), and how many new steps
   async pull(name) {
     const have = this.metrics[name] || [];
     const at = this.offsets[name] === undefined ? "" : `&offset=${this.offsets[name]}`;
@@ -184,7 +246,8 @@ const Runs = {
     this.metrics[name] = (this.metrics[name] || []).concat(data.records);
     this.offsets[name] = data.offset;
     this.brokenLines[name] = (this.brokenLines[name] || []).concat(data.problems || []);
-    return restarted || data.records.length > 0;
+    const steps = data.records.filter((r) => Number.isInteger(r.step) && !("eval" in r)).length;
+    return { changed: restarted || data.records.length > 0, steps };
   },
 
   chartBoxes: new Map(), // metric -> its chart on the page
@@ -236,12 +299,14 @@ const Runs = {
   pickers() {
     const groups = this.metricKeys();
     const box = $("#chart-metrics div");
-    const signature = JSON.stringify(groups) + [...this.extra].join();
+    const signature = JSON.stringify(groups) + [...this.extra].join() + this.query;
     if (box.dataset.signature === signature) return;
     box.dataset.signature = signature;
-    box.replaceChildren(...Object.entries(groups).map(([group, keys]) => h("fieldset", {},
+    const words = this.query.toLowerCase().split(/\s+/).filter(Boolean);
+    const match = (k) => words.every((w) => k.toLowerCase().includes(w));
+    box.replaceChildren(...Object.entries(groups).map(([group, keys]) => h("fieldset", { hidden: !keys.some(match) },
       h("legend", {}, `${group} (${keys.length})`),
-      keys.map((k) => h("label", { class: "metric-pick" }, h("input", {
+      keys.map((k) => h("label", { class: "metric-pick", hidden: !match(k) }, h("input", {
         type: "checkbox", value: k, checked: this.extra.has(k) || PANELS.some(([p]) => p === k),
         disabled: PANELS.some(([p]) => p === k),
         onchange: (e) => { e.target.checked ? this.extra.add(k) : this.extra.delete(k); this.save(); this.draw(); },
@@ -287,8 +352,28 @@ const Runs = {
     return [...at.entries()].sort((a, b) => a[0] - b[0]).map(([step, [x, sum, n]]) => [x, sum / n, step]);
   },
 
+  // the charts to draw: the default panels and the metrics chosen beside them; with a metric search, those of them
+  // that match it and every other metric the ticked runs log that matches it (at most SEARCH_MAX charts)
   panels() {
-    return [...PANELS, ...[...this.extra].filter((k) => !PANELS.some(([p]) => p === k)).map((k) => [k, k])];
+    const chosen = [...PANELS, ...[...this.extra].filter((k) => !PANELS.some(([p]) => p === k)).map((k) => [k, k])];
+    const words = this.query.toLowerCase().split(/\s+/).filter(Boolean);
+    if (!words.length) { this.matched = null; return chosen; }
+    const logged = Object.values(this.metricKeys()).flat();
+    const matches = (text) => words.every((w) => text.toLowerCase().includes(w));
+    const family = (key) => key.includes("*") ? logged.filter((k) => pattern(key).test(k)) : [];
+    const shown = chosen.filter(([key, title]) => matches(`${key} ${title}`) || family(key).some(matches));
+    const covered = (k) => shown.some(([key]) => key === k || (key.includes("*") && pattern(key).test(k)));
+    const more = logged.filter((k) => matches(k) && !covered(k)).map((k) => [k, k]);
+    const all = [...shown, ...more];
+    this.matched = { count: all.length, shown: Math.min(all.length, SEARCH_MAX) };
+    return all.slice(0, SEARCH_MAX);
+  },
+
+  showMatched(drawn) {
+    const m = this.matched;
+    $("#metric-search-count").textContent = !m ? ""
+      : m.count > m.shown ? `${drawn} charts of ${m.count} metrics that match: narrow the search`
+      : `${drawn} chart${drawn === 1 ? "" : "s"} match${drawn === 1 ? "es" : ""}`;
   },
 
   // every chart drawn anew (a setting changed), or, with {append: true} (a poll brought new steps), each chart's
@@ -297,7 +382,8 @@ const Runs = {
     this.toHash();
     const names = [...this.compared];
     const live = names.some((name) => this.runs.find((r) => r.name === name)?.state === "running");
-    const color = (i) => PALETTE[i % PALETTE.length];
+    const color = (i) => PALETTE[i % PALETTE.length]; // a group's, or a family's lines (stop/*): by their order
+    const runColor = (name) => this.colorOf(name);
     this.pickers();
     $("#chart-reset-zoom").hidden = !this.zoom;
     const xLabel = { step: "step", wall: "wall time (min)", samples: "samples" }[this.xaxis];
@@ -327,12 +413,12 @@ const Runs = {
         keys.forEach((k, j) => {
           const raw = source.get(k) || [];
           const label = key.includes("*") ? `${names.length > 1 ? `${name} ` : ""}${evalOnly ? k : k.match(pattern(key))[1]}` : name;
-          const c = key.includes("*") ? color(j + i * keys.length) : color(i);
+          const c = key.includes("*") && keys.length > 1 ? color(j + i * keys.length) : runColor(name);
           if (this.smooth && !evalOnly) series.push({ label, color: c, points: raw, faint: true, run: name });
           series.push({ label, color: c, points: evalOnly ? raw : this.smoothed(raw), run: name, dots: evalOnly });
           this.drawn.push({ run: name, metric: k, points: raw });
         });
-        if (EVAL_PANELS.has(key)) series.push({ label: `${name} eval`, color: color(i), points: lines.evals.get(key) || [], dots: true });
+        if (EVAL_PANELS.has(key)) series.push({ label: `${name} eval`, color: runColor(name), points: lines.evals.get(key) || [], dots: true });
       });
       const old = this.chartBoxes.get(key);
       if (append && !groups && old && old.extend && old.extend(series)) return old; // a group's mean moves as its runs log
@@ -353,7 +439,8 @@ const Runs = {
     this.chartBoxes = new Map(shown.map((chart) => [chart.dataset.metric, chart]));
     const now = [...$("#charts").children];
     if (now.length !== shown.length || now.some((chart, i) => chart !== shown[i])) $("#charts").replaceChildren(...shown);
-    $("#charts-empty").hidden = shown.length > 0 || !names.length;
+    $("#charts-empty").hidden = shown.length > 0 || !names.length || Boolean(this.matched);
+    this.showMatched(shown.length);
   },
 
   // the charts' data as CSV: one row per run, metric and step (x as the axis shows it)
