@@ -136,6 +136,8 @@ def _outside_paths(host: _Host) -> list[str]:
 
 
 Check = Callable[[str], tuple[bool, str]]
+DEADLINE_NOTE = "[the probe: stopped at its deadline]"
+"""Added to a call's output where the sandbox stopped it at its deadline (Sandbox.run's status None)."""
 
 
 def _attempts(host: _Host, limits: SandboxLimits, follow_up: Callable[[], str]) -> list[tuple[str, str, Check]]:
@@ -173,9 +175,14 @@ def _attempts(host: _Host, limits: SandboxLimits, follow_up: Callable[[], str]) 
         return host.victim.poll() is not None, output.strip()[-200:]
 
     def held_together(output: str) -> tuple[bool, str]:
-        """More than one 400 MB process at once under 512 MB is an escape (the total was not bounded)."""
+        """More than one 400 MB process at once under 512 MB is an escape (the total was not bounded). A call
+        stopped at its deadline before any process said it held its memory, with no memory event counted (the
+        sandbox's note is the kernel's count), never passed the bound: on a starved machine (a CI's load of 5 on 2
+        cores) six interpreters had not all started in 2 s."""
         counts = [int(n) for n in re.findall(r"(\d+) of 6 held", output)]
         stopped = "processes together used more than" in output  # the sandbox's note: the bound acted
+        if not counts and not stopped and DEADLINE_NOTE in output:
+            return False, "stopped at its deadline before the processes held their memory; no memory event"
         escaped = counts[-1] * 400 > limits.memory_mb if counts else not stopped
         return escaped, output.strip()[-200:]
 
@@ -410,7 +417,8 @@ def probe(isolation: str, timeout_s: float = 5.0, only: set[str] | None = None) 
         def timed_run(program: str) -> str:
             started = time.monotonic()
             try:
-                return current[-1].run(program)[1]
+                status, output = current[-1].run(program)
+                return output if status is not None else f"{output}\n{DEADLINE_NOTE}"
             finally:
                 timings.append(time.monotonic() - started)
 
