@@ -649,6 +649,41 @@ def test_an_18_run_sweep_sits_beside_its_charts_each_run_in_one_colour_with_a_co
             shutil.rmtree(run)
 
 
+def test_a_family_chart_of_several_runs_keeps_each_runs_colour_and_tells_its_keys_by_dash(site):
+    """Issue 77 item 7, in the charts of a family (stop/*): with several runs ticked, each line is in its run's
+    colour (the swatch's) and a key has one dash in every run; one run alone colours its keys apart."""
+    page, root = site["page"], site["root"]
+    made = []
+    for i in range(2):
+        run = rewards_run(root, f"stops-{i}", [0.1, 0.2, 0.3])
+        lines = [
+            {"step": s, "reward": 0.1 * s, "stop/answer": 0.5 + 0.1 * i, "stop/length": 0.5 - 0.1 * i}
+            for s in (1, 2, 3)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        made.append(run)
+    try:
+        show_only(page, site, "stops-0", "stops-1")
+        paths = page.locator(".chart[data-metric='stop/*'] path.series")
+        expect(paths).to_have_count(4)
+        drawn = paths.evaluate_all(
+            "(ps) => ps.map((p) => [p.getAttribute('stroke'), p.getAttribute('stroke-dasharray') || ''])"
+        )
+        swatches = [
+            page.locator(f"tr[data-run=stops-{i}] .swatch").evaluate("(e) => getComputedStyle(e).backgroundColor")
+            for i in (0, 1)
+        ]
+        assert [rgb(stroke) for stroke, _ in drawn] == [swatches[0]] * 2 + [swatches[1]] * 2, (drawn, swatches)
+        assert [dash for _, dash in drawn[:2]] == [dash for _, dash in drawn[2:]] and drawn[0][1] != drawn[1][1]
+        show_only(page, site, "stops-0")
+        expect(paths).to_have_count(2)
+        assert len(set(paths.evaluate_all("(ps) => ps.map((p) => p.getAttribute('stroke'))"))) == 2
+        assert not site["errors"], site["errors"]
+    finally:
+        for run in made:
+            shutil.rmtree(run)
+
+
 def test_a_metric_search_draws_the_charts_whose_name_matches(site):
     """Issue 77 item 8: 40 checkboxes in 9 groups to find a chart; a search box draws the charts whose metric (or
     title) has every word typed, among the default panels and every metric the runs log; it is in the URL."""

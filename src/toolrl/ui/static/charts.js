@@ -7,6 +7,7 @@ const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2
 // a run's colour (Runs.colorOf): its place in the order the runs started, in 20 colours told apart
 const RUN_PALETTE = [...PALETTE, "#4338ca", "#65a30d", "#0f766e", "#9f1239", "#0284c7", "#c026d3", "#92400e",
   "#475569", "#d97706", "#059669", "#6d28d9", "#111827"];
+const DASHES = ["", "5 3", "2 2", "8 3 2 3", "1 3", "10 4"]; // a family's keys told apart in several runs' colours
 const LEGEND_MAX = 6; // a chart's legend names this many lines at most, then "+N more" (every name in its tooltip)
 // A drag across a chart (a zoom being chosen) is under way: the runs view holds its redraws until it ends.
 const CHART_DRAG = { active: false };
@@ -158,6 +159,7 @@ function lineChart(title, metric, series, opts = {}) {
     const [d, pen] = segment(drawn, "M");
     const width = one.faint ? 1 : 1.6, cls = one.faint ? "series-raw" : "series";
     const path = s("path", { d, stroke: one.color, fill: "none", "stroke-width": width, class: cls, opacity: one.faint ? 0.3 : 1, "data-pieces": String((d.match(/M/g) || []).length), "data-drawn": String(drawn.length) });
+    if (one.dash) path.setAttribute("stroke-dasharray", one.dash);
     if (d) svg.append(path);
     return { path, d, pen, drawn: drawn.length };
   });
@@ -192,7 +194,8 @@ function lineChart(title, metric, series, opts = {}) {
   const named = series.filter((o) => o.points.length && !o.faint);
   const head = named.length > LEGEND_MAX ? named.slice(0, LEGEND_MAX - 1) : named, rest = named.slice(head.length);
   const legend = h("div", { class: "legend" }, head.map((one) =>
-    h("span", {}, h("i", { class: one.dots ? "ring" : "", style: one.dots ? `border-color:${one.color}` : `background:${one.color}` }), one.label)),
+    h("span", {}, h("i", { class: one.dots ? "ring" : "", style: one.dots ? `border-color:${one.color}`
+      : one.dash ? `background:repeating-linear-gradient(90deg, ${one.color} 0 3px, transparent 3px 5px)` : `background:${one.color}` }), one.label)),
     rest.length ? h("span", { class: "more", title: rest.map((one) => one.label).join("\n") }, `+${rest.length} more`) : null);
   box.append(legend);
   const cursor = s("line", { y1: T, y2: H - B, class: "cursor", visibility: "hidden" });

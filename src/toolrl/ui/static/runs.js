@@ -352,6 +352,11 @@ const Runs = {
     return [...at.entries()].sort((a, b) => a[0] - b[0]).map(([step, [x, sum, n]]) => [x, sum / n, step]);
   },
 
+  // every metric of a family panel (stop/*) that any of `names` logs, in one order: a key's place gives its dash
+  familyKeys(key, names) {
+    return [...new Set(names.flatMap((name) => [...this.linesOf(name).train.keys()].filter((k) => pattern(key).test(k))))].sort();
+  },
+
   // the charts to draw: the default panels and the metrics chosen beside them; with a metric search, those of them
   // that match it and every other metric the ticked runs log that matches it (at most SEARCH_MAX charts)
   panels() {
@@ -402,7 +407,7 @@ const Runs = {
           }
           series.push({ label: `${label} (${members.length} run${members.length > 1 ? "s" : ""})`, color: color(i), points: this.smoothed(this.groupMean(members, key)) });
         });
-      } else names.forEach((name, i) => {
+      } else names.forEach((name, i, all) => {
         const lines = this.linesOf(name);
         const evalOnly = EVAL_ONLY.has(key);
         const source = evalOnly ? lines.evals : lines.train;
@@ -413,9 +418,13 @@ const Runs = {
         keys.forEach((k, j) => {
           const raw = source.get(k) || [];
           const label = key.includes("*") ? `${names.length > 1 ? `${name} ` : ""}${evalOnly ? k : k.match(pattern(key))[1]}` : name;
-          const c = key.includes("*") && keys.length > 1 ? color(j + i * keys.length) : runColor(name);
-          if (this.smooth && !evalOnly) series.push({ label, color: c, points: raw, faint: true, run: name });
-          series.push({ label, color: c, points: evalOnly ? raw : this.smoothed(raw), run: name, dots: evalOnly });
+          // a family's lines: one run's by their key's colour; several runs' in each run's own colour, a key by its
+          // dash (the same key's dash in every run), so that no run changes colour as others are ticked
+          const byRun = key.includes("*") && all.length > 1 && !evalOnly;
+          const c = key.includes("*") && !byRun && keys.length > 1 ? color(j + i * keys.length) : runColor(name);
+          const dash = byRun ? DASHES[this.familyKeys(key, all).indexOf(k) % DASHES.length] : null;
+          if (this.smooth && !evalOnly) series.push({ label, color: c, dash, points: raw, faint: true, run: name });
+          series.push({ label, color: c, dash, points: evalOnly ? raw : this.smoothed(raw), run: name, dots: evalOnly });
           this.drawn.push({ run: name, metric: k, points: raw });
         });
         if (EVAL_PANELS.has(key)) series.push({ label: `${name} eval`, color: runColor(name), points: lines.evals.get(key) || [], dots: true });
