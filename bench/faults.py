@@ -279,8 +279,8 @@ async def beside_a_crash(executor, folder: Path) -> dict[str, int]:
             starved = r.outcome in DEADLINE and starved_reason(stall, r.latency_s) is not None
             totals["lost_starved" if starved else "lost_not_server_crashed"] += 1
             totals[f"lost_{r.outcome}"] += 1
-        notes = [r for r, _ in notes]
-        totals["ok_not_run_once"] += sum(1 for r in notes if r.outcome == "ok" and ran[r.call.arguments["text"]] != 1)
+        answered = [r for r, _ in notes if r.outcome == "ok"]
+        totals["ok_not_run_once"] += sum(1 for r in answered if ran[r.call.arguments["text"]] != 1)
         totals["run_twice"] += sum(1 for n in ran.values() if n > 1)
     return dict(totals)
 

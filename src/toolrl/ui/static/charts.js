@@ -239,12 +239,10 @@ function lineChart(title, metric, series, opts = {}) {
     band.setAttribute("x", X(a)); band.setAttribute("width", Math.max(0, X(b) - X(a)));
     band.setAttribute("visibility", "visible");
   });
-  svg.addEventListener("mouseup", (event) => {
-    CHART_DRAG.active = false;
+  svg.addEventListener("mouseup", (event) => { // (CHART_DRAG ends where the event reaches the window)
     if (dragFrom === null) return;
     const to = toX(event), from = dragFrom;
-    dragFrom = null;
-    band.setAttribute("visibility", "hidden");
+    release();
     if (Math.abs(X(to) - X(from)) > 6 && opts.onZoom) { opts.onZoom(Math.min(from, to), Math.max(from, to)); return; }
     // a click: the nearest point of a line, then that step's trajectories
     let best = null;

@@ -302,8 +302,7 @@ const Runs = {
     const signature = JSON.stringify(groups) + [...this.extra].join() + this.query;
     if (box.dataset.signature === signature) return;
     box.dataset.signature = signature;
-    const words = this.query.toLowerCase().split(/\s+/).filter(Boolean);
-    const match = (k) => words.every((w) => k.toLowerCase().includes(w));
+    const match = this.searched() || (() => true);
     box.replaceChildren(...Object.entries(groups).map(([group, keys]) => h("fieldset", { hidden: !keys.some(match) },
       h("legend", {}, `${group} (${keys.length})`),
       keys.map((k) => h("label", { class: "metric-pick", hidden: !match(k) }, h("input", {
@@ -357,16 +356,22 @@ const Runs = {
     return [...new Set(names.flatMap((name) => [...this.linesOf(name).train.keys()].filter((k) => pattern(key).test(k))))].sort();
   },
 
+  // the metric search as a test of a name (every word typed in it, any case), or null when nothing is typed
+  searched() {
+    const words = this.query.toLowerCase().split(/\s+/).filter(Boolean);
+    return words.length ? (text) => words.every((w) => text.toLowerCase().includes(w)) : null;
+  },
+
   // the charts to draw: the default panels and the metrics chosen beside them; with a metric search, those of them
   // that match it and every other metric the ticked runs log that matches it (at most SEARCH_MAX charts)
   panels() {
     const chosen = [...PANELS, ...[...this.extra].filter((k) => !PANELS.some(([p]) => p === k)).map((k) => [k, k])];
-    const words = this.query.toLowerCase().split(/\s+/).filter(Boolean);
-    if (!words.length) { this.matched = null; return chosen; }
+    const matches = this.searched();
+    if (!matches) { this.matched = null; return chosen; }
     const logged = Object.values(this.metricKeys()).flat();
-    const matches = (text) => words.every((w) => text.toLowerCase().includes(w));
-    const family = (key) => key.includes("*") ? logged.filter((k) => pattern(key).test(k)) : [];
-    const shown = chosen.filter(([key, title]) => matches(`${key} ${title}`) || family(key).some(matches));
+    const names = [...this.compared];
+    const shown = chosen.filter(([key, title]) => matches(`${key} ${title}`)
+      || (key.includes("*") && this.familyKeys(key, names).some(matches)));
     const covered = (k) => shown.some(([key]) => key === k || (key.includes("*") && pattern(key).test(k)));
     const more = logged.filter((k) => matches(k) && !covered(k)).map((k) => [k, k]);
     const all = [...shown, ...more];
@@ -388,7 +393,6 @@ const Runs = {
     const names = [...this.compared];
     const live = names.some((name) => this.runs.find((r) => r.name === name)?.state === "running");
     const color = (i) => PALETTE[i % PALETTE.length]; // a group's, or a family's lines (stop/*): by their order
-    const runColor = (name) => this.colorOf(name);
     this.pickers();
     $("#chart-reset-zoom").hidden = !this.zoom;
     const xLabel = { step: "step", wall: "wall time (min)", samples: "samples" }[this.xaxis];
@@ -397,6 +401,8 @@ const Runs = {
     this.drewGroups = groups !== null;
     const charts = this.panels().map(([key, title]) => {
       const series = [];
+      // a family's metrics over several runs, once for the panel: each one's dash (none for a single run)
+      const family = key.includes("*") && names.length > 1 ? this.familyKeys(key, names) : null;
       if (groups && !key.includes("*")) {
         // grouped: each group's mean as its line, its runs faint beside it in the group's colour
         groups.forEach(([label, members], i) => {
@@ -407,7 +413,7 @@ const Runs = {
           }
           series.push({ label: `${label} (${members.length} run${members.length > 1 ? "s" : ""})`, color: color(i), points: this.smoothed(this.groupMean(members, key)) });
         });
-      } else names.forEach((name, i, all) => {
+      } else names.forEach((name, i) => {
         const lines = this.linesOf(name);
         const evalOnly = EVAL_ONLY.has(key);
         const source = evalOnly ? lines.evals : lines.train;
@@ -420,14 +426,14 @@ const Runs = {
           const label = key.includes("*") ? `${names.length > 1 ? `${name} ` : ""}${evalOnly ? k : k.match(pattern(key))[1]}` : name;
           // a family's lines: one run's by their key's colour; several runs' in each run's own colour, a key by its
           // dash (the same key's dash in every run), so that no run changes colour as others are ticked
-          const byRun = key.includes("*") && all.length > 1 && !evalOnly;
-          const c = key.includes("*") && !byRun && keys.length > 1 ? color(j + i * keys.length) : runColor(name);
-          const dash = byRun ? DASHES[this.familyKeys(key, all).indexOf(k) % DASHES.length] : null;
+          const byRun = family !== null && !evalOnly;
+          const c = key.includes("*") && !byRun && keys.length > 1 ? color(j + i * keys.length) : this.colorOf(name);
+          const dash = byRun ? DASHES[family.indexOf(k) % DASHES.length] : null;
           if (this.smooth && !evalOnly) series.push({ label, color: c, dash, points: raw, faint: true, run: name });
           series.push({ label, color: c, dash, points: evalOnly ? raw : this.smoothed(raw), run: name, dots: evalOnly });
           this.drawn.push({ run: name, metric: k, points: raw });
         });
-        if (EVAL_PANELS.has(key)) series.push({ label: `${name} eval`, color: runColor(name), points: lines.evals.get(key) || [], dots: true });
+        if (EVAL_PANELS.has(key)) series.push({ label: `${name} eval`, color: this.colorOf(name), points: lines.evals.get(key) || [], dots: true });
       });
       const old = this.chartBoxes.get(key);
       if (append && !groups && old && old.extend && old.extend(series)) return old; // a group's mean moves as its runs log
