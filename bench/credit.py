@@ -6,11 +6,15 @@ are its own); reported whether dense credit helps or not.
 
     python bench/credit.py                                     # search-r1 and built, seeds 0 1 2, 20 steps
     python bench/credit.py --recipes search-r1 --seeds 0       # one recipe, one seed (seeds merge across runs)
+    python bench/credit.py --recipes search-r1 --seeds 1 --side-by-side   # the two arms at once, 1 thread each
     python bench/credit.py --quick                             # the tiny model, 1 seed, 2 steps: the suite's sample
 
 Writes bench/results/credit.json: {recipe: {outcome: {...}, dense: {...}, greedy_after_delta, sampled_after_delta,
-machine, load_before, load_after}}, each arm learning.py's entry (means over seeds, each seed's values, spread).
-A seed run again, or in another process, merges by seed as learning.py does.
+machine, seeds, runs: [{seeds, load_before, load_after}]}}, each arm learning.py's entry (means over seeds, each
+seed's values, spread).
+A seed run again, or in another process, merges by seed as learning.py does. With --side-by-side the arms run at
+once, one torch thread each (2 cores: about the time of one arm, and both arms see the same load); each arm's lines
+come to stdout prefixed with its name.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from common import ROOT, machine, write_results
@@ -28,19 +33,49 @@ from common import ROOT, machine, write_results
 ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"]}
 
 
-def run_arm(arm: str, recipes: list[str], args, out: Path) -> dict:
-    """bench/learning.py for one arm; its results file."""
+def arm_command(arm: str, recipes: list[str], args, out: Path) -> list[str]:
+    """bench/learning.py's command line for one arm, writing its results to `out`."""
     command = [sys.executable, str(ROOT / "bench" / "learning.py"), "--recipes", *recipes,
                "--seeds", *map(str, args.seeds), "--out", str(out), "--runs", str(Path(args.runs) / arm)]  # fmt: skip
     if args.steps is not None:
         command += ["--steps", str(args.steps)]
     if args.quick:
         command.append("--quick")
+    if args.side_by_side:
+        command += ["--threads", "1"]
     for override in [*ARMS[arm], *args.set]:
         command += ["--set", override]
     print(f"credit: {arm}: {' '.join(command[1:])}", flush=True)
-    subprocess.run(command, check=True, cwd=ROOT)
-    return json.loads(out.read_text())
+    return command
+
+
+def relay(arm: str, stream) -> None:
+    """An arm's output, line by line, prefixed with its name (arms side by side share the terminal)."""
+    for line in stream:
+        print(f"[{arm}] {line}", end="", flush=True)
+
+
+def run_arms(recipes: list[str], args, out: Path) -> dict[str, dict]:
+    """Each arm's results: one after the other, or (--side-by-side) at once; an arm that fails stops the bench
+    with its exit status after the other has finished (what it measured is kept in its own results file)."""
+    files = {arm: out.with_name(f"{out.stem}.{arm}.json") for arm in ARMS}
+    commands = {arm: arm_command(arm, recipes, args, files[arm]) for arm in ARMS}
+    if not args.side_by_side:
+        for command in commands.values():
+            subprocess.run(command, check=True, cwd=ROOT)
+    else:
+        procs = {arm: subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for arm, c in commands.items()}  # fmt: skip
+        relays = [threading.Thread(target=relay, args=(arm, p.stdout), daemon=True) for arm, p in procs.items()]
+        for thread in relays:
+            thread.start()
+        codes = {arm: p.wait() for arm, p in procs.items()}
+        for thread in relays:
+            thread.join()
+        for arm, code in codes.items():
+            if code:
+                raise subprocess.CalledProcessError(code, commands[arm])
+    return {arm: json.loads(path.read_text()) for arm, path in files.items()}
 
 
 def delta(dense: dict, outcome: dict, key: str) -> float | None:
@@ -58,21 +93,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the tiny model, 1 seed, 2 steps (learning.py --quick)")
     parser.add_argument("--out", default=None, help="default: bench/results/credit.json (--quick: a temporary one)")
     parser.add_argument("--runs", default=str(ROOT / "runs" / "credit"))
+    parser.add_argument("--side-by-side", action="store_true", help="both arms at once, one torch thread each")
     args = parser.parse_args()
     if args.quick:
         args.recipes, args.out = args.recipes[:1], args.out or str(Path(tempfile.mkdtemp()) / "credit.json")
     out = Path(args.out or ROOT / "bench" / "results" / "credit.json")
     load_before = os.getloadavg()[0]
-    arms = {arm: run_arm(arm, args.recipes, args, out.with_name(f"{out.stem}.{arm}.json")) for arm in ARMS}
+    arms = run_arms(args.recipes, args, out)
     results = json.loads(out.read_text()) if out.is_file() else {}
     for recipe in args.recipes:
         outcome, dense = arms["outcome"][recipe], arms["dense"][recipe]
+        seeds = sorted(set(outcome["args"]["seeds"]) & set(dense["args"]["seeds"]))  # both arms', merged across runs
+        # each run's seeds and load: a seed measured again replaces the run that measured it
+        this_run = {"seeds": args.seeds, "load_before": round(load_before, 2),
+                    "load_after": round(os.getloadavg()[0], 2), "side_by_side": args.side_by_side}  # fmt: skip
+        earlier = [r for r in results.get(recipe, {}).get("runs", []) if set(r["seeds"]) - set(args.seeds)]
         results[recipe] = {"outcome": outcome, "dense": dense,
                            "greedy_after_delta": delta(dense, outcome, "greedy_after"),
                            "sampled_after_delta": delta(dense, outcome, "sampled_after"),
-                           "machine": machine(), "load_before": round(load_before, 2),
-                           "load_after": round(os.getloadavg()[0], 2), "steps": args.steps,
-                           "seeds": args.seeds}  # fmt: skip
+                           "machine": machine(), "steps": args.steps, "seeds": seeds,
+                           "runs": [*earlier, this_run]}  # fmt: skip
     write_results(out, results)
     print(f"\n{'recipe':<12}{'arm':<9}{'greedy before':>15}{'greedy after':>14}{'sampled after':>15}")
     for recipe in args.recipes:

@@ -19,7 +19,7 @@ def test_both_arms_train_and_the_difference_is_reported(tmp_path):
     for arm in ("outcome", "dense"):
         assert {"greedy_before", "greedy_after", "sampled_after", "seeds"} <= set(entry[arm])
     assert entry["greedy_after_delta"] == round(entry["dense"]["greedy_after"] - entry["outcome"]["greedy_after"], 4)
-    assert entry["machine"]["cores"] > 0 and "load_before" in entry
+    assert entry["machine"]["cores"] > 0 and entry["seeds"] == [0] and "load_before" in entry["runs"][0]
     dense_runs = list((tmp_path / "runs" / "dense").rglob("metrics.jsonl"))
     steps = [json.loads(line) for line in dense_runs[0].read_text().splitlines()]
     assert any("credit/scored" in s for s in steps)  # the dense arm did credit turns
