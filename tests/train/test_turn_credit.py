@@ -15,6 +15,7 @@ from toolrl.rollout import Trajectory
 from toolrl.rollout.trajectory import Carry
 from toolrl.train import Trainer, Workbench
 from toolrl.train.turn_credit import (
+    PrefixReader,
     TurnCredit,
     answer_logprobs,
     boundary_contexts,
@@ -57,6 +58,27 @@ def test_the_cache_read_equals_each_context_read_whole_and_the_credits_telescope
     assert sum(traj.turn_credit) == pytest.approx(naive[-1] - naive[0], abs=1e-4)  # lp(end) - lp(prompt)
     assert traj.turn_credit[1] == pytest.approx(naive[2] - naive[1], abs=1e-4)
     assert metrics["credit/scored"] == 1 and metrics["credit/gold_logprob_start"] == pytest.approx(naive[0], abs=1e-4)
+
+
+def test_a_groups_prompt_is_read_once_and_every_score_equals_reading_its_context_whole(tiny_model, chat):
+    group = [three_turns(chat), three_turns(chat, compact=True), three_turns(chat)]
+    closing = chat.continuation_ids([], True)
+    probe, target = chat.encode("<answer>"), chat.encode("1458</answer>")
+    alone = []
+    for traj in group:
+        reader = PrefixReader(tiny_model)
+        contexts = boundary_contexts(traj, closing)
+        scores = [reader.score(c, probe, target) for c in contexts]
+        assert scores == pytest.approx(naive_answer_logprobs(tiny_model, contexts, probe, target), abs=1e-4)
+        alone.append(reader.tokens_read)
+    metrics = TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0).assign(group)
+    prompt = group[0].prompt_length
+    # each trajectory after the first starts from the prompt the one before it read (one id fed again for its logit)
+    assert metrics["credit/tokens_read"] == sum(alone) - (len(group) - 1) * (prompt - 1)
+    for traj in group:
+        contexts = boundary_contexts(traj, closing)
+        naive = naive_answer_logprobs(tiny_model, contexts, probe, target)
+        assert traj.turn_credit == pytest.approx([b - a for a, b in zip(naive, naive[1:])], abs=1e-4)
 
 
 def test_a_task_without_a_gold_answer_gets_no_credit_and_is_counted(tiny_model, chat):

@@ -7,9 +7,11 @@ call whose result holds the answer gains, a turn that wanders loses. The credits
 at each turn's last generated token, for every estimator (summed into the sequence score by grpo, credited per
 token by reinforce_pp and gae, per turn by gigpo).
 
-The contexts of one segment are prefixes of each other: the model reads each segment once, keeping its keys and
-values, and scores the answer from the cache at each boundary (then drops the answer's entries), so a trajectory of
-T turns costs one pass over its tokens and T + 1 short ones. A task without a gold answer gets no credit (counted).
+The contexts of one segment are prefixes of each other, and a group's trajectories share their prompt: the model
+reads a step's contexts through one key/value cache that keeps what a context shares with the one before it, and
+scores the answer from the cache at each boundary (then drops the answer's entries), so a group's prompt is read
+once, a trajectory of T turns costs one pass over its own tokens and T + 1 short ones, and logits are computed only
+at the positions a score needs. A task without a gold answer gets no credit (counted).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from toolrl.errors import ConfigError
+from toolrl.models.cache_arg import cache_arg
 from toolrl.rollout.trajectory import MODEL, Trajectory
 
 
@@ -38,31 +41,64 @@ def boundary_contexts(traj: Trajectory, closing: list[int]) -> list[list[int]]:
     return contexts
 
 
-@torch.no_grad()
-def answer_logprobs(model, contexts: list[list[int]], probe: list[int], target: list[int]) -> list[float]:
-    """log p(target | context + probe) for each context, summed over the target's tokens. A context that extends
-    the one before it is read from that one's cache; the probe and target's entries are dropped after each."""
-    from transformers import DynamicCache
+def shared_length(a: list[int], b: list[int]) -> int:
+    """How many leading ids two lists share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
-    device = next(model.parameters()).device
-    scores: list[float] = []
-    cache, fed, last = None, [], None
-    for context in contexts:
-        if cache is None or context[: len(fed)] != fed or len(context) < len(fed):
-            cache, fed, last = DynamicCache(), [], None
-        new = context[len(fed) :]
-        if new:
-            out = model(input_ids=torch.tensor([new], device=device), past_key_values=cache, use_cache=True)
-            last = out.logits[0, -1]
-            fed = list(context)
-        tail = probe + target
-        out = model(input_ids=torch.tensor([tail], device=device), past_key_values=cache, use_cache=True)
-        logits = torch.cat([last[None], out.logits[0, :-1]]) if last is not None else out.logits[0, :-1]
-        predicted = logits[len(logits) - len(target) :].float().log_softmax(-1)
-        ids = torch.tensor(target, device=device)
-        scores.append(float(predicted.gather(1, ids[:, None]).sum()))
-        cache.crop(-len(tail))  # the probe's entries dropped (a negative count: every transformers version's way)
-    return scores
+
+class PrefixReader:
+    """Scores contexts through one key/value cache that keeps what each context shares with the one read before
+    it: a trajectory's boundaries extend each other, and the trajectories of a group share their prompt, so a
+    step's group prompt is read once and each trajectory's tokens once. A boundary is one forward (the context's
+    new ids, the probe and the target) with logits only where the target is predicted. `tokens_read` counts what
+    the model was fed."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.fed: list[int] = []
+        self.tokens_read = 0
+
+    def _logits(self, ids: list[int], positions: torch.Tensor) -> torch.Tensor:
+        """The logits at `positions` of `ids` read on from the cache."""
+        self.tokens_read += len(ids)
+        out = self.model(input_ids=torch.tensor([ids], device=self.device), **cache_arg(self.model, self.cache),
+                         use_cache=True, logits_to_keep=positions)  # fmt: skip
+        return out.logits[0]
+
+    def _keep(self, length: int) -> None:
+        """The cache cut to its first `length` positions (crop by a negative count: every transformers version's
+        way; 5.x refuses a positive one)."""
+        drop = self.cache.get_seq_length() - length
+        if drop > 0:
+            self.cache.crop(-drop)
+
+    @torch.no_grad()
+    def score(self, context: list[int], probe: list[int], target: list[int]) -> float:
+        """log p(target | context + probe), summed over the target's tokens; the cache holds `context` after."""
+        from transformers import DynamicCache
+
+        kept = max(0, min(shared_length(self.fed, context), len(context) - 1))  # one id read again: the target's
+        if self.cache is None or kept == 0:  # first token may follow it (an empty probe)
+            self.cache, kept = DynamicCache(), 0
+        else:
+            self._keep(kept)
+        ids = [*context[kept:], *probe, *target]
+        first = len(ids) - len(target) - 1  # the position whose logits predict target[0]
+        logits = self._logits(ids, torch.arange(first, len(ids) - 1, device=self.device))
+        self.fed = list(context)
+        self._keep(len(context))  # the probe's and target's entries dropped
+        predicted = logits.float().log_softmax(-1)
+        return float(predicted.gather(1, torch.tensor(target, device=self.device)[:, None]).sum())
+
+
+def answer_logprobs(model, contexts: list[list[int]], probe: list[int], target: list[int]) -> list[float]:
+    """log p(target | context + probe) for each context, summed over the target's tokens, read through one
+    PrefixReader (a context that extends the one before it reads only its new ids)."""
+    reader = PrefixReader(model)
+    return [reader.score(context, probe, target) for context in contexts]
 
 
 def naive_answer_logprobs(model, contexts: list[list[int]], probe: list[int], target: list[int]) -> list[float]:
@@ -106,6 +142,7 @@ class TurnCredit:
         started = time.perf_counter()
         probe = self.chat.encode(self.prefix) if self.prefix else []
         starts, ends, scored = [], [], 0
+        reader = PrefixReader(self.model)  # one for the step: a group's prompt is read once
         with self._read():
             for traj in trajs:
                 traj.turn_credit = None
@@ -115,7 +152,7 @@ class TurnCredit:
                 last = traj.sequences()[-1].token_ids
                 closing = self.chat.continuation_ids([], bool(last) and last[-1] == self.chat.end_of_turn_id)
                 target = self.chat.encode(answer + self.suffix)
-                scores = answer_logprobs(self.model, boundary_contexts(traj, closing), probe, target)
+                scores = [reader.score(c, probe, target) for c in boundary_contexts(traj, closing)]
                 traj.turn_credit = telescoped(scores)
                 starts.append(scores[0])
                 ends.append(scores[-1])
@@ -126,6 +163,7 @@ class TurnCredit:
                 "credit/gold_logprob_end": sum(ends) / max(len(ends), 1),
                 "credit/turn_mean": sum(credits) / max(len(credits), 1),
                 "credit/turn_mean_abs": sum(abs(c) for c in credits) / max(len(credits), 1),
+                "credit/tokens_read": reader.tokens_read,
                 "credit_s": time.perf_counter() - started}  # fmt: skip
 
 
