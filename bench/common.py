@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +46,21 @@ def machine() -> dict[str, str | int]:
 ISA_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX-512-VNNI"),
              ("avx512_bf16", "AVX-512-BF16"), ("amx_tile", "AMX"))  # fmt: skip
 """The vector instructions a matmul peak depends on (what oneDNN may use on this CPU), as /proc/cpuinfo names them."""
+
+
+CODE = ("src", "bench", "recipes", ":(exclude)bench/results")
+"""What a measurement depends on: a change there since the commit makes the commit alone not name what ran."""
+
+
+def git_head(root: Path = ROOT) -> str:
+    """The checkout's short commit, with `-dirty` where its code differs from it (a change to a tracked file, or an
+    untracked one, under CODE); `unknown` outside a git checkout."""
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if not head:
+        return "unknown"
+    changed = subprocess.run([*git, "status", "--porcelain", "--", *CODE], capture_output=True, text=True).stdout
+    return f"{head}-dirty" if changed.strip() else head
 
 
 def write_results(path: str, result: dict[str, Any]) -> None:

@@ -14,7 +14,8 @@ machine, seeds, runs: [{seeds, load_before, load_after}]}}, each arm learning.py
 seed's values, spread).
 A seed run again, or in another process, merges by seed as learning.py does. With --side-by-side the arms run at
 once, one torch thread each (2 cores: about the time of one arm, and both arms see the same load); each arm's lines
-come to stdout prefixed with its name.
+come to stdout prefixed with its name. --arms runs one arm (its seeds merge into credit.ARM.json); the two arms are
+compared on the seeds both hold, and each run's seeds, arms, commit and load are kept.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from common import ROOT, machine, write_results
+from common import ROOT, git_head, machine, write_results
+from learning import summary
 
 ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"]}
 
@@ -59,7 +61,7 @@ def run_arms(recipes: list[str], args, out: Path) -> dict[str, dict]:
     """Each arm's results: one after the other, or (--side-by-side) at once; an arm that fails stops the bench
     with its exit status after the other has finished (what it measured is kept in its own results file)."""
     files = {arm: out.with_name(f"{out.stem}.{arm}.json") for arm in ARMS}
-    commands = {arm: arm_command(arm, recipes, args, files[arm]) for arm in ARMS}
+    commands = {arm: arm_command(arm, recipes, args, files[arm]) for arm in args.arms}
     if not args.side_by_side:
         for command in commands.values():
             subprocess.run(command, check=True, cwd=ROOT)
@@ -75,7 +77,18 @@ def run_arms(recipes: list[str], args, out: Path) -> dict[str, dict]:
         for arm, code in codes.items():
             if code:
                 raise subprocess.CalledProcessError(code, commands[arm])
-    return {arm: json.loads(path.read_text()) for arm, path in files.items()}
+    return {arm: json.loads(path.read_text()) if path.is_file() else {} for arm, path in files.items()}
+
+
+def on_seeds(entry: dict, seeds: list[int]) -> dict:
+    """An arm's entry (learning.py's) summarized over `seeds` alone: arms are compared on the seeds both hold."""
+    rows = dict(zip(entry["args"]["seeds"], entry["seeds"], strict=True))
+    return {**entry, **summary([rows[s] for s in seeds]), "args": {**entry["args"], "seeds": seeds}}
+
+
+def repeats(run: dict, args) -> bool:
+    """Whether this run measures again every seed and arm an earlier run (a `runs` entry) measured."""
+    return set(run["seeds"]) <= set(args.seeds) and set(run.get("arms", ARMS)) <= set(args.arms)
 
 
 def delta(dense: dict, outcome: dict, key: str) -> float | None:
@@ -94,28 +107,39 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: bench/results/credit.json (--quick: a temporary one)")
     parser.add_argument("--runs", default=str(ROOT / "runs" / "credit"))
     parser.add_argument("--side-by-side", action="store_true", help="both arms at once, one torch thread each")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                        help="the arms to run (an arm's seeds merge into its own results; the comparison is made on "
+                             "the seeds both arms hold)")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
-        args.recipes, args.out = args.recipes[:1], args.out or str(Path(tempfile.mkdtemp()) / "credit.json")
+        args.recipes, args.seeds = args.recipes[:1], args.seeds[:1]
+        args.out = args.out or str(Path(tempfile.mkdtemp()) / "credit.json")
     out = Path(args.out or ROOT / "bench" / "results" / "credit.json")
-    load_before = os.getloadavg()[0]
+    load_before, commit = os.getloadavg()[0], git_head()
     arms = run_arms(args.recipes, args, out)
     results = json.loads(out.read_text()) if out.is_file() else {}
+    compared = []
     for recipe in args.recipes:
-        outcome, dense = arms["outcome"][recipe], arms["dense"][recipe]
-        seeds = sorted(set(outcome["args"]["seeds"]) & set(dense["args"]["seeds"]))  # both arms', merged across runs
-        # each run's seeds and load: a seed measured again replaces the run that measured it
-        this_run = {"seeds": args.seeds, "load_before": round(load_before, 2),
+        entry = results.setdefault(recipe, {})
+        # each run's seeds, arms, commit and load: a run measured again replaces the one it repeats
+        this_run = {"seeds": args.seeds, "arms": args.arms, "commit": commit, "load_before": round(load_before, 2),
                     "load_after": round(os.getloadavg()[0], 2), "side_by_side": args.side_by_side}  # fmt: skip
-        earlier = [r for r in results.get(recipe, {}).get("runs", []) if set(r["seeds"]) - set(args.seeds)]
-        results[recipe] = {"outcome": outcome, "dense": dense,
-                           "greedy_after_delta": delta(dense, outcome, "greedy_after"),
-                           "sampled_after_delta": delta(dense, outcome, "sampled_after"),
-                           "machine": machine(), "steps": args.steps, "seeds": seeds,
-                           "runs": [*earlier, this_run]}  # fmt: skip
+        entry["runs"] = [*(r for r in entry.get("runs", []) if not repeats(r, args)), this_run]
+        held = {arm: arms[arm].get(recipe) for arm in ARMS}
+        seeds = sorted(set.intersection(*(set(e["args"]["seeds"]) if e else set() for e in held.values())))
+        if not seeds:
+            missing = " and ".join(f"--arms {arm}" for arm, e in held.items() if not e) or "the same seeds"
+            print(f"credit: {recipe}: the arms hold no seed in common yet (run {missing}); nothing compared")
+            continue
+        outcome, dense = on_seeds(held["outcome"], seeds), on_seeds(held["dense"], seeds)
+        entry |= {"outcome": outcome, "dense": dense,
+                  "greedy_after_delta": delta(dense, outcome, "greedy_after"),
+                  "sampled_after_delta": delta(dense, outcome, "sampled_after"),
+                  "machine": machine(), "steps": args.steps, "seeds": seeds}  # fmt: skip
+        compared.append(recipe)
     write_results(out, results)
     print(f"\n{'recipe':<12}{'arm':<9}{'greedy before':>15}{'greedy after':>14}{'sampled after':>15}")
-    for recipe in args.recipes:
+    for recipe in compared:
         for arm in ARMS:
             row = results[recipe][arm]
             print(f"{recipe:<12}{arm:<9}{row['greedy_before']:>15.3f}{row['greedy_after']:>14.3f}"

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine, side_by_side, write_results
+from common import ROOT, git_head, machine, side_by_side, write_results
 
 OUT = ROOT / "bench" / "results" / "long_horizon.json"
 BEFORE = "594976a"
@@ -322,11 +322,6 @@ PARTS = {
     "learning": lambda folder, args: learning(args.seeds, args.num_tasks, args.set),
 }
 """Each part: (a scratch folder, the arguments) -> its results."""
-
-
-def git_head() -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -54,11 +54,6 @@ def listing() -> str:
     return "\n".join(lines)
 
 
-def git_head() -> str:
-    done = subprocess.run(["git", "-C", str(BENCH), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
-
-
 def stamp(path: Path, run: dict) -> None:
     """Add the `run` block to a results file a benchmark wrote (a JSON object; anything else is left as it is)."""
     try:
@@ -85,15 +80,16 @@ def main(argv: list[str]) -> int:
     script = known[name][0]
     before = {p: p.stat().st_mtime for p in RESULTS.glob("*.json")}
     load_before, started = os.getloadavg(), time.perf_counter()
+    sys.path.insert(0, str(BENCH))
+    from common import git_head, machine
+
+    commit = git_head()  # what runs is the code as it is now (a commit made meanwhile did not run)
     with tempfile.NamedTemporaryFile("r", suffix=".written") as written:
         env = {**os.environ, "TOOLRL_BENCH_WRITTEN": written.name}  # common.write_results names its files there
         code = subprocess.call([sys.executable, str(script), *args], env=env)
         named = {Path(line).resolve() for line in written.read().splitlines() if line}
     if code == 0:
-        sys.path.insert(0, str(BENCH))
-        from common import machine
-
-        run = {"bench": name, "args": args, "commit": git_head(), "machine": machine(),
+        run = {"bench": name, "args": args, "commit": commit, "machine": machine(),
                "load_avg_before": [round(x, 2) for x in load_before],
                "load_avg_after": [round(x, 2) for x in os.getloadavg()],
                "seconds": round(time.perf_counter() - started, 1),

@@ -9,18 +9,53 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2]
 
 
-def test_both_arms_train_and_the_difference_is_reported(tmp_path):
-    out = tmp_path / "credit.json"
+def credit(tmp_path, *args: str) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "credit.py"), "--quick", "--recipes", "demo",
-                           "--out", str(out), "--runs", str(tmp_path / "runs")],
+                           "--out", str(tmp_path / "credit.json"), "--runs", str(tmp_path / "runs"), *args],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_both_arms_train_side_by_side_and_the_difference_is_reported(tmp_path):
+    out = tmp_path / "credit.json"
+    done = credit(tmp_path, "--side-by-side")
+    assert "[outcome] " in done.stdout and "[dense] " in done.stdout  # each arm's lines, named
     entry = json.loads(out.read_text())["demo"]
     for arm in ("outcome", "dense"):
         assert {"greedy_before", "greedy_after", "sampled_after", "seeds"} <= set(entry[arm])
     assert entry["greedy_after_delta"] == round(entry["dense"]["greedy_after"] - entry["outcome"]["greedy_after"], 4)
-    assert entry["machine"]["cores"] > 0 and entry["seeds"] == [0] and "load_before" in entry["runs"][0]
+    assert entry["machine"]["cores"] > 0 and entry["seeds"] == [0]
+    assert [(r["seeds"], r["arms"], r["side_by_side"]) for r in entry["runs"]] == [([0], ["outcome", "dense"], True)]
+    assert "load_before" in entry["runs"][0] and entry["runs"][0]["commit"]
     dense_runs = list((tmp_path / "runs" / "dense").rglob("metrics.jsonl"))
     steps = [json.loads(line) for line in dense_runs[0].read_text().splitlines()]
     assert any("credit/scored" in s for s in steps)  # the dense arm did credit turns
     assert "dense - outcome, greedy after" in done.stdout
+
+
+def test_an_arm_run_alone_waits_for_the_other_and_runs_are_kept(tmp_path):
+    first = credit(tmp_path, "--arms", "outcome")
+    assert "the arms hold no seed in common yet (run --arms dense); nothing compared" in first.stdout
+    entry = json.loads((tmp_path / "credit.json").read_text())["demo"]
+    assert "outcome" not in entry and [r["arms"] for r in entry["runs"]] == [["outcome"]]
+    credit(tmp_path, "--arms", "dense")
+    entry = json.loads((tmp_path / "credit.json").read_text())["demo"]
+    assert entry["seeds"] == [0] and entry["outcome"]["args"]["seeds"] == entry["dense"]["args"]["seeds"] == [0]
+    assert [r["arms"] for r in entry["runs"]] == [["outcome"], ["dense"]]  # both runs' load and commit kept
+    credit(tmp_path, "--arms", "dense")  # measured again: its run replaces the earlier one
+    runs = json.loads((tmp_path / "credit.json").read_text())["demo"]["runs"]
+    assert [r["arms"] for r in runs] == [["outcome"], ["dense"]]
+
+
+def test_arms_are_compared_on_the_seeds_both_hold():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from credit import on_seeds
+
+    def row(g: float) -> dict:
+        return {"greedy_before": 0.2, "greedy_after": g, "sampled_before": 0.0, "sampled_after": g / 2}
+
+    outcome = {"args": {"seeds": [0, 1], "steps": 20}, "seeds": [row(0.5), row(0.9)], "greedy_after": 0.7}
+    alone = on_seeds(outcome, [0])  # the dense arm holds seed 0 only so far
+    assert alone["greedy_after"] == 0.5 and alone["sampled_after"] == 0.25 and alone["seeds"] == [row(0.5)]
+    assert alone["args"] == {"seeds": [0], "steps": 20} and alone["spread"]["greedy_after"] == 0.0

@@ -87,3 +87,30 @@ def test_a_run_beside_another_stamps_only_what_it_named(tmp_path, monkeypatch):
     assert run.main(["mine"]) == 0
     assert json.loads((results / "mine.json").read_text())["run"]["bench"] == "mine"
     assert json.loads((results / "other.json").read_text()) == {"other": 1}
+
+
+def test_a_results_commit_says_dirty_when_the_code_that_ran_differs_from_it(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import git_head
+
+    assert git_head(tmp_path) == "unknown"  # not a checkout
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    head = git_head(tmp_path)
+    assert head and not head.endswith("-dirty") and head != "unknown"
+    (tmp_path / "bench" / "results" / "x.json").write_text("{}")  # results are not code
+    (tmp_path / "notes.md").write_text("a note")  # nor is anything outside src, bench, recipes
+    assert git_head(tmp_path) == head
+    (tmp_path / "bench" / "new.py").write_text("")  # an untracked benchmark is
+    assert git_head(tmp_path) == f"{head}-dirty"
+    (tmp_path / "bench" / "new.py").unlink()
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")  # and so is a changed module
+    assert git_head(tmp_path) == f"{head}-dirty"
