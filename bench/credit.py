@@ -1,6 +1,7 @@
 """Benchmark: dense turn credit (train.turn_credit) against outcome-only GRPO. For each recipe, the same training
-twice, each over the same seeds: `outcome` (the recipe as it is) and `dense` (train.turn_credit.model: reference,
-the run's initial policy scoring log p(gold | context) at each tool boundary). Greedy and sampled success on the
+in each arm over the same seeds: `outcome` (the recipe as it is), `dense` (train.turn_credit.model: reference, the
+run's initial policy scoring log p(gold | context) at each tool boundary) and `dense_coef0.1` (the same credits
+weighed a tenth). Greedy and sampled success on the
 test split before and after, per seed, from bench/learning.py (one process per arm, so each arm's results and log
 are its own); reported whether dense credit helps or not.
 
@@ -9,13 +10,13 @@ are its own); reported whether dense credit helps or not.
     python bench/credit.py --recipes search-r1 --seeds 1 --side-by-side   # the two arms at once, 1 thread each
     python bench/credit.py --quick                             # the tiny model, 1 seed, 2 steps: the suite's sample
 
-Writes bench/results/credit.json: {recipe: {outcome: {...}, dense: {...}, greedy_after_delta, sampled_after_delta,
-machine, seeds, runs: [{seeds, load_before, load_after}]}}, each arm learning.py's entry (means over seeds, each
-seed's values, spread).
+Writes bench/results/credit.json: {recipe: {vs_outcome: {ARM: {seeds, outcome: {...}, ARM: {...},
+greedy_after_delta, sampled_after_delta}}, machine, steps, runs: [{seeds, arms, commit, load_before, load_after}]}},
+each arm's entry learning.py's (means over seeds, each seed's values, spread) over the seeds it and outcome hold.
 A seed run again, or in another process, merges by seed as learning.py does. With --side-by-side the arms run at
 once, one torch thread each (2 cores: about the time of one arm, and both arms see the same load); each arm's lines
-come to stdout prefixed with its name. --arms runs one arm (its seeds merge into credit.ARM.json); the two arms are
-compared on the seeds both hold, and each run's seeds, arms, commit and load are kept.
+come to stdout prefixed with its name. --arms runs some arms (an arm's seeds merge into credit.ARM.json); each arm is
+compared with outcome on the seeds both hold, and each run's seeds, arms, commit and load are kept.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from pathlib import Path
 from common import ROOT, git_head, machine, write_results
 from learning import summary
 
-ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"]}
+ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"],
+        "dense_coef0.1": ["train.turn_credit.model=reference", "train.turn_credit.coef=0.1"]}  # fmt: skip
+"""Each arm's overrides of the recipe. `dense` credits turns at coef 1 (a turn's log-probability change is several
+nats, the outcome reward at most 1); `dense_coef0.1` weighs them a tenth as much."""
 
 
 def arm_command(arm: str, recipes: list[str], args, out: Path) -> list[str]:
@@ -106,7 +110,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the tiny model, 1 seed, 2 steps (learning.py --quick)")
     parser.add_argument("--out", default=None, help="default: bench/results/credit.json (--quick: a temporary one)")
     parser.add_argument("--runs", default=str(ROOT / "runs" / "credit"))
-    parser.add_argument("--side-by-side", action="store_true", help="both arms at once, one torch thread each")
+    parser.add_argument("--side-by-side", action="store_true", help="the arms at once, one torch thread each")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
                         help="the arms to run (an arm's seeds merge into its own results; the comparison is made on "
                              "the seeds both arms hold)")  # fmt: skip
@@ -120,31 +124,36 @@ def main() -> None:
     results = json.loads(out.read_text()) if out.is_file() else {}
     compared = []
     for recipe in args.recipes:
-        entry = results.setdefault(recipe, {})
+        kept = results.get(recipe, {})
+        entry = results[recipe] = {k: kept[k] for k in ("runs", "vs_outcome") if k in kept}  # machine, steps: anew
         # each run's seeds, arms, commit and load: a run measured again replaces the one it repeats
         this_run = {"seeds": args.seeds, "arms": args.arms, "commit": commit, "load_before": round(load_before, 2),
                     "load_after": round(os.getloadavg()[0], 2), "side_by_side": args.side_by_side}  # fmt: skip
         entry["runs"] = [*(r for r in entry.get("runs", []) if not repeats(r, args)), this_run]
-        held = {arm: arms[arm].get(recipe) for arm in ARMS}
-        seeds = sorted(set.intersection(*(set(e["args"]["seeds"]) if e else set() for e in held.values())))
-        if not seeds:
-            missing = " and ".join(f"--arms {arm}" for arm, e in held.items() if not e) or "the same seeds"
-            print(f"credit: {recipe}: the arms hold no seed in common yet (run {missing}); nothing compared")
-            continue
-        outcome, dense = on_seeds(held["outcome"], seeds), on_seeds(held["dense"], seeds)
-        entry |= {"outcome": outcome, "dense": dense,
-                  "greedy_after_delta": delta(dense, outcome, "greedy_after"),
-                  "sampled_after_delta": delta(dense, outcome, "sampled_after"),
-                  "machine": machine(), "steps": args.steps, "seeds": seeds}  # fmt: skip
-        compared.append(recipe)
+        outcome = arms["outcome"].get(recipe)
+        entry["vs_outcome"] = entry.get("vs_outcome", {})
+        for arm in [a for a in ARMS if a != "outcome"]:
+            held = arms[arm].get(recipe)
+            seeds = sorted(set(outcome["args"]["seeds"]) & set(held["args"]["seeds"])) if outcome and held else []
+            if not seeds:
+                missing = " and ".join(f"--arms {a}" for a, e in (("outcome", outcome), (arm, held)) if not e)
+                print(f"credit: {recipe}: {arm} and outcome hold no seed in common (run {missing or 'a seed'})")
+                continue
+            treated, control = on_seeds(held, seeds), on_seeds(outcome, seeds)
+            entry["vs_outcome"][arm] = {"seeds": seeds, "outcome": control, arm: treated,
+                                        "greedy_after_delta": delta(treated, control, "greedy_after"),
+                                        "sampled_after_delta": delta(treated, control, "sampled_after")}  # fmt: skip
+            compared.append((recipe, arm))
+        entry |= {"machine": machine(), "steps": args.steps}
     write_results(out, results)
-    print(f"\n{'recipe':<12}{'arm':<9}{'greedy before':>15}{'greedy after':>14}{'sampled after':>15}")
-    for recipe in compared:
-        for arm in ARMS:
-            row = results[recipe][arm]
-            print(f"{recipe:<12}{arm:<9}{row['greedy_before']:>15.3f}{row['greedy_after']:>14.3f}"
-                  f"{row['sampled_after']:>15.3f}")  # fmt: skip
-        print(f"{recipe:<12}{'dense - outcome, greedy after':>38} {results[recipe]['greedy_after_delta']:+.3f}")
+    print(f"\n{'recipe':<12}{'arm':<15}{'seeds':>7}{'greedy before':>15}{'greedy after':>14}{'sampled after':>15}")
+    for recipe, arm in compared:
+        pair = results[recipe]["vs_outcome"][arm]
+        for name in ("outcome", arm):
+            row = pair[name]
+            print(f"{recipe:<12}{name:<15}{len(pair['seeds']):>7}{row['greedy_before']:>15.3f}"
+                  f"{row['greedy_after']:>14.3f}{row['sampled_after']:>15.3f}")  # fmt: skip
+        print(f"{recipe:<12}{f'{arm} - outcome, greedy after':>51} {pair['greedy_after_delta']:+.3f}")
     print(f"wrote {out}")
 
 
