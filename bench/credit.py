@@ -116,7 +116,7 @@ def main() -> None:
                              "the seeds both arms hold)")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
-        args.recipes, args.seeds = args.recipes[:1], args.seeds[:1]
+        args.recipes, args.seeds, args.steps = args.recipes[:1], args.seeds[:1], 2
         args.out = args.out or str(Path(tempfile.mkdtemp()) / "credit.json")
     out = Path(args.out or ROOT / "bench" / "results" / "credit.json")
     load_before, commit = os.getloadavg()[0], git_head()

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -17,31 +19,37 @@ def credit(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def test_both_arms_train_side_by_side_and_the_difference_is_reported(tmp_path):
+def test_the_arms_train_side_by_side_and_each_difference_is_reported(tmp_path):
     out = tmp_path / "credit.json"
     done = credit(tmp_path, "--side-by-side")
-    assert "[outcome] " in done.stdout and "[dense] " in done.stdout  # each arm's lines, named
+    assert all(f"[{arm}] " in done.stdout for arm in ("outcome", "dense", "dense_coef0.1"))  # each arm's lines
     entry = json.loads(out.read_text())["demo"]
-    for arm in ("outcome", "dense"):
-        assert {"greedy_before", "greedy_after", "sampled_after", "seeds"} <= set(entry[arm])
-    assert entry["greedy_after_delta"] == round(entry["dense"]["greedy_after"] - entry["outcome"]["greedy_after"], 4)
-    assert entry["machine"]["cores"] > 0 and entry["seeds"] == [0]
-    assert [(r["seeds"], r["arms"], r["side_by_side"]) for r in entry["runs"]] == [([0], ["outcome", "dense"], True)]
+    assert set(entry["vs_outcome"]) == {"dense", "dense_coef0.1"}
+    for arm, pair in entry["vs_outcome"].items():
+        assert pair["seeds"] == [0] and {"greedy_before", "greedy_after", "sampled_after"} <= set(pair[arm])
+        assert pair["greedy_after_delta"] == round(pair[arm]["greedy_after"] - pair["outcome"]["greedy_after"], 4)
+        assert f"{arm} - outcome, greedy after" in done.stdout
+    assert entry["machine"]["cores"] > 0 and entry["steps"] == 2
+    runs = [(r["seeds"], r["arms"], r["side_by_side"]) for r in entry["runs"]]
+    assert runs == [([0], ["outcome", "dense", "dense_coef0.1"], True)]
     assert "load_before" in entry["runs"][0] and entry["runs"][0]["commit"]
-    dense_runs = list((tmp_path / "runs" / "dense").rglob("metrics.jsonl"))
-    steps = [json.loads(line) for line in dense_runs[0].read_text().splitlines()]
-    assert any("credit/scored" in s for s in steps)  # the dense arm did credit turns
-    assert "dense - outcome, greedy after" in done.stdout
+    for arm, coef in (("dense", 1.0), ("dense_coef0.1", 0.1)):
+        run = next((tmp_path / "runs" / arm).rglob("metrics.jsonl")).parent
+        steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert any("credit/scored" in s for s in steps)  # the dense arms did credit turns
+        assert yaml.safe_load((run / "config.yaml").read_text())["train"]["turn_credit"]["coef"] == coef
 
 
 def test_an_arm_run_alone_waits_for_the_other_and_runs_are_kept(tmp_path):
     first = credit(tmp_path, "--arms", "outcome")
-    assert "the arms hold no seed in common yet (run --arms dense); nothing compared" in first.stdout
+    assert "credit: demo: dense and outcome hold no seed in common (run --arms dense)" in first.stdout
     entry = json.loads((tmp_path / "credit.json").read_text())["demo"]
-    assert "outcome" not in entry and [r["arms"] for r in entry["runs"]] == [["outcome"]]
+    assert entry["vs_outcome"] == {} and [r["arms"] for r in entry["runs"]] == [["outcome"]]
     credit(tmp_path, "--arms", "dense")
     entry = json.loads((tmp_path / "credit.json").read_text())["demo"]
-    assert entry["seeds"] == [0] and entry["outcome"]["args"]["seeds"] == entry["dense"]["args"]["seeds"] == [0]
+    assert set(entry["vs_outcome"]) == {"dense"}  # dense_coef0.1 not run: not compared
+    pair = entry["vs_outcome"]["dense"]
+    assert pair["seeds"] == [0] and pair["outcome"]["args"]["seeds"] == pair["dense"]["args"]["seeds"] == [0]
     assert [r["arms"] for r in entry["runs"]] == [["outcome"], ["dense"]]  # both runs' load and commit kept
     credit(tmp_path, "--arms", "dense")  # measured again: its run replaces the earlier one
     runs = json.loads((tmp_path / "credit.json").read_text())["demo"]["runs"]
