@@ -91,7 +91,9 @@ def test_results_for_scripts_json_quiet_and_whole_tables_in_a_pipe():
     (line,) = evaluated.stdout.strip().splitlines()
     summary = json.loads(line)
     assert summary["success"] == 1.0 and summary["tasks"] == 3
-    assert elapsed - 5 < summary["wall_s"] <= elapsed  # the clock's, from the command's start
+    # the clock's, from the command's start: loading included, it is most of the time the process ran (a fixed
+    # margin for the interpreter's start did not hold on a loaded machine, where that start takes longer too)
+    assert 0.5 * elapsed < summary["wall_s"] <= elapsed
 
     listed = json.loads(toolrl("list", "parser", "--json").stdout)
     assert {"hermes", "pythonic", "llama3-json", "search-r1"} <= set(listed["parser"]["entries"])
