@@ -20,6 +20,7 @@ from toolrl.train.turn_credit import (
     answer_logprobs,
     boundary_contexts,
     naive_answer_logprobs,
+    telescoped,
 )
 from toolrl.train.update import step_batch
 
@@ -78,7 +79,7 @@ def test_a_groups_prompt_is_read_once_and_every_score_equals_reading_its_context
     for traj in group:
         contexts = boundary_contexts(traj, closing)
         naive = naive_answer_logprobs(tiny_model, contexts, probe, target)
-        assert traj.turn_credit == pytest.approx([b - a for a, b in zip(naive, naive[1:])], abs=1e-4)
+        assert traj.turn_credit == pytest.approx(telescoped(naive), abs=1e-4)
 
 
 def test_a_task_without_a_gold_answer_gets_no_credit_and_is_counted(tiny_model, chat):
