@@ -1,13 +1,12 @@
 """Benchmark: dense turn credit (train.turn_credit) against outcome-only GRPO. For each recipe, the same training
 in each arm over the same seeds: `outcome` (the recipe as it is), `dense` (train.turn_credit.model: reference, the
 run's initial policy scoring log p(gold | context) at each tool boundary) and `dense_coef0.1` (the same credits
-weighed a tenth). Greedy and sampled success on the
-test split before and after, per seed, from bench/learning.py (one process per arm, so each arm's results and log
-are its own); reported whether dense credit helps or not.
+weighed a tenth). Greedy and sampled success on the test split before and after, per seed, from bench/learning.py
+(one process per arm, so each arm's results and log are its own); reported whether dense credit helps or not.
 
     python bench/credit.py                                     # search-r1 and built, seeds 0 1 2, 20 steps
     python bench/credit.py --recipes search-r1 --seeds 0       # one recipe, one seed (seeds merge across runs)
-    python bench/credit.py --recipes search-r1 --seeds 1 --side-by-side   # the two arms at once, 1 thread each
+    python bench/credit.py --recipes search-r1 --seeds 1 --side-by-side   # the arms at once, 1 thread each
     python bench/credit.py --quick                             # the tiny model, 1 seed, 2 steps: the suite's sample
 
 Writes bench/results/credit.json: {recipe: {vs_outcome: {ARM: {seeds, outcome: {...}, ARM: {...},
@@ -124,14 +123,13 @@ def main() -> None:
     results = json.loads(out.read_text()) if out.is_file() else {}
     compared = []
     for recipe in args.recipes:
-        kept = results.get(recipe, {})
-        entry = results[recipe] = {k: kept[k] for k in ("runs", "vs_outcome") if k in kept}  # machine, steps: anew
+        kept = results.get(recipe, {})  # its runs and comparisons; machine and steps are written anew
+        entry = results[recipe] = {"runs": kept.get("runs", []), "vs_outcome": kept.get("vs_outcome", {})}
         # each run's seeds, arms, commit and load: a run measured again replaces the one it repeats
         this_run = {"seeds": args.seeds, "arms": args.arms, "commit": commit, "load_before": round(load_before, 2),
                     "load_after": round(os.getloadavg()[0], 2), "side_by_side": args.side_by_side}  # fmt: skip
-        entry["runs"] = [*(r for r in entry.get("runs", []) if not repeats(r, args)), this_run]
+        entry["runs"] = [*(r for r in entry["runs"] if not repeats(r, args)), this_run]
         outcome = arms["outcome"].get(recipe)
-        entry["vs_outcome"] = entry.get("vs_outcome", {})
         for arm in [a for a in ARMS if a != "outcome"]:
             held = arms[arm].get(recipe)
             seeds = sorted(set(outcome["args"]["seeds"]) & set(held["args"]["seeds"])) if outcome and held else []

@@ -26,7 +26,7 @@ from common import ROOT, SeedLog, machine, side_by_side, write_results
 
 from toolrl.config import load_config
 from toolrl.train import Workbench
-from toolrl.train.turn_credit import PrefixReader, TurnCredit, boundary_contexts, naive_answer_logprobs
+from toolrl.train.turn_credit import PrefixReader, TurnCredit, naive_answer_logprobs
 
 
 class EveryLogit(PrefixReader):
@@ -37,16 +37,9 @@ class EveryLogit(PrefixReader):
 
 
 def boundaries(credit: TurnCredit, trajs) -> list[tuple[list[list[int]], list[int], list[int]]]:
-    """(contexts, probe, target) of each trajectory with a gold answer, as TurnCredit.assign builds them."""
-    chat, probe = credit.chat, credit.chat.encode(credit.prefix) if credit.prefix else []
-    jobs = []
-    for traj in trajs:
-        answer = str(traj.task.answer or "").strip()
-        if answer and traj.token_ids:
-            last = traj.sequences()[-1].token_ids
-            closing = chat.continuation_ids([], bool(last) and last[-1] == chat.end_of_turn_id)
-            jobs.append((boundary_contexts(traj, closing), probe, chat.encode(answer + credit.suffix)))
-    return jobs
+    """(contexts, probe, target) of each trajectory with a gold answer, as TurnCredit.assign scores them."""
+    probe = credit.chat.encode(credit.prefix) if credit.prefix else []
+    return [(job[0], probe, job[1]) for traj in trajs if (job := credit.boundaries(traj)) is not None]
 
 
 def main() -> None:

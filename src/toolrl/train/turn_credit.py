@@ -137,6 +137,16 @@ class TurnCredit:
     def _read(self) -> AbstractContextManager:
         return self.context() if callable(self.context) else nullcontext()
 
+    def boundaries(self, traj: Trajectory) -> tuple[list[list[int]], list[int]] | None:
+        """(the contexts scored, the gold answer's ids as the template writes it) of a trajectory, or None where its
+        task has no gold answer or it has no tokens."""
+        answer = str(traj.task.answer or "").strip()
+        if not answer or not traj.token_ids:
+            return None
+        last = traj.sequences()[-1].token_ids
+        closing = self.chat.continuation_ids([], bool(last) and last[-1] == self.chat.end_of_turn_id)
+        return boundary_contexts(traj, closing), self.chat.encode(answer + self.suffix)
+
     def assign(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Each trajectory's per-turn credits (None where its task has no gold answer), and the step's metrics."""
         started = time.perf_counter()
@@ -146,13 +156,10 @@ class TurnCredit:
         with self._read():
             for traj in trajs:
                 traj.turn_credit = None
-                answer = str(traj.task.answer or "").strip()
-                if not answer or not traj.token_ids:
+                if (job := self.boundaries(traj)) is None:
                     continue
-                last = traj.sequences()[-1].token_ids
-                closing = self.chat.continuation_ids([], bool(last) and last[-1] == self.chat.end_of_turn_id)
-                target = self.chat.encode(answer + self.suffix)
-                scores = [reader.score(c, probe, target) for c in boundary_contexts(traj, closing)]
+                contexts, target = job
+                scores = [reader.score(c, probe, target) for c in contexts]
                 traj.turn_credit = telescoped(scores)
                 starts.append(scores[0])
                 ends.append(scores[-1])
