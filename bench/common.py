@@ -245,11 +245,15 @@ def quick_setup(args: Any, name: str) -> Path | None:
 
 def merged_seeds(out: str, rows: dict[str, Any], args: Any, same: tuple[str, ...]) -> dict[str, Any]:
     """The seeds of the results at `out` and `rows`: a seed run later as a process of its own merges into the
-    results of the same measurement (the `same` arguments agree), else `rows` alone."""
+    results of the same measurement (the `same` arguments agree), else `rows` alone. Each earlier seed carries the
+    bench/run.py stamp of the run that measured it (`run`), which the file's top-level stamp no longer names."""
     path = Path(out)
     previous = json.loads(path.read_text()) if path.is_file() else {}
     agree = all(previous.get(key) == getattr(args, key) for key in same)
-    return {**(previous.get("seeds", {}) if agree else {}), **rows}
+    earlier = previous.get("seeds", {}) if agree else {}
+    if run := previous.get("run"):  # an earlier seed keeps the run (commit, load) that measured it
+        earlier = {seed: {"run": run, **row} for seed, row in earlier.items()}
+    return {**earlier, **rows}
 
 
 def seeded_arguments(parser: Any, name: str, quick: str) -> None:

@@ -55,13 +55,18 @@ def listing() -> str:
 
 
 def stamp(path: Path, run: dict) -> None:
-    """Add the `run` block to a results file a benchmark wrote (a JSON object; anything else is left as it is)."""
+    """Add the `run` block to a results file a benchmark wrote (a JSON object; anything else is left as it is),
+    and to each of its seeds that has none (the seeds this run measured)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if isinstance(data, dict):
         data["run"] = run
+        seeds = data.get("seeds")
+        for row in seeds.values() if isinstance(seeds, dict) else ():
+            if isinstance(row, dict):  # seeds measured by this run (common.merged_seeds keeps earlier ones' runs)
+                row.setdefault("run", run)
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 

@@ -114,3 +114,23 @@ def test_a_results_commit_says_dirty_when_the_code_that_ran_differs_from_it(tmp_
     (tmp_path / "bench" / "new.py").unlink()
     (tmp_path / "src" / "a.py").write_text("x = 2\n")  # and so is a changed module
     assert git_head(tmp_path) == f"{head}-dirty"
+
+
+def test_a_seed_run_later_keeps_each_seeds_own_run(tmp_path, monkeypatch):
+    """Seeds measured by separate runs merge into one results file; the top-level stamp names the last run, and each
+    seed keeps the run (commit, load, arguments) that measured it."""
+    run, results = bench_of(tmp_path, monkeypatch, "seeded", (
+        '"""Benchmark: one seed per run, merged."""\n'
+        "import argparse, pathlib, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        "from common import merged_seeds, write_results\n"
+        "args = argparse.Namespace(seed=sys.argv[1], games=2)\n"
+        "out = str(pathlib.Path(__file__).with_name('results') / 'seeded.json')\n"
+        "seeds = merged_seeds(out, {args.seed: {'won': 1}}, args, ('games',))\n"
+        "write_results(out, {'games': 2, 'seeds': seeds})\n"
+    ))  # fmt: skip
+    assert run.main(["seeded", "0"]) == 0 and run.main(["seeded", "1"]) == 0
+    merged = json.loads((results / "seeded.json").read_text())
+    assert sorted(merged["seeds"]) == ["0", "1"]
+    assert merged["seeds"]["0"]["run"]["args"] == ["0"] and merged["seeds"]["1"]["run"]["args"] == ["1"]
+    assert merged["run"]["args"] == ["1"] and merged["seeds"]["0"]["won"] == 1
