@@ -1,8 +1,9 @@
 """Benchmark: dense turn credit (train.turn_credit) against outcome-only GRPO. For each recipe, the same training
 in each arm over the same seeds: `outcome` (the recipe as it is), `dense` (train.turn_credit.model: reference, the
-run's initial policy scoring log p(gold | context) at each tool boundary) and `dense_coef0.1` (the same credits
-weighed a tenth). Greedy and sampled success on the test split before and after, per seed, from bench/learning.py
-(one process per arm, so each arm's results and log are its own); reported whether dense credit helps or not.
+run's initial policy scoring log p(gold | context) at each tool boundary), `dense_coef0.1` (the same credits
+weighed a tenth) and `dense_prob` (changes of IGPO's p(gold | context), bounded: train.turn_credit.measure prob).
+Greedy and sampled success on the test split before and after, per seed, from bench/learning.py (one process per
+arm, so each arm's results and log are its own); reported whether dense credit helps or not.
 
     python bench/credit.py                                     # search-r1 and built, seeds 0 1 2, 20 steps
     python bench/credit.py --recipes search-r1 --seeds 0       # one recipe, one seed (seeds merge across runs)
@@ -33,9 +34,12 @@ from common import ROOT, git_head, machine, write_results
 from learning import summary
 
 ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"],
-        "dense_coef0.1": ["train.turn_credit.model=reference", "train.turn_credit.coef=0.1"]}  # fmt: skip
+        "dense_coef0.1": ["train.turn_credit.model=reference", "train.turn_credit.coef=0.1"],
+        "dense_prob": ["train.turn_credit.model=reference", "train.turn_credit.measure=prob"]}  # fmt: skip
 """Each arm's overrides of the recipe. `dense` credits turns at coef 1 (a turn's log-probability change is several
-nats, the outcome reward at most 1); `dense_coef0.1` weighs them a tenth as much."""
+nats, the outcome reward at most 1); `dense_coef0.1` weighs them a tenth as much; `dense_prob` credits changes of
+the answer's per-token probability (each in [-1, 1]; a trajectory's sum p_T - p_0, under GRPO a bonus of p_T in
+[0, 1] beside the outcome reward)."""
 
 
 def arm_command(arm: str, recipes: list[str], args, out: Path) -> list[str]:

@@ -232,7 +232,8 @@ def main() -> None:
     if args.quick:
         from tests.harness.tiny import make_tiny_model
 
-        tiny = make_tiny_model(Path(args.out).parent / "tiny-model")
+        out = Path(args.out)  # a model of its own: bench/credit.py's arms write beside each other at once
+        tiny = make_tiny_model(out.parent / f"tiny-model.{out.stem}")
         args.recipes, args.seeds, args.steps, args.num_tasks = args.recipes[:1], args.seeds[:1], 2, 4
         args.set += [f"model.name={tiny}", "device=cpu", "train.prompts_per_step=2", "train.group_size=2",
                      "rollout.max_new_tokens=16"]  # fmt: skip

@@ -22,22 +22,28 @@ def credit(tmp_path, *args: str) -> subprocess.CompletedProcess:
 def test_the_arms_train_side_by_side_and_each_difference_is_reported(tmp_path):
     out = tmp_path / "credit.json"
     done = credit(tmp_path, "--side-by-side")
-    assert all(f"[{arm}] " in done.stdout for arm in ("outcome", "dense", "dense_coef0.1"))  # each arm's lines
+    arms = ["outcome", "dense", "dense_coef0.1", "dense_prob"]
+    assert all(f"[{arm}] " in done.stdout for arm in arms)  # each arm's lines
     entry = json.loads(out.read_text())["demo"]
-    assert set(entry["vs_outcome"]) == {"dense", "dense_coef0.1"}
+    assert set(entry["vs_outcome"]) == set(arms[1:])
     for arm, pair in entry["vs_outcome"].items():
         assert pair["seeds"] == [0] and {"greedy_before", "greedy_after", "sampled_after"} <= set(pair[arm])
         assert pair["greedy_after_delta"] == round(pair[arm]["greedy_after"] - pair["outcome"]["greedy_after"], 4)
         assert f"{arm} - outcome, greedy after" in done.stdout
     assert entry["machine"]["cores"] > 0 and entry["steps"] == 2
     runs = [(r["seeds"], r["arms"], r["side_by_side"]) for r in entry["runs"]]
-    assert runs == [([0], ["outcome", "dense", "dense_coef0.1"], True)]
+    assert runs == [([0], arms, True)]
     assert "load_before" in entry["runs"][0] and entry["runs"][0]["commit"]
-    for arm, coef in (("dense", 1.0), ("dense_coef0.1", 0.1)):
+    for arm, coef, measure in (
+        ("dense", 1.0, "logprob"),
+        ("dense_coef0.1", 0.1, "logprob"),
+        ("dense_prob", 1.0, "prob"),
+    ):
         run = next((tmp_path / "runs" / arm).rglob("metrics.jsonl")).parent
         steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert any("credit/scored" in s for s in steps)  # the dense arms did credit turns
-        assert yaml.safe_load((run / "config.yaml").read_text())["train"]["turn_credit"]["coef"] == coef
+        credit_config = yaml.safe_load((run / "config.yaml").read_text())["train"]["turn_credit"]
+        assert (credit_config["coef"], credit_config["measure"]) == (coef, measure)
 
 
 def test_an_arm_run_alone_waits_for_the_other_and_runs_are_kept(tmp_path):
@@ -47,7 +53,7 @@ def test_an_arm_run_alone_waits_for_the_other_and_runs_are_kept(tmp_path):
     assert entry["vs_outcome"] == {} and [r["arms"] for r in entry["runs"]] == [["outcome"]]
     credit(tmp_path, "--arms", "dense")
     entry = json.loads((tmp_path / "credit.json").read_text())["demo"]
-    assert set(entry["vs_outcome"]) == {"dense"}  # dense_coef0.1 not run: not compared
+    assert set(entry["vs_outcome"]) == {"dense"}  # dense_coef0.1 and dense_prob not run: not compared
     pair = entry["vs_outcome"]["dense"]
     assert pair["seeds"] == [0] and pair["outcome"]["args"]["seeds"] == pair["dense"]["args"]["seeds"] == [0]
     assert [r["arms"] for r in entry["runs"]] == [["outcome"], ["dense"]]  # both runs' load and commit kept

@@ -19,6 +19,7 @@ from toolrl.train.turn_credit import (
     TurnCredit,
     answer_logprobs,
     boundary_contexts,
+    group_normalized,
     naive_answer_logprobs,
     telescoped,
 )
@@ -82,6 +83,48 @@ def test_a_groups_prompt_is_read_once_and_every_score_equals_reading_its_context
         assert traj.turn_credit == pytest.approx(telescoped(naive), abs=1e-4)
 
 
+def test_the_prob_measure_credits_changes_of_the_answers_per_token_probability_and_they_telescope(tiny_model, chat):
+    """measure: prob (IGPO): p = exp(mean log p over the answer's tokens); each credit is a change of p, in [-1, 1],
+    and a trajectory's credits sum to p(gold | end) - p(gold | prompt)."""
+    traj = three_turns(chat)
+    contexts = boundary_contexts(traj, chat.continuation_ids([], True))
+    probe, target = chat.encode("<answer>"), chat.encode("1458</answer>")
+    probs = [math.exp(lp / len(target)) for lp in naive_answer_logprobs(tiny_model, contexts, probe, target)]
+    metrics = TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0, measure="prob").assign([traj])
+    assert traj.turn_credit == pytest.approx([probs[k + 1] - probs[k] for k in range(3)], abs=1e-5)
+    assert sum(traj.turn_credit) == pytest.approx(probs[-1] - probs[0], abs=1e-5)
+    assert all(-1 <= c <= 1 for c in traj.turn_credit) and all(0 < p < 1 for p in probs)
+    assert metrics["credit/turn_mean"] == pytest.approx(sum(traj.turn_credit) / 3)
+    with pytest.raises(ConfigError, match=r"train\.turn_credit\.measure: 'odds' is not one of logprob, prob"):
+        TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0, measure="odds")
+
+
+def test_group_normalization_standardizes_the_turns_of_each_group_and_role():
+    """By hand: a group's turns [0.2, -0.1] and [0.5] have mean 0.2 and std sqrt(0.06); another key's turns are
+    standardized on their own; equal credits become 0; no credit stays None."""
+    credits = [[0.2, -0.1], [0.5], [1.0, 3.0], None, [4.0, 4.0]]
+    keys = [(0, None), (0, None), (1, None), (1, None), (1, "user")]
+    out = group_normalized(credits, keys)
+    s = math.sqrt(0.06)
+    assert out[0] == pytest.approx([0.0, -0.3 / s]) and out[1] == pytest.approx([0.3 / s])
+    assert out[2] == pytest.approx([-1.0, 1.0]) and out[3] is None and out[4] == [0.0, 0.0]
+
+
+def test_normalized_credits_have_mean_0_and_std_1_within_each_group(tiny_model, chat):
+    group = [three_turns(chat), three_turns(chat, compact=True), three_turns(chat), three_turns(chat, compact=True)]
+    raw = TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0, measure="prob")
+    raw.assign(group, group_size=2)
+    expected = group_normalized([t.turn_credit for t in group], [0, 0, 1, 1])
+    normalizing = TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0, measure="prob", normalize=True)
+    metrics = normalizing.assign(group, group_size=2)
+    assert [t.turn_credit for t in group] == [pytest.approx(e, abs=1e-4) for e in expected]
+    for first in (0, 2):
+        pooled = torch.tensor(group[first].turn_credit + group[first + 1].turn_credit)
+        assert float(pooled.mean()) == pytest.approx(0.0, abs=1e-5)
+        assert float(pooled.std(unbiased=False)) == pytest.approx(1.0, abs=1e-4)
+    assert metrics["credit/turn_mean_abs"] < 1  # the metrics report the credits as measured
+
+
 def test_a_task_without_a_gold_answer_gets_no_credit_and_is_counted(tiny_model, chat):
     trajs = [three_turns(chat), three_turns(chat, answer="")]
     metrics = TurnCredit(tiny_model, chat, "<answer>{answer}</answer>", 1.0).assign(trajs)
@@ -109,11 +152,12 @@ def test_credits_are_turn_rewards_at_each_turns_last_token(chat):
     assert step_batch([traj], [None], [None], off, None, "cpu").token_rewards is None
 
 
-def test_the_trainer_credits_turns_with_the_reference_when_configured(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("options", [[], ["train.turn_credit.measure=prob", "train.turn_credit.normalize=true"]])
+def test_the_trainer_credits_turns_with_the_reference_when_configured(tiny_model_dir, tmp_path, options):
     config = load_config(overrides=[f"model.name={tiny_model_dir}", "device=cpu", "env.name=calculator",
                                     "rollout.max_new_tokens=8", "train.group_size=2", "train.prompts_per_step=1",
                                     "train.turn_credit.model=reference", "train.turn_credit.coef=0.5",
-                                    f"output_dir={tmp_path}"])  # fmt: skip
+                                    f"output_dir={tmp_path}", *options])  # fmt: skip
     bench = Workbench.load(config)
     trainer = Trainer(bench)
     assert trainer.credit is not None and trainer.credit.model is not bench.model  # a frozen copy
@@ -122,3 +166,8 @@ def test_the_trainer_credits_turns_with_the_reference_when_configured(tiny_model
     assert metrics["credit/scored"] == 2 and math.isfinite(metrics["credit/gold_logprob_end"])
     assert all(len(t.turn_credit) == t.num_turns for t in trajs)
     assert torch.isfinite(torch.tensor(metrics["loss"]))
+    credits = [c for t in trajs for c in t.turn_credit]
+    if options:  # normalized over the group: mean 0 (or all 0 where every turn changed p alike)
+        assert abs(sum(credits)) < 1e-4 and trainer.credit.measure == "prob"
+    with pytest.raises(Exception, match=r"train\.turn_credit\.measure"):
+        load_config(overrides=[f"model.name={tiny_model_dir}", "train.turn_credit.measure=odds"])

@@ -210,6 +210,11 @@ class TurnCreditConfig(Section):
     """Each credit's weight as a turn reward."""
     template: str = "<answer>{answer}</answer>"
     """How the gold answer is written where it is scored, as the environment's final answers are ({answer} once)."""
+    measure: Literal["logprob", "prob"] = "logprob"
+    """What a turn's credit is the change of: logprob, log p(gold) summed over its tokens (TRACE; a turn moves it by
+    several nats); prob, the per-token geometric mean probability exp(mean log p) (IGPO; a credit in [-1, 1])."""
+    normalize: bool = False
+    """Standardize the credits of each group's turns (per role) to mean 0, std 1 before `coef` weighs them (IGPO)."""
 
 
 class TrainConfig(Section):

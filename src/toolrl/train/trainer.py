@@ -211,7 +211,7 @@ class Trainer:
         t, device, state = self.config.train, self.bench.device, self.state
         leave_out = list(leave_out) or [False] * len(trajs)
         started = time.perf_counter()
-        credited = self.credit.assign(trajs) if self.credit is not None else {}  # dense turn credit: turn rewards
+        credited = self.credit.assign(trajs, t.group_size) if self.credit is not None else {}  # dense: turn rewards
         rows = StepRows.of(trajs)  # every segment of every trajectory, scored as a prefix tree where they link
         sharing = "tree" if rows.linked else "group"
         ref_parts, value_parts = self.scorer.before_update(state.model, state.value_head, rows.rows, t.kl.coef > 0,

@@ -7,6 +7,12 @@ call whose result holds the answer gains, a turn that wanders loses. The credits
 at each turn's last generated token, for every estimator (summed into the sequence score by grpo, credited per
 token by reinforce_pp and gae, per turn by gigpo).
 
+What changes is `train.turn_credit.measure` (MEASURES): `logprob` as above, unbounded (a turn moves it by several
+nats); `prob`, IGPO's p(gold | context) = exp(mean over the answer's tokens of log p), in [0, 1], so a turn's credit
+is in [-1, 1] and a trajectory's sum telescopes to p_T - p_0. `train.turn_credit.normalize` standardizes the credits
+of a group's turns (all its trajectories' turns of one role) to mean 0 and std 1 before they are weighted, as IGPO
+does (`group_normalized`; the sums then no longer telescope).
+
 The contexts of one segment are prefixes of each other, and a group's trajectories share their prompt: the model
 reads a step's contexts through one key/value cache that keeps what a context shares with the one before it, and
 scores the answer from the cache at each boundary (then drops the answer's entries), so a group's prompt is read
@@ -17,7 +23,10 @@ at the positions a score needs. A task without a gold answer gets no credit (cou
 from __future__ import annotations
 
 import itertools
+import math
+import statistics
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -113,9 +122,33 @@ def naive_answer_logprobs(model, contexts: list[list[int]], probe: list[int], ta
     return scores
 
 
+MEASURES: dict[str, Callable[[float, int], float]] = {
+    "logprob": lambda total, tokens: total,  # log p(gold), summed over its tokens (TRACE)
+    "prob": lambda total, tokens: math.exp(total / tokens),  # per-token geometric mean probability (IGPO)
+}
+"""What a turn's credit is the change of, from the answer's summed log-probability and its number of tokens."""
+
+
 def telescoped(scores: list[float]) -> list[float]:
-    """Each turn's credit: the change of the answer's log-probability over it."""
+    """Each turn's credit: the change of the measure of the answer over it."""
     return [after - before for before, after in itertools.pairwise(scores)]
+
+
+def mean(xs: list[float]) -> float:
+    """The mean, 0 for none."""
+    return sum(xs) / max(len(xs), 1)
+
+
+def group_normalized(credits: list[list[float] | None], keys: list) -> list[list[float] | None]:
+    """Each trajectory's turn credits standardized over every turn of the trajectories that share its key (a group
+    and a role): minus their mean, over their standard deviation (0 where they are all equal). None stays None."""
+    pooled: dict = {}
+    for turns, key in zip(credits, keys, strict=True):
+        pooled.setdefault(key, []).extend(turns or [])
+    stats = {key: (statistics.fmean(v), statistics.pstdev(v)) for key, v in pooled.items() if v}
+    return [None if turns is None else
+            [(c - stats[key][0]) / stats[key][1] if stats[key][1] > 1e-8 else 0.0 for c in turns]
+            for turns, key in zip(credits, keys, strict=True)]  # fmt: skip
 
 
 @dataclass
@@ -128,10 +161,16 @@ class TurnCredit:
     coef: float
     context: object = None
     """A context manager the model is read under (LoRA's adapters off), or None."""
+    measure: str = "logprob"
+    """A name in MEASURES."""
+    normalize: bool = False
+    """Standardize each group's turn credits (group_normalized)."""
 
     def __post_init__(self) -> None:
         if self.template.count("{answer}") != 1:
             raise ConfigError("train.turn_credit.template: write {answer} once, where the gold answer goes")
+        if self.measure not in MEASURES:
+            raise ConfigError(f"train.turn_credit.measure: {self.measure!r} is not one of {', '.join(MEASURES)}")
         self.prefix, self.suffix = self.template.split("{answer}")
 
     def _read(self) -> AbstractContextManager:
@@ -147,10 +186,12 @@ class TurnCredit:
         closing = self.chat.continuation_ids([], bool(last) and last[-1] == self.chat.end_of_turn_id)
         return boundary_contexts(traj, closing), self.chat.encode(answer + self.suffix)
 
-    def assign(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """Each trajectory's per-turn credits (None where its task has no gold answer), and the step's metrics."""
+    def assign(self, trajs: list[Trajectory], group_size: int | None = None) -> dict[str, float]:
+        """Each trajectory's per-turn credits (None where its task has no gold answer), and the step's metrics. A
+        group is `group_size` trajectories in a row (None: the step is one group), split by role."""
         started = time.perf_counter()
         probe = self.chat.encode(self.prefix) if self.prefix else []
+        measure = MEASURES[self.measure]
         starts, ends, scored = [], [], 0
         reader = PrefixReader(self.model)  # one for the step: a group's prompt is read once
         with self._read():
@@ -160,18 +201,19 @@ class TurnCredit:
                     continue
                 contexts, target = job
                 scores = [reader.score(c, probe, target) for c in contexts]
-                traj.turn_credit = telescoped(scores)
+                traj.turn_credit = telescoped([measure(score, len(target)) for score in scores])
                 starts.append(scores[0])
                 ends.append(scores[-1])
                 scored += 1
-        credits = [c for traj in trajs for c in (traj.turn_credit or [])]
+        credits = [c for traj in trajs for c in (traj.turn_credit or [])]  # as measured, before normalizing
+        if self.normalize:
+            keys = [(i // group_size if group_size else 0, traj.role) for i, traj in enumerate(trajs)]
+            for traj, normalized in zip(trajs, group_normalized([t.turn_credit for t in trajs], keys), strict=True):
+                traj.turn_credit = normalized
         return {"credit/scored": scored, "credit/no_answer": len(trajs) - scored,
-                "credit/gold_logprob_start": sum(starts) / max(len(starts), 1),
-                "credit/gold_logprob_end": sum(ends) / max(len(ends), 1),
-                "credit/turn_mean": sum(credits) / max(len(credits), 1),
-                "credit/turn_mean_abs": sum(abs(c) for c in credits) / max(len(credits), 1),
-                "credit/tokens_read": reader.tokens_read,
-                "credit_s": time.perf_counter() - started}  # fmt: skip
+                "credit/gold_logprob_start": mean(starts), "credit/gold_logprob_end": mean(ends),
+                "credit/turn_mean": mean(credits), "credit/turn_mean_abs": mean([abs(c) for c in credits]),
+                "credit/tokens_read": reader.tokens_read, "credit_s": time.perf_counter() - started}  # fmt: skip
 
 
 def make_turn_credit(config, policy, reference, chat, device, dtype: str, cpu_linear: str) -> TurnCredit | None:
@@ -197,4 +239,4 @@ def make_turn_credit(config, policy, reference, chat, device, dtype: str, cpu_li
 
         check_teacher_tokenizer(chat.tokenizer, config.model)
         model = load_model(config.model, device, dtype, cpu_linear).eval().requires_grad_(False)
-    return TurnCredit(model, chat, config.template, config.coef, context)
+    return TurnCredit(model, chat, config.template, config.coef, context, config.measure, config.normalize)
