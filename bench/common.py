@@ -232,15 +232,17 @@ class SeedLog:
 
 
 def quick_setup(args: Any, name: str) -> Path | None:
-    """Where a seeded benchmark writes (`args.out`: its results file, a temporary one under --quick), and under
-    --quick the tiny test model made beside it (its folder; None otherwise)."""
+    """Where a benchmark writes (`args.out`: its results file, a temporary one under --quick), and under --quick
+    the tiny test model made beside it (its folder, named after the results file: benchmarks writing into one
+    folder at once, as bench/credit.py's arms do, each make their own; None otherwise)."""
     if args.out is None:
         args.out = str(Path(tempfile.mkdtemp()) / f"{name}.json") if args.quick else f"bench/results/{name}.json"
     if not args.quick:
         return None
     from tests.harness.tiny import make_tiny_model
 
-    return make_tiny_model(Path(args.out).parent / "tiny-model")
+    out = Path(args.out)
+    return make_tiny_model(out.parent / f"tiny-model.{out.stem}")
 
 
 def merged_seeds(out: str, rows: dict[str, Any], args: Any, same: tuple[str, ...]) -> dict[str, Any]:

@@ -28,12 +28,11 @@ import logging
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from common import ROOT, machine, write_results
+from common import ROOT, machine, quick_setup, write_results
 
 from toolrl.config import load_config
 from toolrl.train import RunDir, Trainer, Workbench
@@ -227,13 +226,7 @@ def main() -> None:
     if args.readme:
         write_readme(args.out or "bench/results/learning.json")
         return
-    if args.out is None:
-        args.out = str(Path(tempfile.mkdtemp()) / "learning.json") if args.quick else "bench/results/learning.json"
-    if args.quick:
-        from tests.harness.tiny import make_tiny_model
-
-        out = Path(args.out)  # a model of its own: bench/credit.py's arms write beside each other at once
-        tiny = make_tiny_model(out.parent / f"tiny-model.{out.stem}")
+    if (tiny := quick_setup(args, "learning")) is not None:
         args.recipes, args.seeds, args.steps, args.num_tasks = args.recipes[:1], args.seeds[:1], 2, 4
         args.set += [f"model.name={tiny}", "device=cpu", "train.prompts_per_step=2", "train.group_size=2",
                      "rollout.max_new_tokens=16"]  # fmt: skip

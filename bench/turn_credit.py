@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from common import ROOT, SeedLog, machine, side_by_side, write_results
+from common import ROOT, SeedLog, machine, quick_setup, side_by_side, write_results
 
 from toolrl.config import load_config
 from toolrl.train import Workbench
@@ -54,12 +52,8 @@ def main() -> None:
     args = parser.parse_args()
     overrides = list(args.set)
     if args.quick:
-        from tests.harness.tiny import make_tiny_model
-
-        args.out = args.out or str(Path(tempfile.mkdtemp()) / "turn_credit.json")
         args.tasks, args.group, args.rounds = 2, 2, 1
-        overrides += [f"model.name={make_tiny_model(Path(args.out).parent / 'tiny-model')}", "device=cpu",
-                      "rollout.max_new_tokens=16"]  # fmt: skip
+        overrides += [f"model.name={quick_setup(args, 'turn_credit')}", "device=cpu", "rollout.max_new_tokens=16"]
     out = args.out or str(ROOT / "bench" / "results" / "turn_credit.json")
     say = SeedLog()
     say.open_beside(out)
