@@ -4,6 +4,8 @@ it also puts the repository's root on the import path, so that a benchmark reach
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -61,6 +63,16 @@ def git_head(root: Path = ROOT) -> str:
         return "unknown"
     changed = subprocess.run([*git, "status", "--porcelain", "--", *CODE], capture_output=True, text=True).stdout
     return f"{head}-dirty" if changed.strip() else head
+
+
+@contextlib.contextmanager
+def locked(path: str | Path):
+    """Hold `path`'s lock file (`path`.lock) for a read, change and write of it: runs side by side that finish
+    together do not lose one's results."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def write_results(path: str, result: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from common import ROOT, git_head, machine, write_results
+from common import ROOT, git_head, locked, machine, write_results
 from learning import summary
 
 ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"],
@@ -104,6 +104,23 @@ def delta(dense: dict, outcome: dict, key: str) -> float | None:
     return round(dense[key] - outcome[key], 4)
 
 
+def comparisons(arms: dict[str, dict], recipe: str) -> dict[str, dict]:
+    """Each dense arm against outcome-only on `recipe`, on the seeds both hold (an arm holding none is named)."""
+    pairs, outcome = {}, arms["outcome"].get(recipe)
+    for arm in [a for a in ARMS if a != "outcome"]:
+        held = arms[arm].get(recipe)
+        seeds = sorted(set(outcome["args"]["seeds"]) & set(held["args"]["seeds"])) if outcome and held else []
+        if not seeds:
+            missing = " and ".join(f"--arms {a}" for a, e in (("outcome", outcome), (arm, held)) if not e)
+            print(f"credit: {recipe}: {arm} and outcome hold no seed in common (run {missing or 'a seed'})")
+            continue
+        treated, control = on_seeds(held, seeds), on_seeds(outcome, seeds)
+        pairs[arm] = {"seeds": seeds, "outcome": control, arm: treated,
+                      "greedy_after_delta": delta(treated, control, "greedy_after"),
+                      "sampled_after_delta": delta(treated, control, "sampled_after")}  # fmt: skip
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", nargs="+", default=["search-r1", "built"])
@@ -124,30 +141,21 @@ def main() -> None:
     out = Path(args.out or ROOT / "bench" / "results" / "credit.json")
     load_before, commit = os.getloadavg()[0], git_head()
     arms = run_arms(args.recipes, args, out)
-    results = json.loads(out.read_text()) if out.is_file() else {}
-    compared = []
-    for recipe in args.recipes:
-        kept = results.get(recipe, {})  # its runs and comparisons; machine and steps are written anew
-        entry = results[recipe] = {"runs": kept.get("runs", []), "vs_outcome": kept.get("vs_outcome", {})}
-        # each run's seeds, arms, commit and load: a run measured again replaces the one it repeats
-        this_run = {"seeds": args.seeds, "arms": args.arms, "commit": commit, "load_before": round(load_before, 2),
-                    "load_after": round(os.getloadavg()[0], 2), "side_by_side": args.side_by_side}  # fmt: skip
-        entry["runs"] = [*(r for r in entry["runs"] if not repeats(r, args)), this_run]
-        outcome = arms["outcome"].get(recipe)
-        for arm in [a for a in ARMS if a != "outcome"]:
-            held = arms[arm].get(recipe)
-            seeds = sorted(set(outcome["args"]["seeds"]) & set(held["args"]["seeds"])) if outcome and held else []
-            if not seeds:
-                missing = " and ".join(f"--arms {a}" for a, e in (("outcome", outcome), (arm, held)) if not e)
-                print(f"credit: {recipe}: {arm} and outcome hold no seed in common (run {missing or 'a seed'})")
-                continue
-            treated, control = on_seeds(held, seeds), on_seeds(outcome, seeds)
-            entry["vs_outcome"][arm] = {"seeds": seeds, "outcome": control, arm: treated,
-                                        "greedy_after_delta": delta(treated, control, "greedy_after"),
-                                        "sampled_after_delta": delta(treated, control, "sampled_after")}  # fmt: skip
-            compared.append((recipe, arm))
-        entry |= {"machine": machine(), "steps": args.steps}
-    write_results(out, results)
+    with locked(out):  # arms run as separate invocations side by side may finish together
+        results = json.loads(out.read_text()) if out.is_file() else {}
+        compared = []
+        for recipe in args.recipes:
+            kept = results.get(recipe, {})  # its runs and comparisons; machine and steps are written anew
+            entry = results[recipe] = {"runs": kept.get("runs", []), "vs_outcome": kept.get("vs_outcome", {})}
+            # each run's seeds, arms, commit and load: a run measured again replaces the one it repeats
+            this_run = {"seeds": args.seeds, "arms": args.arms, "commit": commit, "load_before": round(load_before, 2),
+                        "load_after": round(os.getloadavg()[0], 2), "side_by_side": args.side_by_side}  # fmt: skip
+            entry["runs"] = [*(r for r in entry["runs"] if not repeats(r, args)), this_run]
+            for arm, pair in comparisons(arms, recipe).items():
+                entry["vs_outcome"][arm] = pair
+                compared.append((recipe, arm))
+            entry |= {"machine": machine(), "steps": args.steps}
+        write_results(out, results)
     print(f"\n{'recipe':<12}{'arm':<15}{'seeds':>7}{'greedy before':>15}{'greedy after':>14}{'sampled after':>15}")
     for recipe, arm in compared:
         pair = results[recipe]["vs_outcome"][arm]

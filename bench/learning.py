@@ -21,7 +21,6 @@ results' log (learning.RECIPES.log); each entry records its arguments, wall time
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import logging
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import ROOT, machine, quick_setup, write_results
+from common import ROOT, locked, machine, quick_setup, write_results
 
 from toolrl.config import load_config
 from toolrl.train import RunDir, Trainer, Workbench
@@ -180,9 +179,7 @@ def merged(path: str, name: str, entry: dict) -> dict:
     the same measurement (same steps, tasks and overrides) measured by another run are merged in, a seed measured
     again replaced, so seeds can run as separate processes; a different measurement replaces the entry. A lock
     file keeps two runs that finish together from losing one's entry."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(path):
         try:
             results = json.loads(Path(path).read_text())
         except (OSError, ValueError):

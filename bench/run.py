@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:  # common.py beside this script, also when a test loads it by path
+    sys.path.insert(0, str(BENCH))
+from common import locked  # noqa: E402
+
 RESULTS = BENCH / "results"
 FOLDERS = {"": BENCH, "kernels/": BENCH / "kernels"}
 
@@ -57,17 +61,18 @@ def listing() -> str:
 def stamp(path: Path, run: dict) -> None:
     """Add the `run` block to a results file a benchmark wrote (a JSON object; anything else is left as it is),
     and to each of its seeds that has none (the seeds this run measured)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    if isinstance(data, dict):
-        data["run"] = run
-        seeds = data.get("seeds")
-        for row in seeds.values() if isinstance(seeds, dict) else ():
-            if isinstance(row, dict):  # seeds measured by this run (common.merged_seeds keeps earlier ones' runs)
-                row.setdefault("run", run)
-        path.write_text(json.dumps(data, indent=2) + "\n")
+    with locked(path):  # a run beside this one may be writing the same file
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict):
+            data["run"] = run
+            seeds = data.get("seeds")
+            for row in seeds.values() if isinstance(seeds, dict) else ():
+                if isinstance(row, dict):  # seeds measured by this run (common.merged_seeds keeps earlier runs')
+                    row.setdefault("run", run)
+            path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def main(argv: list[str]) -> int:

@@ -2,6 +2,7 @@
 top, kernel micro-benchmarks in bench/kernels/, and every results file a run writes carries the same `run` block
 (issue 73, item 7)."""
 
+import contextlib
 import importlib.util
 import json
 import subprocess
@@ -134,3 +135,24 @@ def test_a_seed_run_later_keeps_each_seeds_own_run(tmp_path, monkeypatch):
     assert sorted(merged["seeds"]) == ["0", "1"]
     assert merged["seeds"]["0"]["run"]["args"] == ["0"] and merged["seeds"]["1"]["run"]["args"] == ["1"]
     assert merged["run"]["args"] == ["1"] and merged["seeds"]["0"]["won"] == 1
+
+
+def test_a_stamp_waits_for_a_run_beside_it_that_is_writing_the_same_results(tmp_path):
+    """Runs side by side (bench/credit.py's arms as separate invocations) read, change and write one results
+    file under common.locked: a stamp started while another holds the file waits, and then keeps its change."""
+    path = tmp_path / "credit.json"
+    path.write_text(json.dumps({"search-r1": {"runs": []}}))
+    stamp = ("import importlib.util, json, pathlib, sys\n"
+             f"spec = importlib.util.spec_from_file_location('bench_run', {str(RUN)!r})\n"
+             "run = importlib.util.module_from_spec(spec); spec.loader.exec_module(run)\n"
+             f"run.stamp(pathlib.Path({str(path)!r}), {{'commit': 'abc'}})\n")  # fmt: skip
+    locked = load_run().locked
+    with locked(path):
+        waiting = subprocess.Popen([sys.executable, "-c", stamp])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            waiting.wait(timeout=3)
+        assert waiting.returncode is None, "the stamp wrote while another run held the results file"
+        path.write_text(json.dumps({"search-r1": {"runs": [{"arms": ["dense_prob"]}]}}))  # the other run's change
+    assert waiting.wait(timeout=60) == 0
+    data = json.loads(path.read_text())
+    assert data == {"search-r1": {"runs": [{"arms": ["dense_prob"]}]}, "run": {"commit": "abc"}}
