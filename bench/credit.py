@@ -1,7 +1,8 @@
 """Benchmark: dense turn credit (train.turn_credit) against outcome-only GRPO. For each recipe, the same training
 in each arm over the same seeds: `outcome` (the recipe as it is), `dense` (train.turn_credit.model: reference, the
 run's initial policy scoring log p(gold | context) at each tool boundary), `dense_coef0.1` (the same credits
-weighed a tenth) and `dense_prob` (changes of IGPO's p(gold | context), bounded: train.turn_credit.measure prob).
+weighed a tenth), `dense_prob` (changes of IGPO's p(gold | context), bounded: train.turn_credit.measure prob) and
+`igpo` (those credits per turn, through IGPO's estimator: train.advantage igpo).
 Greedy and sampled success on the test split before and after, per seed, from bench/learning.py (one process per
 arm, so each arm's results and log are its own); reported whether dense credit helps or not.
 
@@ -33,13 +34,15 @@ from pathlib import Path
 from common import ROOT, git_head, locked, machine, write_results
 from learning import summary
 
-ARMS = {"outcome": [], "dense": ["train.turn_credit.model=reference"],
-        "dense_coef0.1": ["train.turn_credit.model=reference", "train.turn_credit.coef=0.1"],
-        "dense_prob": ["train.turn_credit.model=reference", "train.turn_credit.measure=prob"]}  # fmt: skip
+CREDIT, PROB = "train.turn_credit.model=reference", "train.turn_credit.measure=prob"
+ARMS = {"outcome": [], "dense": [CREDIT], "dense_coef0.1": [CREDIT, "train.turn_credit.coef=0.1"],
+        "dense_prob": [CREDIT, PROB], "igpo": [CREDIT, PROB, "train.advantage=igpo"]}  # fmt: skip
 """Each arm's overrides of the recipe. `dense` credits turns at coef 1 (a turn's log-probability change is several
 nats, the outcome reward at most 1); `dense_coef0.1` weighs them a tenth as much; `dense_prob` credits changes of
 the answer's per-token probability (each in [-1, 1]; a trajectory's sum p_T - p_0, under GRPO a bonus of p_T in
-[0, 1] beside the outcome reward)."""
+[0, 1] beside the outcome reward, which the group's std then scales up where the outcomes tie); `igpo` gives the
+same bounded credits to IGPO's turn-level estimator (train.advantage: igpo: each turn its own credit, the last turn
+the outcome, standardized over the group's turns, summed to go)."""
 
 
 def arm_command(arm: str, recipes: list[str], args, out: Path) -> list[str]:

@@ -156,6 +156,45 @@ def test_gigpo_adds_turn_advantages_from_anchor_state_groups_by_hand():
     assert torch.allclose(ADVANTAGES["gigpo"](none).advantages, plain)
 
 
+def test_igpo_standardizes_a_groups_turn_rewards_together_and_sums_them_to_go_by_hand():
+    """IGPO: trajectory 0 has two turns, credits 0.2 and 0.5, outcome 1: its last turn's credit gives way to the
+    outcome, rewards [0.2, 1.0]; trajectory 1 has one turn (credit 0.3), outcome 0: [0.0]. The group's turn
+    rewards [0.2, 1.0, 0.0]: mean 0.4, unbiased std sqrt(0.28); standardized [-0.2, 0.6, -0.4] / sqrt(0.28).
+    gamma 1: trajectory 0's first turn gets (-0.2 + 0.6) / sqrt(0.28), its second 0.6 / sqrt(0.28)."""
+    from toolrl.algos import TurnInput
+
+    turns = [[TurnInput(2, 0.2, "s0", credit=0.2), TurnInput(1, 0.5, "a", credit=0.5)],
+             [TurnInput(3, 0.3, "s0", credit=0.3)]]  # fmt: skip
+    x = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [3, 3], eps=0.0, gamma=1.0, turns=turns)
+    s = math.sqrt(0.28)
+    expected = [0.4 / s] * 2 + [0.6 / s] + [-0.4 / s] * 3
+    assert ADVANTAGES["igpo"](x).advantages.tolist() == pytest.approx(expected, abs=1e-6)
+    # gamma 0.5: the first turn gets -0.2 / s + 0.5 * 0.6 / s
+    half = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, [3, 3], eps=0.0, gamma=0.5, turns=turns)
+    assert ADVANTAGES["igpo"](half).advantages[0].item() == pytest.approx(0.1 / s, abs=1e-6)
+
+
+def test_igpo_learns_from_credits_where_outcomes_tie_but_never_pays_a_lone_turns_own_text():
+    """A group whose outcomes are all 0: the turns before the last still differ by their credit (GRPO gives 0).
+    A group of one-turn trajectories that all fail: each last turn's credit (the frozen model reading back what
+    the policy wrote) is left out, so nothing is paid; an invalid trajectory gets 0 and is out of the stats."""
+    from toolrl.algos import TurnInput
+
+    tied = [[TurnInput(1, 0.4, "s", credit=0.4), TurnInput(1, 0.0, "a")],
+            [TurnInput(1, -0.4, "s", credit=-0.4), TurnInput(1, 0.0, "b")]]  # fmt: skip
+    x = AdvantageInputs(torch.tensor([0.0, 0.0]), 2, [2, 2], eps=0.0, turns=tied)
+    advantages = ADVANTAGES["igpo"](x).advantages
+    assert advantages[0] > 0 > advantages[2] and ADVANTAGES["grpo"](x).advantages.abs().max() == 0
+    lone = [[TurnInput(2, 0.9, "s", credit=0.9)], [TurnInput(2, -0.7, "s", credit=-0.7)]]
+    assert (
+        ADVANTAGES["igpo"](AdvantageInputs(torch.tensor([0.0, 0.0]), 2, [2, 2], turns=lone)).advantages.abs().max() == 0
+    )
+    valid = torch.tensor([True, False, True, True])
+    turns = [[TurnInput(1, 0.0, "s")]] * 4
+    x = AdvantageInputs(torch.tensor([1.0, 5.0, 0.0, 0.0]), 2, [1, 1, 1, 1], eps=0.0, valid=valid, turns=turns)
+    assert ADVANTAGES["igpo"](x).advantages.tolist() == [0.0, 0.0, 0.0, 0.0]  # a group of one valid member
+
+
 def test_gigpo_discounts_later_turn_rewards():
     from toolrl.algos import TurnInput
 

@@ -22,7 +22,7 @@ def credit(tmp_path, *args: str) -> subprocess.CompletedProcess:
 def test_the_arms_train_side_by_side_and_each_difference_is_reported(tmp_path):
     out = tmp_path / "credit.json"
     done = credit(tmp_path, "--side-by-side")
-    arms = ["outcome", "dense", "dense_coef0.1", "dense_prob"]
+    arms = ["outcome", "dense", "dense_coef0.1", "dense_prob", "igpo"]
     assert all(f"[{arm}] " in done.stdout for arm in arms)  # each arm's lines
     entry = json.loads(out.read_text())["demo"]
     assert set(entry["vs_outcome"]) == set(arms[1:])
@@ -34,16 +34,21 @@ def test_the_arms_train_side_by_side_and_each_difference_is_reported(tmp_path):
     runs = [(r["seeds"], r["arms"], r["side_by_side"]) for r in entry["runs"]]
     assert runs == [([0], arms, True)]
     assert "load_before" in entry["runs"][0] and entry["runs"][0]["commit"]
-    for arm, coef, measure in (
-        ("dense", 1.0, "logprob"),
-        ("dense_coef0.1", 0.1, "logprob"),
-        ("dense_prob", 1.0, "prob"),
+    for arm, coef, measure, advantage in (
+        ("dense", 1.0, "logprob", "grpo"),
+        ("dense_coef0.1", 0.1, "logprob", "grpo"),
+        ("dense_prob", 1.0, "prob", "grpo"),
+        ("igpo", 1.0, "prob", "igpo"),
     ):
         run = next((tmp_path / "runs" / arm).rglob("metrics.jsonl")).parent
         steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert any("credit/scored" in s for s in steps)  # the dense arms did credit turns
-        credit_config = yaml.safe_load((run / "config.yaml").read_text())["train"]["turn_credit"]
-        assert (credit_config["coef"], credit_config["measure"]) == (coef, measure)
+        train = yaml.safe_load((run / "config.yaml").read_text())["train"]
+        assert (train["turn_credit"]["coef"], train["turn_credit"]["measure"], train["advantage"]) == (
+            coef,
+            measure,
+            advantage,
+        )
 
 
 def test_an_arm_run_alone_waits_for_the_other_and_runs_are_kept(tmp_path):
@@ -53,7 +58,7 @@ def test_an_arm_run_alone_waits_for_the_other_and_runs_are_kept(tmp_path):
     assert entry["vs_outcome"] == {} and [r["arms"] for r in entry["runs"]] == [["outcome"]]
     credit(tmp_path, "--arms", "dense")
     entry = json.loads((tmp_path / "credit.json").read_text())["demo"]
-    assert set(entry["vs_outcome"]) == {"dense"}  # dense_coef0.1 and dense_prob not run: not compared
+    assert set(entry["vs_outcome"]) == {"dense"}  # the other dense arms not run: not compared
     pair = entry["vs_outcome"]["dense"]
     assert pair["seeds"] == [0] and pair["outcome"]["args"]["seeds"] == pair["dense"]["args"]["seeds"] == [0]
     assert [r["arms"] for r in entry["runs"]] == [["outcome"], ["dense"]]  # both runs' load and commit kept

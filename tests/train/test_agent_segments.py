@@ -53,7 +53,7 @@ def train(tmp_path, tiny_model_dir, advantage):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("advantage", ["grpo", "reinforce_pp", "gae", "gigpo"])
+@pytest.mark.parametrize("advantage", ["grpo", "reinforce_pp", "gae", "gigpo", "igpo"])
 def test_an_agents_draft_and_summary_both_train_under_every_estimator(tmp_path, tiny_model_dir, advantage):
     steps, samples = train(tmp_path, tiny_model_dir, advantage)
     assert all(s["segments"] == 4 and s["segments_left_out"] == 0 for s in steps)  # 4 samples, 2 segments each

@@ -124,6 +124,16 @@ def test_gigpo_compares_turns_that_start_from_the_same_context():
     check(rows, [2 * up, 2 * up, up, up, up, up], 2 * up, 2 * down)
 
 
+def test_igpo_sums_a_groups_standardized_turn_rewards_to_go_across_segments():
+    # turn rewards (no credit here): A's four trained spans (first, second, summary, third) [0, 0, 0, 1 (its
+    # outcome at the last)], B [1], C [0]; the group's six: mean 1/3, unbiased std sqrt(4/15). Standardized: 0 ->
+    # lo, 1 -> hi; A's spans take the sums to go: 3 lo + hi, 2 lo + hi, lo + hi, hi
+    std = math.sqrt(4 / 15)
+    lo, hi = (-1 / 3) / (std + EPS), (2 / 3) / (std + EPS)
+    rows = advantages("igpo")[0]
+    check(rows, [3 * lo + hi] * 2 + [2 * lo + hi, lo + hi] + [hi] * 2, hi, lo)
+
+
 def test_summary_tokens_take_their_own_loss_weight():
     traj = three_segments()
     middle = traj.sequences()[1]

@@ -148,11 +148,13 @@ def test_credits_are_turn_rewards_at_each_turns_last_token(chat):
     placed = batch.token_rewards
     assert [float(placed[e]) for e in ends] == [0.5, -2.0, 4.0] and float(placed.sum()) == pytest.approx(2.5)
     assert [turn.reward for turn in batch.turns[0]] == [0.5 + 0.5, 0.5 - 2.0, 4.0]
+    assert [turn.credit for turn in batch.turns[0]] == [0.5, -2.0, 4.0]  # what igpo sets apart at the last turn
     off = SimpleNamespace(**{**vars(t), "turn_credit": SimpleNamespace(model=None, coef=2.0)})
     assert step_batch([traj], [None], [None], off, None, "cpu").token_rewards is None
 
 
-@pytest.mark.parametrize("options", [[], ["train.turn_credit.measure=prob", "train.turn_credit.normalize=true"]])
+@pytest.mark.parametrize("options", [[], ["train.turn_credit.measure=prob", "train.turn_credit.normalize=true"],
+                                     ["train.turn_credit.measure=prob", "train.advantage=igpo"]])  # fmt: skip
 def test_the_trainer_credits_turns_with_the_reference_when_configured(tiny_model_dir, tmp_path, options):
     config = load_config(overrides=[f"model.name={tiny_model_dir}", "device=cpu", "env.name=calculator",
                                     "rollout.max_new_tokens=8", "train.group_size=2", "train.prompts_per_step=1",
@@ -167,7 +169,7 @@ def test_the_trainer_credits_turns_with_the_reference_when_configured(tiny_model
     assert all(len(t.turn_credit) == t.num_turns for t in trajs)
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     credits = [c for t in trajs for c in t.turn_credit]
-    if options:  # normalized over the group: mean 0 (or all 0 where every turn changed p alike)
+    if "train.turn_credit.normalize=true" in options:  # over the group: mean 0 (or all 0 where all changed alike)
         assert abs(sum(credits)) < 1e-4 and trainer.credit.measure == "prob"
     with pytest.raises(Exception, match=r"train\.turn_credit\.measure"):
         load_config(overrides=[f"model.name={tiny_model_dir}", "train.turn_credit.measure=odds"])

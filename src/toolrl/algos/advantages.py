@@ -68,6 +68,8 @@ class TurnInput:
     """Its reward (the environment's StepResult.reward after it)."""
     state: Hashable
     """The state the turn started from: turns of the group that start from equal states are compared."""
+    credit: float = 0.0
+    """The part of `reward` that is dense turn credit (train.turn_credit, times its coef)."""
 
 
 @dataclass
@@ -279,6 +281,48 @@ def gigpo(x: AdvantageInputs) -> Advantages:
         for k, turn in enumerate(turns):
             value = float(episode[i]) + x.step_weight * step.get((i, k), 0.0)
             parts.append(torch.full((turn.tokens,), value if x.valid is None or bool(x.valid[i]) else 0.0))
+    flat = torch.cat(parts) if parts else torch.zeros(0)
+    return Advantages(flat.to(x.rewards.dtype).to(x.rewards.device))
+
+
+@register_advantage("igpo")
+def igpo(x: AdvantageInputs) -> Advantages:
+    """IGPO (Wang et al. 2025, "Information Gain-based Policy Optimization", arXiv:2510.14967): turn-level
+    advantages from dense turn rewards. A turn's reward is its own (its dense credit, train.turn_credit, and the
+    environment's reward after it), except the last turn's: the trajectory's outcome reward takes the place of its
+    credit (which would pay for the final text as the frozen model reads it back). The turn rewards of a group
+    (all its valid trajectories' turns of one role) are standardized together, and each turn's tokens get the
+    discounted sum (train.gamma) of its own and its later turns' standardized rewards. A group whose outcomes
+    are all equal still learns from the turns' credits; one turn alone is scored by its outcome only. Like
+    gigpo it reads rewards per turn, not per token (train.kl.mode reward is not part of it). Without turn
+    inputs, GRPO."""
+    if x.turns is None:
+        return grpo(x)
+    rewards = []
+    for i, turns in enumerate(x.turns):
+        own = [turn.reward for turn in turns]
+        if own:
+            own[-1] += float(x.rewards[i]) - turns[-1].credit
+        rewards.append(own)
+    roles = x.roles or [None] * len(x.turns)
+    members: dict[tuple[int, Hashable], list[int]] = defaultdict(list)
+    for i in range(len(x.turns)):
+        if x.valid is None or bool(x.valid[i]):
+            members[(i // x.group_size, roles[i])].append(i)
+    scaled: dict[int, list[float]] = {}
+    for group in members.values():
+        values = torch.tensor([r for i in group for r in rewards[i]], dtype=torch.float64)
+        std = values.std() if len(values) > 1 else torch.tensor(0.0)
+        mean = values.mean() if len(values) else 0.0
+        for i in group:
+            scaled[i] = [float((r - mean) / (std + x.eps)) if std > 0 else 0.0 for r in rewards[i]]
+    parts = []
+    for i, turns in enumerate(x.turns):
+        running, back = 0.0, []
+        for value in reversed(scaled.get(i, [0.0] * len(turns))):
+            running = value + x.gamma * running
+            back.append(running)
+        parts += [torch.full((turn.tokens,), value) for turn, value in zip(turns, back[::-1], strict=True)]
     flat = torch.cat(parts) if parts else torch.zeros(0)
     return Advantages(flat.to(x.rewards.dtype).to(x.rewards.device))
 

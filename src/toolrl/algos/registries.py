@@ -35,7 +35,7 @@ _BUILTIN: list[tuple[Registry[Any], str, list[str], dict[str, dict[str, Any]]]] 
     (
         ADVANTAGES,
         "toolrl.algos.advantages",
-        ["grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo"],
+        ["grpo", "dr_grpo", "rloo", "reinforce_pp", "gigpo", "igpo"],
         {"gae": {"needs_values": True}},
     ),
     (POLICY_LOSSES, "toolrl.algos.losses", ["ppo_clip", "gspo", "vanilla_pg"], {}),

@@ -236,7 +236,7 @@ class TrainConfig(Section):
     """Most softmax kept between a micro-batch's forward and backward passes; blocks beyond it are recomputed in
     the backward pass (one more output-layer matmul over their tokens). 0: recompute every block."""
     advantage: str = "grpo"
-    """grpo, dr_grpo, rloo, reinforce_pp, gae (PPO, with a value head) or gigpo (turn-level credit)."""
+    """grpo, dr_grpo, rloo, reinforce_pp, gae (PPO, with a value head), gigpo or igpo (turn-level credit)."""
     advantage_options: dict[str, Any] = {}
     """Options of the advantage estimator, validated by the options model it registered with (an estimator of
     your own: `@register_advantage("name", options=Model)`; `toolrl list advantage` shows each one's)."""

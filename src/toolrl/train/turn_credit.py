@@ -5,7 +5,7 @@ of its turns, and after its last, and scores the gold answer written as the fina
 trajectory). Turn k's credit is lp_{k+1} - lp_k, so a trajectory's credits sum to lp_T - lp_0 (they telescope): a
 call whose result holds the answer gains, a turn that wanders loses. The credits are turn rewards (times `coef`):
 at each turn's last generated token, for every estimator (summed into the sequence score by grpo, credited per
-token by reinforce_pp and gae, per turn by gigpo).
+token by reinforce_pp and gae, per turn by gigpo and igpo).
 
 What changes is `train.turn_credit.measure` (MEASURES): `logprob` as above, unbounded (a turn moves it by several
 nats); `prob`, IGPO's p(gold | context) = exp(mean over the answer's tokens of log p), in [0, 1], so a turn's credit

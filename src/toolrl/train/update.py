@@ -76,14 +76,15 @@ def turn_inputs(traj: Trajectory, credit: float = 0.0, env_rewards: bool = True)
     credits = traj.turn_credit or []
     for segment in traj.sequences():
         for kind, start, end in segment.trained_spans():
-            reward, given = 0.0, None
+            reward, given, weighted = 0.0, None, 0.0
             if kind == MODEL:
                 reward = traj.turn_rewards[k] if env_rewards and k < len(traj.turn_rewards) else 0.0
-                reward += credit * credits[k] if k < len(credits) else 0.0
+                weighted = credit * credits[k] if k < len(credits) else 0.0
+                reward += weighted
                 given = traj.infos[k - 1].get("state") if 0 < k <= len(traj.infos) else None
                 k += 1
             state = ("env", given) if given is not None else ("context", hash(tuple(segment.token_ids[:start])))
-            turns.append(TurnInput(sum(segment.loss_mask[start:end]), reward, state))
+            turns.append(TurnInput(sum(segment.loss_mask[start:end]), reward, state, weighted))
     return turns
 
 
