@@ -214,7 +214,8 @@ class TurnCreditConfig(Section):
     """What a turn's credit is the change of: logprob, log p(gold) summed over its tokens (TRACE; a turn moves it by
     several nats); prob, the per-token geometric mean probability exp(mean log p) (IGPO; a credit in [-1, 1])."""
     normalize: bool = False
-    """Standardize the credits of each group's turns (per role) to mean 0, std 1 before `coef` weighs them (IGPO)."""
+    """Standardize the credits of each group's turns (per role) to mean 0, std 1 before `coef` weighs them (for
+    reinforce_pp, gae, gigpo; train.advantage igpo standardizes a group's turn rewards, outcome included, itself)."""
 
 
 class TrainConfig(Section):
