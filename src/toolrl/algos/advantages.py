@@ -244,6 +244,21 @@ def gae(x: AdvantageInputs) -> Advantages:
     return Advantages(whiten(advantages, x.eps, token_mask(x)), returns=advantages + values)
 
 
+def returns_to_go(rewards: list[float], gamma: float) -> list[float]:
+    """Each position's discounted sum of its own and the later rewards."""
+    running, back = 0.0, []
+    for reward in reversed(rewards):
+        running = reward + gamma * running
+        back.append(running)
+    return back[::-1]
+
+
+def standardized(values: torch.Tensor, eps: float) -> torch.Tensor:
+    """(values - mean) / (unbiased std + eps); all 0 where they do not vary (or there is one)."""
+    std = values.std() if len(values) > 1 else torch.tensor(0.0)
+    return (values - values.mean()) / (std + eps) if std > 0 else torch.zeros_like(values)
+
+
 @register_advantage("gigpo")
 def gigpo(x: AdvantageInputs) -> Advantages:
     """GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training", arXiv:2505.10978):
@@ -256,14 +271,10 @@ def gigpo(x: AdvantageInputs) -> Advantages:
     episode = grouped(x, x.rewards)
     if x.turns is None:
         return Advantages(per_token(episode, x.counts))
-    returns: list[list[float]] = []
-    for i, turns in enumerate(x.turns):
-        running, back = 0.0, []
-        for k in range(len(turns) - 1, -1, -1):
-            reward = turns[k].reward + (float(x.rewards[i]) if k == len(turns) - 1 else 0.0)
-            running = reward + x.gamma * running
-            back.append(running)
-        returns.append(back[::-1])
+    returns = []
+    for i, turns in enumerate(x.turns):  # the trajectory's reward at its last turn
+        own = [turn.reward + (float(x.rewards[i]) if k == len(turns) - 1 else 0.0) for k, turn in enumerate(turns)]
+        returns.append(returns_to_go(own, x.gamma))
     anchors: dict[tuple[int, Hashable], list[tuple[int, int]]] = defaultdict(list)
     for i, turns in enumerate(x.turns):
         if x.valid is None or bool(x.valid[i]):
@@ -271,10 +282,7 @@ def gigpo(x: AdvantageInputs) -> Advantages:
                 anchors[(i // x.group_size, x.roles[i] if x.roles else None, turn.state)].append((i, k))
     step = {}
     for members in anchors.values():
-        values = torch.tensor([returns[i][k] for i, k in members], dtype=torch.float32)
-        centred = values - values.mean()
-        std = values.std() if len(values) > 1 else torch.tensor(0.0)
-        scaled = centred / (std + x.eps) if std > 0 else torch.zeros_like(centred)
+        scaled = standardized(torch.tensor([returns[i][k] for i, k in members], dtype=torch.float32), x.eps)
         step.update({member: float(a) for member, a in zip(members, scaled, strict=True)})
     parts = []
     for i, turns in enumerate(x.turns):
@@ -311,18 +319,13 @@ def igpo(x: AdvantageInputs) -> Advantages:
             members[(i // x.group_size, roles[i])].append(i)
     scaled: dict[int, list[float]] = {}
     for group in members.values():
-        values = torch.tensor([r for i in group for r in rewards[i]], dtype=torch.float64)
-        std = values.std() if len(values) > 1 else torch.tensor(0.0)
-        mean = values.mean() if len(values) else 0.0
+        flat = standardized(torch.tensor([r for i in group for r in rewards[i]], dtype=torch.float64), x.eps).tolist()
         for i in group:
-            scaled[i] = [float((r - mean) / (std + x.eps)) if std > 0 else 0.0 for r in rewards[i]]
+            scaled[i], flat = flat[: len(rewards[i])], flat[len(rewards[i]) :]
     parts = []
     for i, turns in enumerate(x.turns):
-        running, back = 0.0, []
-        for value in reversed(scaled.get(i, [0.0] * len(turns))):
-            running = value + x.gamma * running
-            back.append(running)
-        parts += [torch.full((turn.tokens,), value) for turn, value in zip(turns, back[::-1], strict=True)]
+        to_go = returns_to_go(scaled.get(i, [0.0] * len(turns)), x.gamma)
+        parts += [torch.full((turn.tokens,), value) for turn, value in zip(turns, to_go, strict=True)]
     flat = torch.cat(parts) if parts else torch.zeros(0)
     return Advantages(flat.to(x.rewards.dtype).to(x.rewards.device))
 
