@@ -585,6 +585,77 @@ def test_numbers_keep_their_significant_digits_in_the_compare_table_and_tick_lab
             shutil.rmtree(run)
 
 
+def slow_answer(page, path: str) -> None:
+    """The page's answer from `path` (a URL as the page asks for it) arrives 1.5 s late, as from a busy server;
+    window.slowDelivered counts the late answers handed over."""
+    page.evaluate(
+        """(slow) => {
+          window.slowDelivered = 0;
+          const fetched = window.fetch;
+          window.fetch = async (url, ...rest) => {
+            const response = await fetched(url, ...rest);
+            if (String(url) === slow) {
+              await new Promise((done) => setTimeout(done, 1500));
+              window.slowDelivered += 1;
+            }
+            return response;
+          };
+        }""",
+        path,
+    )
+
+
+def test_a_late_answer_for_fewer_runs_does_not_replace_the_comparison_of_the_runs_ticked_now(site):
+    """CI: lr-a was ticked, then lr-b; the answer for lr-a alone came back last and its table (no train.lr column,
+    one row) stayed, since the page had already asked for both. Now an answer for runs no longer ticked is dropped."""
+    page, root = site["page"], site["root"]
+    made = [rewards_run(root, "late-a", [0.1, 0.2], "  lr: 0.000123\n"),
+            rewards_run(root, "late-b", [0.1, 0.3], "  lr: 0.000456\n")]  # fmt: skip
+    try:
+        page.goto(site["url"] + "#runs")
+        page.wait_for_selector("tr[data-run=late-b]")
+        untick_all(page)
+        slow_answer(page, "/api/compare?run=late-a")
+        page.check("tr[data-run=late-a] input")
+        page.check("tr[data-run=late-b] input")
+        page.wait_for_function("window.slowDelivered >= 1")  # the answer for late-a alone has landed, last
+        table = page.locator("#compare-table")
+        expect(table.locator("th", has_text="train.lr")).to_have_count(1)
+        expect(table.locator("tbody tr")).to_have_count(2)
+        # the same with a run's view: late-a's name clicked, then late-b's; late-a's answer comes last
+        slow_answer(page, "/api/run?run=late-a")
+        page.click("tr[data-run=late-a] a")
+        page.click("tr[data-run=late-b] a")
+        page.wait_for_function("window.slowDelivered >= 1")
+        expect(page.locator("#run-meta")).to_have_attribute("data-run", "late-b")
+        expect(page.locator("#run-config pre")).to_contain_text("0.000456")
+        assert not site["errors"], site["errors"]
+    finally:
+        for run in made:
+            shutil.rmtree(run)
+
+
+def test_a_card_clicked_while_another_loads_is_the_one_shown(site):
+    """The viewer: card 0 clicked, then another card before card 0's record came back; card 0's record, landing
+    last, had replaced the other's and moved the selection back."""
+    page, root = site["page"], site["root"]
+    records = [json.loads(line) for line in (root / "alpha" / "samples.jsonl").read_text().splitlines()]
+    step1 = [r for r in records if r["step"] == 1]
+    other = next(i for i, r in enumerate(step1) if r["task_id"] != step1[0]["task_id"])
+    page.goto(site["url"] + "#trajectories")
+    page.select_option("#tr-run", "alpha")
+    page.select_option("#tr-kind", "train")
+    page.select_option("#tr-step", "1")
+    expect(page.locator("#tr-list .count")).to_have_text(f"{len(step1)} of {len(step1)} trajectories")
+    slow_answer(page, "/api/record?run=alpha&kind=train&step=1&index=0")
+    page.click("#tr-list .card >> nth=0")
+    page.click(f"#tr-list .card[data-index='{other}']")
+    page.wait_for_function("window.slowDelivered >= 1")
+    expect(page.locator("#tr-detail .trajectory")).to_have_attribute("data-task", step1[other]["task_id"])
+    expect(page.locator("#tr-list .card.selected")).to_have_attribute("data-index", str(other))
+    assert not site["errors"], site["errors"]
+
+
 def sweep(root, count: int) -> list[Path]:
     """A learning-rate sweep of `count` runs, started one after another (status.json's started_at)."""
     made = []

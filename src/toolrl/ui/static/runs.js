@@ -486,7 +486,17 @@ const Runs = {
     this.comparedFor = wanted;
     this.compareStale = false;
     const query = names.map((n) => `run=${encodeURIComponent(n)}`).join("&");
-    this.comparison = names.length ? await api(`/api/compare?${query}`) : { runs: [], keys: [], final: {}, meta: {} };
+    let comparison;
+    try {
+      comparison = names.length ? await api(`/api/compare?${query}`) : { runs: [], keys: [], final: {}, meta: {} };
+    } catch (err) {
+      if (this.comparedFor === wanted) this.comparedFor = null; // the next refresh asks again
+      throw err;
+    }
+    // ticks made while this answer was on its way asked again: an older answer arriving last must not replace the
+    // newer one (CI: the table of lr-a alone stayed, after lr-b was ticked, with no train.lr column)
+    if (wanted !== this.comparedFor) return;
+    this.comparison = comparison;
     this.compareTable();
   },
 
@@ -532,7 +542,9 @@ const Runs = {
   },
 
   async show(name) {
+    this.showing = name;
     const run = await api(`/api/run?run=${encodeURIComponent(name)}`);
+    if (this.showing !== name) return; // another run's name was clicked while this one loaded: that run is shown
     $("#run-meta").hidden = false;
     $("#run-meta").dataset.run = name;
     $("#meta-tags").value = (run.tags || []).join(", ");

@@ -117,7 +117,9 @@ const Viewer = {
   async open(step, index) {
     const run = $("#tr-run").value, kind = $("#tr-kind").value;
     $("#tr-detail").replaceChildren(h("p", { class: "muted" }, "loading…")); // no stale record to act on
+    const opening = (this.opening = [run, kind, step, index].join("/"));
     const record = await api(`/api/record?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}&index=${index}`);
+    if (this.opening !== opening) return; // another card was clicked while this one loaded: that card is shown
     this.current = { run, kind, step, index, record };
     this.toHash();
     $("#tr-detail").replaceChildren(this.render(record, true));
