@@ -134,6 +134,33 @@ def test_igpo_sums_a_groups_standardized_turn_rewards_to_go_across_segments():
     check(rows, [3 * lo + hi] * 2 + [2 * lo + hi, lo + hi] + [hi] * 2, hi, lo)
 
 
+def ends_on_a_summary() -> Trajectory:
+    """An episode whose last trained span is a summary (its turn budget ran out right after it was compacted)."""
+    traj = Trajectory.start(Task("t", "q", "a"), PROMPT)
+    traj.add_model_turn([10, 11], [-0.1, -0.2], "search")
+    traj.record_step(0.0, {})
+    traj.add_observation([20])
+    traj.add_context([30])
+    traj.add_summary([13, 14], [-0.3, -0.4], "summary")
+    traj.turn_credit = [0.5]  # the search turn's dense credit
+    traj.reward = 1.0
+    return traj
+
+
+def test_igpo_gives_the_outcome_to_a_last_summary_and_keeps_the_last_model_turns_credit():
+    # X: its search turn's credit 0.5 (not its last span: it keeps it), its summary the outcome 1; Y [1], Z [0]. The
+    # group's turn rewards [0.5, 1, 1, 0]: mean 0.625, unbiased std sqrt(0.6875 / 3); X's search turn takes the sum
+    # of its own and its summary's standardized rewards
+    trajs = [ends_on_a_summary(), one_segment(1.0), one_segment(0.0)]
+    rows = StepRows.of(trajs)
+    t = settings(turn_credit=SimpleNamespace(model="ref", coef=1.0))
+    batch = step_batch(trajs, [None] * 3, rows.per_trajectory([None] * len(rows.rows), 3), t, None, "cpu")
+    out = ADVANTAGES["igpo"](advantage_inputs(batch, t, "cpu", False)).advantages.tolist()
+    std = math.sqrt(0.6875 / 3)
+    z = [(r - 0.625) / (std + EPS) for r in (0.5, 1.0, 1.0, 0.0)]
+    assert out == pytest.approx([z[0] + z[1]] * 2 + [z[1]] * 2 + [z[2]] * 2 + [z[3]] * 2, abs=1e-5)
+
+
 def test_summary_tokens_take_their_own_loss_weight():
     traj = three_segments()
     middle = traj.sequences()[1]
