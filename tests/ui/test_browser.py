@@ -585,23 +585,26 @@ def test_numbers_keep_their_significant_digits_in_the_compare_table_and_tick_lab
             shutil.rmtree(run)
 
 
-def slow_answer(page, path: str) -> None:
-    """The page's answer from `path` (a URL as the page asks for it) arrives 1.5 s late, as from a busy server;
-    window.slowDelivered counts the late answers handed over."""
+def slow_answer(page, pattern: str, ms: int = 1500) -> None:
+    """The page's answers from URLs that match `pattern` (a regular expression, on the URL as the page asks for it)
+    arrive `ms` late, as from a busy server; window.slowAsked counts their requests, window.slowDelivered the late
+    answers handed over."""
     page.evaluate(
-        """(slow) => {
-          window.slowDelivered = 0;
+        """([pattern, ms]) => {
+          window.slowAsked = window.slowDelivered = 0;
           const fetched = window.fetch;
           window.fetch = async (url, ...rest) => {
+            const slow = new RegExp(pattern).test(String(url));
+            window.slowAsked += slow;
             const response = await fetched(url, ...rest);
-            if (String(url) === slow) {
-              await new Promise((done) => setTimeout(done, 1500));
+            if (slow) {
+              await new Promise((done) => setTimeout(done, ms));
               window.slowDelivered += 1;
             }
             return response;
           };
         }""",
-        path,
+        [pattern, ms],
     )
 
 
@@ -615,7 +618,7 @@ def test_a_late_answer_for_fewer_runs_does_not_replace_the_comparison_of_the_run
         page.goto(site["url"] + "#runs")
         page.wait_for_selector("tr[data-run=late-b]")
         untick_all(page)
-        slow_answer(page, "/api/compare?run=late-a")
+        slow_answer(page, r"^/api/compare\?run=late-a$")
         page.check("tr[data-run=late-a] input")
         page.check("tr[data-run=late-b] input")
         page.wait_for_function("window.slowDelivered >= 1")  # the answer for late-a alone has landed, last
@@ -623,7 +626,7 @@ def test_a_late_answer_for_fewer_runs_does_not_replace_the_comparison_of_the_run
         expect(table.locator("th", has_text="train.lr")).to_have_count(1)
         expect(table.locator("tbody tr")).to_have_count(2)
         # the same with a run's view: late-a's name clicked, then late-b's; late-a's answer comes last
-        slow_answer(page, "/api/run?run=late-a")
+        slow_answer(page, r"^/api/run\?run=late-a$")
         page.click("tr[data-run=late-a] a")
         page.click("tr[data-run=late-b] a")
         page.wait_for_function("window.slowDelivered >= 1")
@@ -647,12 +650,52 @@ def test_a_card_clicked_while_another_loads_is_the_one_shown(site):
     page.select_option("#tr-kind", "train")
     page.select_option("#tr-step", "1")
     expect(page.locator("#tr-list .count")).to_have_text(f"{len(step1)} of {len(step1)} trajectories")
-    slow_answer(page, "/api/record?run=alpha&kind=train&step=1&index=0")
+    slow_answer(page, r"^/api/record\?run=alpha&kind=train&step=1&index=0$")
     page.click("#tr-list .card >> nth=0")
     page.click(f"#tr-list .card[data-index='{other}']")
     page.wait_for_function("window.slowDelivered >= 1")
     expect(page.locator("#tr-detail .trajectory")).to_have_attribute("data-task", step1[other]["task_id"])
     expect(page.locator("#tr-list .card.selected")).to_have_attribute("data-index", str(other))
+    assert not site["errors"], site["errors"]
+
+
+def test_a_poll_slower_than_its_interval_is_not_asked_again_beside_itself(site):
+    """The runs tab polls every 2 s; with a run's metrics answered in 3 s, the next poll had asked for the new
+    records from the same offset and both answers were appended: every new step twice. Now a poll waits for the
+    last one."""
+    page, root = site["page"], site["root"]
+    run = rewards_run(root, "slow-metrics", [0.1, 0.2, 0.3])
+    try:
+        page.goto(site["url"] + "#runs")
+        page.wait_for_selector("tr[data-run=slow-metrics]")
+        untick_all(page)
+        page.check("tr[data-run=slow-metrics] input")
+        expect(page.locator(".chart[data-metric=reward]")).to_have_attribute("data-points", "3")
+        slow_answer(page, r"^/api/metrics\?run=slow-metrics&", 3000)
+        with (run / "metrics.jsonl").open("a") as f:  # the run goes on: two more steps
+            f.write('{"step": 4, "reward": 0.4}\n{"step": 5, "reward": 0.5}\n')
+        page.wait_for_function("window.slowDelivered >= 2", timeout=30_000)  # the poll that read them, and the next
+        assert page.evaluate("Runs.metrics['slow-metrics'].length") == 5
+        expect(page.locator(".chart[data-metric=reward]")).to_have_attribute("data-points", "5")
+        assert not site["errors"], site["errors"]
+    finally:
+        shutil.rmtree(run)
+
+
+def test_a_console_answer_for_the_run_followed_before_is_not_shown_for_the_next(site):
+    """The launch tab: alpha followed, then beta before alpha's first console answer came back; that answer, landing
+    last, had been appended to beta's log and its offset kept, so beta's log read on from alpha's length."""
+    page, root = site["page"], site["root"]
+    page.goto(site["url"] + "#launch")
+    expect(page.locator("#follow-run option[value=beta]")).to_have_count(1)
+    slow_answer(page, r"^/api/console\?run=alpha&")
+    page.select_option("#follow-run", "alpha")
+    page.wait_for_function("window.slowAsked >= 1")  # alpha's console asked for, its answer on its way
+    page.select_option("#follow-run", "beta")
+    page.wait_for_function("window.slowDelivered >= 1")
+    beta = (root / "beta" / "progress.log").read_text()
+    assert beta and beta != (root / "alpha" / "progress.log").read_text()
+    expect(page.locator("#follow-log")).to_have_text(beta)
     assert not site["errors"], site["errors"]
 
 

@@ -1,7 +1,7 @@
 // toolrl ui: shared helpers (elements built from text only, never from HTML), the API, tabs and polling.
 "use strict";
 
-const UI = { tabs: {}, timers: {}, runs: [] };
+const UI = { tabs: {}, timers: {}, busy: new Set(), runs: [] };
 
 // The access token came in the URL and is now a cookie: keep it out of the address bar and the history.
 if (new URLSearchParams(location.search).has("token")) {
@@ -90,10 +90,17 @@ function fillSelect(select, values, keep = true) {
 }
 
 // Polling: one named timer per view; a view stops its own when it is left.
+// `fn` now and every `ms` after; a tick while its last call still waits on the server is skipped (two polls of a
+// run's metrics from the same offset had both appended the same records)
 function every(name, ms, fn) {
   clearInterval(UI.timers[name]);
-  fn();
-  UI.timers[name] = setInterval(fn, ms);
+  const tick = async () => {
+    if (UI.busy.has(name)) return;
+    UI.busy.add(name);
+    try { await fn(); } finally { UI.busy.delete(name); }
+  };
+  tick();
+  UI.timers[name] = setInterval(tick, ms);
 }
 function stop(name) { clearInterval(UI.timers[name]); delete UI.timers[name]; }
 

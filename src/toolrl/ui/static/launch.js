@@ -70,9 +70,11 @@ const Launch = {
   },
 
   async poll() {
-    if (!this.following) return;
-    const run = encodeURIComponent(this.following);
+    const following = this.following;
+    if (!following) return;
+    const run = encodeURIComponent(following);
     const data = await api(`/api/console?run=${run}&offset=${this.offset}`).catch(() => ({ text: "", offset: this.offset }));
+    if (this.following !== following) return; // another run was chosen meanwhile: its log starts over from 0
     if (data.text) {
       const log = $("#follow-log");
       log.textContent += data.text;
