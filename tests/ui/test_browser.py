@@ -455,6 +455,27 @@ def test_search_across_runs_opens_the_trajectory_it_found(site):
     page.fill("#s-tool", "")
 
 
+def test_a_searchs_late_hits_are_not_shown_over_the_next_searchs(site):
+    """Two searches, the first answered last: its hits had replaced the second's."""
+    page = site["page"]
+    page.goto(site["url"] + "#trajectories")
+    page.click("#search summary")
+    page.select_option("#s-scope", "all")
+    slow_answer(page, r"^/api/search\?.*tool=fetch")
+    page.fill("#s-tool", "fetch")
+    page.click("#s-go")
+    page.wait_for_function("window.slowAsked >= 1")
+    page.fill("#s-tool", "")
+    page.fill("#s-text", "division by ZERO")
+    page.click("#s-go")
+    page.wait_for_function("window.slowDelivered >= 1")
+    hit = page.locator("#s-results .hit")
+    expect(hit).to_have_count(1)
+    assert "division by zero" in hit.inner_text()
+    page.fill("#s-text", "")
+    assert not site["errors"], site["errors"]
+
+
 def test_pass_rates_are_sorted_by_any_column_and_paged(site):
     """Item 7 of the UI review: a curriculum's pass rates had shown the first 200 tasks only; now every task, 50 a
     page, sorted by any column."""
@@ -1194,6 +1215,27 @@ def test_tools_load_and_call_through_a_form(site):
     page.click("#tools-call")
     page.wait_for_function("document.querySelector('#tools-output').textContent === '14'")
     shot(site, "tools")
+
+
+def test_a_tools_slow_result_is_not_shown_under_the_tool_chosen_after_it(site):
+    """srv.add called, then calc.calculator chosen before add's result came back: that result (42) had appeared
+    under the calculator's name. Now it is dropped; the calculator's own call shows its own."""
+    page = site["page"]
+    load_tools(site)
+    page.wait_for_selector("[data-server=srv] .badge.ok")
+    slow_answer(page, r"^/api/tools/call$")
+    page.click("[data-tool='srv.add']")
+    page.fill("#tools-form [name=a]", "2")
+    page.fill("#tools-form [name=b]", "40")
+    page.click("#tools-call")
+    page.wait_for_function("window.slowAsked >= 1")
+    page.click("[data-tool='calc.calculator']")
+    page.wait_for_function("window.slowDelivered >= 1", timeout=120_000)  # add's answer has landed
+    expect(page.locator("#tools-result")).to_be_hidden()
+    page.fill("#tools-form [name=expression]", "2 * (3 + 4)")
+    page.click("#tools-call")
+    expect(page.locator("#tools-output")).to_have_text("14", timeout=120_000)
+    assert not site["errors"], site["errors"]
 
 
 def test_launch_follow_stop_and_resume_a_run(site):

@@ -1,7 +1,7 @@
 // toolrl ui: shared helpers (elements built from text only, never from HTML), the API, tabs and polling.
 "use strict";
 
-const UI = { tabs: {}, timers: {}, busy: new Set(), runs: [] };
+const UI = { tabs: {}, timers: {}, busy: new Set(), asked: {}, runs: [] };
 
 // The access token came in the URL and is now a cookie: keep it out of the address bar and the history.
 if (new URLSearchParams(location.search).has("token")) {
@@ -45,6 +45,13 @@ async function api(path, body) {
   const data = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
   if (!response.ok) throw new Error(data.error || `${response.status}`);
   return data;
+}
+
+// A request of `kind` begins: the check it returns stays true until the next one of that kind begins. An answer
+// that arrives after a newer request's (a slow server, a second click) is dropped, never shown over the newer one.
+function latest(kind) {
+  const n = (UI.asked[kind] = (UI.asked[kind] || 0) + 1);
+  return () => UI.asked[kind] === n;
 }
 
 // Run an async action, showing its one-line error at the top of the page.

@@ -542,9 +542,9 @@ const Runs = {
   },
 
   async show(name) {
-    this.showing = name;
+    const current = latest("run");
     const run = await api(`/api/run?run=${encodeURIComponent(name)}`);
-    if (this.showing !== name) return; // another run's name was clicked while this one loaded: that run is shown
+    if (!current()) return; // another run's name was clicked while this one loaded: that run is shown
     $("#run-meta").hidden = false;
     $("#run-meta").dataset.run = name;
     $("#meta-tags").value = (run.tags || []).join(", ");

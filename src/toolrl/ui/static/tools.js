@@ -30,6 +30,7 @@ const Tools = {
   },
 
   choose(tool) {
+    latest("tool-call"); // a call of the tool chosen before, still running, is not shown under this one
     this.chosen = tool;
     $("#tools-form-box").hidden = false;
     $("#tools-result").hidden = true;
@@ -75,7 +76,9 @@ const Tools = {
   },
 
   async call() {
+    const current = latest("tool-call");
     const result = await api("/api/tools/call", { name: this.chosen.name, arguments: this.values() });
+    if (!current()) return; // called again, or another tool chosen, meanwhile
     $("#tools-result").hidden = false;
     $("#tools-outcome").textContent = result.outcome;
     $("#tools-outcome").className = `badge ${result.outcome === "ok" ? "ok" : "bad"}`;

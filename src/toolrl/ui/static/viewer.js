@@ -117,9 +117,9 @@ const Viewer = {
   async open(step, index) {
     const run = $("#tr-run").value, kind = $("#tr-kind").value;
     $("#tr-detail").replaceChildren(h("p", { class: "muted" }, "loading…")); // no stale record to act on
-    const opening = (this.opening = [run, kind, step, index].join("/"));
+    const current = latest("record");
     const record = await api(`/api/record?run=${encodeURIComponent(run)}&kind=${kind}&step=${step}&index=${index}`);
-    if (this.opening !== opening) return; // another card was clicked while this one loaded: that card is shown
+    if (!current()) return; // another card was clicked while this one loaded: that card is shown
     this.current = { run, kind, step, index, record };
     this.toHash();
     $("#tr-detail").replaceChildren(this.render(record, true));
@@ -261,10 +261,12 @@ const Viewer = {
 
   async compare(task) {
     const run = $("#tr-run").value;
+    const current = latest("task");
     const history = await api(`/api/task?run=${encodeURIComponent(run)}&task=${encodeURIComponent(task)}`);
     const shown = history.records.slice(0, 6);
     const records = await Promise.all(shown.map((r) =>
       api(`/api/record?run=${encodeURIComponent(run)}&kind=${r.kind}&step=${r.step}&index=${r.index}`)));
+    if (!current()) return; // another task was asked for meanwhile
     $("#cmp-title").replaceChildren("Task ", h("span", { id: "cmp-task" }, task), " across steps");
     $("#cmp-columns").replaceChildren(...records.map((record, i) => h("div", { class: "column" },
       h("h4", {}, `${shown[i].kind === "eval" ? `eval (${record.eval})` : "training"} · step ${shown[i].step}`),
@@ -283,7 +285,9 @@ const Search = {
       if ($(`#${id}`).value) params.set(key, $(`#${id}`).value);
     }
     if ($("#s-scope").value === "run" && $("#tr-run").value) params.set("run", $("#tr-run").value);
+    const current = latest("search");
     const found = await api(`/api/search?${params}`);
+    if (!current()) return; // searched again meanwhile: the newer search's hits are the ones shown
     $("#s-count").textContent = `${found.hits.length}${found.capped ? "+" : ""} of ${found.looked} trajectories`;
     $("#s-results").replaceChildren(...found.hits.map((hit) => h("li", {
       class: "card hit", dataset: { run: hit.run, step: hit.step, index: hit.index },
