@@ -486,16 +486,17 @@ const Runs = {
     this.comparedFor = wanted;
     this.compareStale = false;
     const query = names.map((n) => `run=${encodeURIComponent(n)}`).join("&");
+    const current = latest("compare");
     let comparison;
     try {
       comparison = names.length ? await api(`/api/compare?${query}`) : { runs: [], keys: [], final: {}, meta: {} };
     } catch (err) {
-      if (this.comparedFor === wanted) this.comparedFor = null; // the next refresh asks again
+      if (current()) this.comparedFor = null; // the next refresh asks again
       throw err;
     }
     // ticks made while this answer was on its way asked again: an older answer arriving last must not replace the
     // newer one (CI: the table of lr-a alone stayed, after lr-b was ticked, with no train.lr column)
-    if (wanted !== this.comparedFor) return;
+    if (!current()) return;
     this.comparison = comparison;
     this.compareTable();
   },
