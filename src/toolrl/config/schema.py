@@ -132,7 +132,8 @@ class TeacherConfig(Section):
 
 class KLConfig(Section):
     coef: float = Field(0.0, ge=0)
-    """Weight of the KL term to the initial (reference) model; 0 turns the reference model off."""
+    """Weight of the KL term to the initial (reference) model, after a warm start the warm-started policy; 0 turns
+    the reference model off."""
     estimator: str = "k3"
     """k1 (logp - ref_logp) or k3 (low variance, never negative)."""
     mode: Literal["loss", "reward"] = "loss"
@@ -205,7 +206,8 @@ class TurnCreditConfig(Section):
     model: str | None = None
     """Dense turn credit (train/turn_credit.py): the frozen model that scores log p(gold answer | context) before each
     turn and after the last, each turn credited with the change over it. None: off; reference: the run's initial
-    policy (its frozen copy, or LoRA's adapters off); else a model name or folder with the policy's tokenizer."""
+    policy (its frozen copy, or LoRA's adapters off; after train.warm_start, the warm-started policy); else a model
+    name or folder with the policy's tokenizer."""
     coef: float = 1.0
     """Each credit's weight as a turn reward."""
     template: str = "<answer>{answer}</answer>"

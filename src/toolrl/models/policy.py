@@ -99,7 +99,20 @@ def make_reference(model, train: TrainConfig, dtype: str = "float32", cpu_linear
         return teacher.eval().requires_grad_(False)
     if is_lora(model):
         return None
-    return copy.deepcopy(model).eval().requires_grad_(False)
+    return frozen_copy(model)
+
+
+def frozen_copy(model, weights: Path | None = None):
+    """A frozen copy of `model` as it is now, or with the trained weights `save_trainable` wrote to `weights`; a
+    LoRA model's copy has its adapters merged into its weights (with its adapters off it would be the base model)."""
+    copied = copy.deepcopy(model)
+    for param in copied.parameters():
+        param.grad = None  # (a policy's last gradients are not the copy's)
+    if weights is not None:
+        load_trainable(weights, copied, None)
+    if is_lora(copied):
+        copied = copied.merge_and_unload()
+    return copied.eval().requires_grad_(False)
 
 
 def check_teacher_tokenizer(tokenizer, teacher: str) -> None:

@@ -37,6 +37,9 @@ OPTIMIZER = "optimizer"
 LEGACY_OPTIMIZER = "optimizer.pt"
 """What checkpoints of earlier versions hold instead; loaded with weights_only=True."""
 BEST = "best.json"
+WARM_START = "warm_start"
+"""RUN/warm_start/trainable.safetensors: the trained weights a warm start ended with, kept where the run's reference
+is a copy of them (the KL term's model, dense turn credit's scorer), so that a resumed run scores with the same."""
 
 
 def write_model(model, tokenizer, folder: Path) -> None:
@@ -52,6 +55,19 @@ def write_state(folder: Path, state: PolicyState, order: dict[str, Any], weights
         tree["optimizer"] = state.optimizer.state_dict()
     save_state(folder / OPTIMIZER, tree)
     (folder / STATE).write_text(json.dumps({"step": state.step, **order, "best": state.best}))
+
+
+def save_warm_start(run: RunDir | None, model) -> Path | None:
+    """The policy's trained weights (every weight, or the adapters) as the warm start left them."""
+    if not run:
+        return None
+    return run.save(WARM_START, lambda folder: save_trainable(folder / TRAINABLE, model, None)) / TRAINABLE
+
+
+def warm_start_weights(run: RunDir | None) -> Path | None:
+    """What save_warm_start wrote in `run`, or None (no run, or a run of an earlier version)."""
+    path = run.path / WARM_START / TRAINABLE if run else None
+    return path if path is not None and path.is_file() else None
 
 
 def prune(run: RunDir) -> None:
