@@ -220,9 +220,7 @@ def make_turn_credit(config, policy, reference, chat, device, dtype: str, cpu_li
     """The credit `train.turn_credit` asks for (None when off): `reference` scores with the run's reference copy
     when it has one (a frozen copy of the initial policy), LoRA's adapters off, or a frozen copy made here; a name
     loads that model, which must read the policy's token ids (its tokenizer)."""
-    import copy
-
-    from toolrl.models.policy import check_teacher_tokenizer, is_lora
+    from toolrl.models.policy import check_teacher_tokenizer, frozen_copy, is_lora
 
     if not config.model:
         return None
@@ -233,7 +231,7 @@ def make_turn_credit(config, policy, reference, chat, device, dtype: str, cpu_li
         elif is_lora(policy):
             model, context = policy, policy.disable_adapter
         else:
-            model = copy.deepcopy(policy).eval().requires_grad_(False)
+            model = frozen_copy(policy)
     else:
         from toolrl.models import load_model
 
