@@ -1,5 +1,6 @@
 """A small sample of bench/credit.py: the tiny model, one seed, two steps, both arms (outcome-only and dense turn
-credit) on the calculator recipe; the results hold each arm's before and after and their difference."""
+credit) on the calculator recipe (a warm start, then RL: the dense arms' credit is scored by the warm-started
+policy); the results hold each arm's before and after and their difference."""
 
 import json
 import subprocess
@@ -31,6 +32,8 @@ def test_the_arms_train_side_by_side_and_each_difference_is_reported(tmp_path):
         assert pair["greedy_after_delta"] == round(pair[arm]["greedy_after"] - pair["outcome"]["greedy_after"], 4)
         assert f"{arm} - outcome, greedy after" in done.stdout
     assert entry["machine"]["cores"] > 0 and entry["steps"] == 2
+    outcome = next((tmp_path / "runs" / "outcome").rglob("metrics.jsonl")).parent
+    assert not (outcome / "warm_start").exists()  # no KL, no credit: nothing to score with, nothing kept
     runs = [(r["seeds"], r["arms"], r["side_by_side"]) for r in entry["runs"]]
     assert runs == [([0], arms, True)]
     assert "load_before" in entry["runs"][0] and entry["runs"][0]["commit"]
@@ -43,6 +46,7 @@ def test_the_arms_train_side_by_side_and_each_difference_is_reported(tmp_path):
         run = next((tmp_path / "runs" / arm).rglob("metrics.jsonl")).parent
         steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert any("credit/scored" in s for s in steps)  # the dense arms did credit turns
+        assert (run / "warm_start" / "trainable.safetensors").is_file()  # scored by the warm-started policy
         train = yaml.safe_load((run / "config.yaml").read_text())["train"]
         assert (train["turn_credit"]["coef"], train["turn_credit"]["measure"], train["advantage"]) == (
             coef,
