@@ -1,8 +1,9 @@
 """Benchmark: dense turn credit (train.turn_credit) against outcome-only GRPO. For each recipe, the same training
 in each arm over the same seeds: `outcome` (the recipe as it is), `dense` (train.turn_credit.model: reference, the
-run's initial policy scoring log p(gold | context) at each tool boundary), `dense_coef0.1` (the same credits
-weighed a tenth), `dense_prob` (changes of IGPO's p(gold | context), bounded: train.turn_credit.measure prob) and
-`igpo` (those credits per turn, through IGPO's estimator: train.advantage igpo).
+run's initial policy, on a warm-started recipe the warm-started one, scoring log p(gold | context) at each tool
+boundary), `dense_coef0.1` (the same credits weighed a tenth), `dense_prob` (changes of IGPO's p(gold | context),
+bounded: train.turn_credit.measure prob) and `igpo` (those credits per turn, through IGPO's estimator:
+train.advantage igpo).
 Greedy and sampled success on the test split before and after, per seed, from bench/learning.py (one process per
 arm, so each arm's results and log are its own); reported whether dense credit helps or not.
 
