@@ -4,6 +4,9 @@ before the warm start (they had been frozen copies made before it, so the KL pul
 the warm start had moved away from, and the credit was scored by a model that had never seen the environment's
 format). A resumed run scores with the same (RUN/warm_start)."""
 
+import logging
+import shutil
+
 import pytest
 import torch
 
@@ -81,9 +84,10 @@ def test_a_lora_policy_s_reference_after_a_warm_start_has_its_adapters_merged(tm
         bench.close()
 
 
-def test_a_resumed_run_scores_with_the_warm_started_policy(tmp_path, tiny_model_dir):
+def test_a_resumed_run_scores_with_the_warm_started_policy(tmp_path, tiny_model_dir, caplog):
     """Stopped after its first RL step and resumed: the reference is the policy as the warm start left it (kept
-    in RUN/warm_start), not the model the run was started from, nor the policy at the checkpoint."""
+    in RUN/warm_start), not the model the run was started from, nor the policy at the checkpoint. A run of an
+    earlier version (no RUN/warm_start) resumes with the initial model as its reference, and a warning says so."""
     config = warm_config(tmp_path, tiny_model_dir, "train.kl.coef=0.1", "train.steps=2", "train.prompts_per_step=1",
                          "train.group_size=2")  # fmt: skip
     run = RunDir.create(config)
@@ -107,6 +111,17 @@ def test_a_resumed_run_scores_with_the_warm_started_policy(tmp_path, tiny_model_
         assert resumed.resume() == 1
         assert same(weights(resumed.reference), tuned)
         assert resumed.scorer.reference is resumed.reference
+    finally:
+        bench.close()
+    shutil.rmtree(run.path / "warm_start")
+    bench = Workbench.load(config)
+    try:
+        older = Trainer(bench, run)
+        with caplog.at_level(logging.WARNING, logger="toolrl.train.trainer"):
+            assert older.resume() == 1
+        assert same(weights(older.reference), initial)
+        said = [r.getMessage() for r in caplog.records if "warm_start/" in r.getMessage()]
+        assert len(said) == 1 and "the reference stays the model before the warm start" in said[0]
     finally:
         bench.close()
 
