@@ -117,7 +117,7 @@ def test_a_resumed_run_scores_with_the_warm_started_policy(tmp_path, tiny_model_
     bench = Workbench.load(config)
     try:
         older = Trainer(bench, run)
-        with caplog.at_level(logging.WARNING, logger="toolrl.train.trainer"):
+        with caplog.at_level(logging.WARNING, logger="toolrl.train.reference"):
             assert older.resume() == 1
         assert same(weights(older.reference), initial)
         said = [r.getMessage() for r in caplog.records if "warm_start/" in r.getMessage()]

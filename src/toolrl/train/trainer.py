@@ -34,7 +34,6 @@ from toolrl.models.policy import (
     ValueHead,
     adamw,
     check_teacher_tokenizer,
-    frozen_copy,
     lr_factor,
     make_reference,
     prepare_policy,
@@ -48,6 +47,7 @@ from toolrl.runs.live import LiveStep
 from toolrl.runs.rundir import RunDir
 from toolrl.scoring import Scorer, VocabBlocks
 from toolrl.scoring.rollout_prefix import attach
+from toolrl.train import reference
 from toolrl.train.collect import Collector, TaskOrder, curriculum_metrics
 from toolrl.train.embedding_grad import sparse_tied_embedding
 from toolrl.train.evaluate import summarize
@@ -342,39 +342,12 @@ class Trainer:
         self.journal.status(state="running", step=0, phase="sft")
         with meter.phase("warm_start"):
             summary = self.warm_start.run(self.model, sync, record)
-            if self.rebase_reference():
+            if reference.rebase(self):  # the KL term's model and the credit's scorer: the warm-started policy
                 checkpoints.save_warm_start(self.run, self.model)
             gc.collect()  # its optimizer's states and gradients go back to the system before the first rollout
             trim()
         self.journal.status(phase="rl")
         return summary
-
-    def rebase_reference(self, weights: Path | None = None) -> bool:
-        """After a warm start, the frozen copies of the initial policy (the KL term's reference, dense turn credit's
-        scorer with `model: reference`) become copies of the policy RL starts from, the warm-started one (`weights`:
-        its weights as save_warm_start kept them, on resume). The copies made at the start hold the model before the
-        warm start: the KL term would pull the policy back to it, and the credit be scored by a model that never saw
-        the environment's format. A teacher and a named credit model stay. True where a copy was remade."""
-        t, m = self.config.train, self.config.model
-        kl, credit = self.copies_of_initial()
-        if not (kl or credit):
-            return False
-        frozen = frozen_copy(self.model, weights)
-        if kl:
-            self.reference = self.scorer.reference = frozen
-        if credit:
-            self.credit = make_turn_credit(t.turn_credit, self.model, frozen, self.bench.chat, self.bench.device,
-                                           m.dtype, m.cpu_linear)  # fmt: skip
-        log.info("the reference is the warm-started policy (%s)", ", ".join(
-            name for name, used in (("kl", kl), ("turn credit", credit)) if used))  # fmt: skip
-        return True
-
-    def copies_of_initial(self) -> tuple[bool, bool]:
-        """Whether the KL term's model and dense turn credit's scorer are copies of the initial policy (not a teacher,
-        not a named model)."""
-        t = self.config.train
-        kl = t.kl.coef > 0 and not t.kl.teacher and t.kl.teacher_endpoint is None
-        return kl, self.credit is not None and t.turn_credit.model == "reference"
 
     def _finish(self, summary: dict[str, Any]) -> None:
         if self.config.eval.at_end and (self.config.train.steps or self.warm_start is not None):
@@ -431,15 +404,9 @@ class Trainer:
         self.collector.order.load(checkpoints.resume(self.run, self.dist, self.state, folder))
         self.generation.refresh(force=True)  # the generation copy and engines start from the loaded weights
         if self.warm_start is not None and self.state.step > 0:  # the reference the run had: the warm start's
-            weights = checkpoints.warm_start_weights(self.run or (RunDir.existing(folder) if folder else None))
-            if weights is not None and self.dist.on:
-                raise ConfigError(f"train.warm_start: this run's reference is its warm-started policy ({weights}); "
-                                  "resume it in one process, as it was started")  # fmt: skip
-            if weights is not None:
-                self.rebase_reference(weights)
-            elif any(self.copies_of_initial()):
-                log.warning("%s: no %s/ (a run of an earlier version): the reference stays the model before the warm "
-                            "start", self.run.path if self.run else folder, checkpoints.WARM_START)  # fmt: skip
+            run = self.run or (RunDir.existing(folder) if folder else None)
+            if (weights := reference.kept_weights(self.config, self.credit, run, self.dist.on)) is not None:
+                reference.rebase(self, weights)
         return self.state.step
 
     def write_model(self, folder: Path) -> None:
