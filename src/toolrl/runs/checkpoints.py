@@ -57,17 +57,18 @@ def write_state(folder: Path, state: PolicyState, order: dict[str, Any], weights
     (folder / STATE).write_text(json.dumps({"step": state.step, **order, "best": state.best}))
 
 
-def save_warm_start(run: RunDir | None, model) -> Path | None:
+def save_warm_start(run: RunDir | None, model) -> None:
     """The policy's trained weights (every weight, or the adapters) as the warm start left them."""
-    if not run:
-        return None
-    return run.save(WARM_START, lambda folder: save_trainable(folder / TRAINABLE, model, None)) / TRAINABLE
+    if run:
+        run.save(WARM_START, lambda folder: save_trainable(folder / TRAINABLE, model, None))
 
 
 def warm_start_weights(run: RunDir | None) -> Path | None:
     """What save_warm_start wrote in `run`, or None (no run, or a run of an earlier version)."""
-    path = run.path / WARM_START / TRAINABLE if run else None
-    return path if path is not None and path.is_file() else None
+    if not run:
+        return None
+    path = run.path / WARM_START / TRAINABLE
+    return path if path.is_file() else None
 
 
 def prune(run: RunDir) -> None:

@@ -342,10 +342,10 @@ class Trainer:
         self.journal.status(state="running", step=0, phase="sft")
         with meter.phase("warm_start"):
             summary = self.warm_start.run(self.model, sync, record)
-            if reference.rebase(self):  # the KL term's model and the credit's scorer: the warm-started policy
-                checkpoints.save_warm_start(self.run, self.model)
             gc.collect()  # its optimizer's states and gradients go back to the system before the first rollout
             trim()
+            if reference.rebase(self):  # the KL term's model and the credit's scorer: the warm-started policy
+                checkpoints.save_warm_start(self.run, self.model)
         self.journal.status(phase="rl")
         return summary
 
