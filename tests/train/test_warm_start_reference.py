@@ -9,8 +9,10 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from tests.train.test_sft import sft_config as warm_config
+from toolrl.errors import ConfigError
 from toolrl.runs.rundir import RunDir
 from toolrl.train import Trainer, Workbench
 
@@ -138,3 +140,40 @@ def test_nothing_is_copied_or_kept_where_no_model_is_a_copy_of_the_initial_polic
             assert not same(weights(teacher), weights(trainer.model))
     finally:
         bench.close()
+
+
+def narrowed(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor[..., :1].contiguous() if tensor.dim() else tensor
+
+
+@pytest.mark.parametrize(
+    ("tamper", "said"),
+    [
+        (lambda path: path.write_bytes(b"not safetensors at all"), "not a readable safetensors file"),
+        (lambda path: path.write_bytes(path.read_bytes()[:200]), "not a readable safetensors file"),
+        (lambda path: save_file({**load_file(str(path)), "lm_head.extra": torch.zeros(2)}, str(path)),
+         "weights this model does not train"),
+        (lambda path: save_file({k: narrowed(v) for k, v in load_file(str(path)).items()}, str(path)),
+         "weights of another shape"),
+    ],
+)  # fmt: skip
+def test_a_tampered_warm_start_file_is_one_line_that_names_it(tmp_path, tiny_model_dir, tamper, said):
+    """RUN/warm_start/trainable.safetensors is a file in a run directory: garbage, a truncated file, a weight the
+    model does not have or one of another shape is refused with one line naming the file, before anything loads."""
+    config = warm_config(tmp_path, tiny_model_dir, "train.kl.coef=0.1", "train.steps=1", "train.prompts_per_step=1",
+                         "train.group_size=2")  # fmt: skip
+    run = RunDir.create(config)
+    bench = Workbench.load(config)
+    try:
+        Trainer(bench, run).train()
+    finally:
+        bench.close()
+    kept = run.path / "warm_start" / "trainable.safetensors"
+    tamper(kept)
+    bench = Workbench.load(config)
+    try:
+        with pytest.raises(ConfigError) as refused:
+            Trainer(bench, run).resume()
+    finally:
+        bench.close()
+    assert str(kept) in str(refused.value) and said in str(refused.value) and "\n" not in str(refused.value)

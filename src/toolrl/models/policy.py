@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from toolrl.config.schema import LoRAConfig, TrainConfig
 from toolrl.errors import ConfigError
 from toolrl.models.vision import is_vision_config
+from toolrl.text import first_line
 
 
 class ValueHead(torch.nn.Module):
@@ -170,11 +171,22 @@ def save_trainable(path: Path, model, value_head: ValueHead | None) -> None:
 
 
 def load_trainable(path: Path, model, value_head: ValueHead | None) -> None:
-    """Load what `save_trainable` wrote; every trainable weight must be there."""
-    state = load_file(str(path))
-    expected = set(trainable_state(model, value_head))
-    if missing := expected - set(state):
+    """Load what `save_trainable` wrote; every trainable weight must be there, each of its shape, and nothing else
+    (a file in a run directory is read as untrusted: one line names it and what is wrong)."""
+    try:
+        state = load_file(str(path))
+    except Exception as exc:  # safetensors' header errors, a truncated file
+        raise ConfigError(f"{path}: not a readable safetensors file ({first_line(exc)}); restore it or start a new "
+                          "run") from None  # fmt: skip
+    expected = trainable_state(model, value_head)
+    if missing := set(expected) - set(state):
         raise ConfigError(f"{path}: checkpoint lacks {len(missing)} trained weights (e.g. {sorted(missing)[0]})")
+    if unknown := set(state) - set(expected):
+        raise ConfigError(f"{path}: checkpoint holds {len(unknown)} weights this model does not train (e.g. "
+                          f"{sorted(unknown)[0]}): it is another model's or another configuration's")  # fmt: skip
+    if wrong := sorted(k for k in expected if state[k].shape != expected[k].shape):
+        raise ConfigError(f"{path}: {wrong[0]} is {tuple(state[wrong[0]].shape)}, the model's "
+                          f"{tuple(expected[wrong[0]].shape)} ({len(wrong)} weights of another shape)")  # fmt: skip
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in state.items():
